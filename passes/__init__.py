@@ -1,0 +1,1 @@
+"""Built-in passes over the schedule IR, and the pass infrastructure."""

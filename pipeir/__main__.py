@@ -1,0 +1,5 @@
+import sys
+
+from pipeir.cli import main
+
+sys.exit(main())

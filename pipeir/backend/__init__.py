@@ -1,0 +1,1 @@
+"""Lowering: a Schedule -> one instruction program per rank, and Python code generation."""

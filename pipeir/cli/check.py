@@ -1,0 +1,52 @@
+"""pipeirc check: verify schedules (completeness, placement, deadlock freedom, memory)."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipeir.cli.common import add_schedule_args, load_schedules
+from pipeir.diagnostics import EXIT_INVALID, EXIT_OK, VerifyError
+from pipeir.verify import verify
+
+ORDER = 10
+NAME = "check"
+HELP = "verify schedules: every op once, on its rank, no deadlock, within memory_limit"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_schedule_args(p, many=True)
+    p.add_argument("--memory-limit", type=int, metavar="K",
+                   help="most in-flight activations per rank (overrides the file's)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    status = EXIT_OK
+    for elab in load_schedules(args):
+        s = elab.schedule
+        where = _where(s)
+        try:
+            report = verify(s, memory_limit=args.memory_limit)
+        except VerifyError as e:
+            print(e.render(), file=sys.stderr)
+            status = EXIT_INVALID
+            continue
+        if not args.quiet:
+            c = s.config
+            print(f"{where}: ok: {s.name}: {c.ranks} ranks, {c.stages} stages, "
+                  f"{c.microbatches} micro-batches, {len(s)} ops; peak in-flight "
+                  f"activations per rank: {' '.join(map(str, report.peak_activations))}")
+    return status
+
+
+def _where(s: object) -> str:
+    from pipeir.schedule import Schedule
+
+    assert isinstance(s, Schedule)
+    for op in s:
+        span = s.span_of(op)
+        if span is not None:
+            return span.file
+    return s.name

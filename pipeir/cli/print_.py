@@ -1,0 +1,27 @@
+"""pipeirc print: the canonical, loop-free `.sched` form, which re-parses to the same schedule."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipeir.cli.common import add_schedule_args, load_one, write_atomic
+from pipeir.printer import print_schedule
+
+ORDER = 30
+NAME = "print"
+HELP = "print the explicit (loop-free) canonical form of a schedule"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_schedule_args(p)
+    p.add_argument("-o", "--output", metavar="OUT", help="write to OUT instead of stdout")
+
+
+def run(args: argparse.Namespace) -> int:
+    elab = load_one(args)
+    text = print_schedule(elab.schedule, {k: v for k, (v, _) in elab.costs.items()})
+    if args.output:
+        write_atomic(args.output, text)
+    else:
+        print(text, end="")
+    return 0

@@ -1,0 +1,28 @@
+"""pipeirc show: the per-rank op grid in the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+
+from pipeir.cli.common import add_schedule_args, load_one
+from pipeir.verify import verify
+from pipeir.views.grid import render_grid
+
+ORDER = 20
+NAME = "show"
+HELP = "print the per-rank op grid (ranks as rows, time steps as columns)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_schedule_args(p)
+    p.add_argument("--width", type=int, default=None,
+                   help="wrap at this many columns (default: the terminal's width)")
+
+
+def run(args: argparse.Namespace) -> int:
+    s = load_one(args).schedule
+    verify(s)  # a grid of a deadlocking schedule cannot be drawn; say why instead
+    width = args.width or shutil.get_terminal_size((100, 24)).columns
+    print(render_grid(s, width=max(40, width)), end="")
+    return 0

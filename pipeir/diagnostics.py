@@ -1,0 +1,123 @@
+"""Diagnostics: user-facing errors with source spans, rendered like a compiler's.
+
+Every error a user can cause ends up as a `Diagnostic`; the CLI renders it as
+``file:line:col: error: message``, the source line and carets under the span, then notes.
+Library code raises `PipeirError`; nothing user-facing is ever a bare traceback.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+Severity = Literal["error", "warning", "note"]
+
+#: Exit codes shared by every command.
+EXIT_OK = 0
+EXIT_INVALID = 1  # the input is well-formed but the schedule is wrong (verification)
+EXIT_USAGE = 2  # syntax, name, type or command-line errors
+
+
+@dataclass(frozen=True)
+class Source:
+    """A piece of source text and the name it is reported under."""
+
+    name: str
+    text: str
+
+    def line(self, lineno: int) -> str:
+        lines = self.text.splitlines()
+        return lines[lineno - 1] if 0 < lineno <= len(lines) else ""
+
+
+@dataclass(frozen=True)
+class Span:
+    """A 1-based, end-exclusive region of a source; `end_col` may be on a later line."""
+
+    source: Source = field(compare=False, repr=False)
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+
+    @property
+    def file(self) -> str:
+        return self.source.name
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}:{self.col}"
+
+
+@dataclass(frozen=True)
+class Note:
+    message: str
+    span: Span | None = None
+
+
+@dataclass(frozen=True)
+class Diagnostic:
+    message: str
+    span: Span | None = None
+    notes: tuple[Note, ...] = ()
+    severity: Severity = "error"
+
+    def render(self) -> str:
+        return "\n".join(_render_one(self.severity, self.message, self.span, fallback=None)
+                         + [line for n in self.notes
+                            for line in _render_one("note", n.message, n.span,
+                                                    fallback=self.span)])
+
+
+def _render_one(severity: str, message: str, span: Span | None,
+                fallback: Span | None) -> list[str]:
+    if span is None:
+        where = f"{fallback.file}: " if fallback is not None and severity != "note" else ""
+        return [f"{where}{severity}: {message}"]
+    out = [f"{span}: {severity}: {message}"]
+    text = span.source.line(span.line)
+    if text:
+        width = (span.end_col - span.col) if span.end_line == span.line else len(text) - span.col + 1
+        out.append("    " + text.rstrip())
+        out.append("    " + " " * (span.col - 1) + "^" * max(1, width))
+    return out
+
+
+class PipeirError(Exception):
+    """An error caused by the user's input; carries one or more diagnostics and an exit code."""
+
+    def __init__(self, diagnostics: Diagnostic | Sequence[Diagnostic], exit_code: int = EXIT_USAGE):
+        if isinstance(diagnostics, Diagnostic):
+            diagnostics = [diagnostics]
+        self.diagnostics: tuple[Diagnostic, ...] = tuple(diagnostics)
+        self.exit_code = exit_code
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        return "\n".join(d.render() for d in self.diagnostics)
+
+    @property
+    def message(self) -> str:
+        return self.diagnostics[0].message
+
+
+class UsageError(PipeirError):
+    """Syntax, name, type and command-line errors: exit code 2."""
+
+    def __init__(self, message: str, span: Span | None = None, notes: Iterable[Note] = ()):
+        super().__init__(Diagnostic(message, span, tuple(notes)), EXIT_USAGE)
+
+
+class VerifyError(PipeirError):
+    """A well-formed schedule that is wrong (incomplete, misplaced, deadlocking, over memory)."""
+
+    def __init__(self, diagnostics: Diagnostic | Sequence[Diagnostic], check: str):
+        self.check = check
+        super().__init__(diagnostics, 1)
+
+
+def did_you_mean(name: str, candidates: Iterable[str]) -> tuple[Note, ...]:
+    """A "did you mean" note for the closest candidate, if any is close."""
+    close = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
+    return (Note(f"did you mean '{close[0]}'?"),) if close else ()

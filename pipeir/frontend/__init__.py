@@ -1,0 +1,1 @@
+"""Front end: `.sched` text -> syntax tree (`parser`) -> Schedule IR (`elaborate`)."""

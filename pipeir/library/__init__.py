@@ -1,0 +1,104 @@
+"""The schedule library: classic schedules written in the `.sched` language itself.
+
+Each `NAME.sched` file here defines one schedule; `get(NAME, ranks=..., microbatches=...,
+**params)` instantiates it. Names match with '-' and '_' interchangeable, and a schedule can be
+named by its file (`1f1b`) or by its definition (`one_f_one_b`).
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+from pipeir.diagnostics import Source, UsageError, did_you_mean
+from pipeir.frontend import ast
+from pipeir.frontend.elaborate import Value, elaborate
+from pipeir.frontend.parser import parse_source
+from pipeir.schedule import Schedule
+
+
+def _norm(name: str) -> str:
+    return name.replace("-", "_").lower()
+
+
+@cache
+def _files() -> dict[str, str]:
+    """Canonical name -> file name, for every library schedule."""
+    out = {}
+    for entry in files(__name__).iterdir():
+        if entry.name.endswith(".sched"):
+            out[entry.name[: -len(".sched")]] = entry.name
+    return dict(sorted(out.items()))
+
+
+def names() -> tuple[str, ...]:
+    """The canonical names of the library schedules."""
+    return tuple(_files())
+
+
+@cache
+def _load(canonical: str) -> tuple[ast.Module, ast.ScheduleDef]:
+    fname = _files()[canonical]
+    text = files(__name__).joinpath(fname).read_text(encoding="utf-8")
+    module = parse_source(Source(f"<library>/{fname}", text))
+    defs = [i for i in module.items if isinstance(i, ast.ScheduleDef)]
+    assert len(defs) == 1, f"library file {fname} must define exactly one schedule"
+    return module, defs[0]
+
+
+def resolve(name: str) -> tuple[ast.Module, ast.ScheduleDef] | None:
+    """The module and definition of library schedule `name`, or None."""
+    key = _norm(name)
+    for canonical in _files():
+        if _norm(canonical) == key or _norm(_load(canonical)[1].name) == key:
+            return _load(canonical)
+    return None
+
+
+def canonical_name(name: str) -> str | None:
+    key = _norm(name)
+    for canonical in _files():
+        if _norm(canonical) == key or _norm(_load(canonical)[1].name) == key:
+            return canonical
+    return None
+
+
+def source_text(name: str) -> str:
+    """The `.sched` source of a library schedule."""
+    canonical = canonical_name(name)
+    if canonical is None:
+        raise _unknown(name)
+    return files(__name__).joinpath(_files()[canonical]).read_text(encoding="utf-8")
+
+
+def params(name: str) -> tuple[str, ...]:
+    """The parameters a library schedule takes (besides ranks and microbatches)."""
+    found = resolve(name)
+    if found is None:
+        raise _unknown(name)
+    return tuple(p.name for p in found[1].params)
+
+
+def get(name: str, ranks: int, microbatches: int, **kwargs: Any) -> Schedule:
+    """Instantiate library schedule `name`, e.g. `get("interleaved-1f1b", 4, 8, v=2)`.
+
+    Keyword arguments are the schedule's parameters or pipeline settings (stages, placement,
+    memory_limit, accumulate).
+    """
+    found = resolve(name)
+    if found is None:
+        raise _unknown(name)
+    module, sdef = found
+    pnames = {p.name for p in sdef.params}
+    sched_kw: dict[str, Value] = {k: v for k, v in kwargs.items() if k in pnames}
+    overrides: dict[str, Value] = {k: v for k, v in kwargs.items() if k not in pnames}
+    overrides.update(ranks=ranks, microbatches=microbatches)
+    if isinstance(overrides.get("placement"), list):
+        overrides["placement"] = tuple(overrides["placement"])
+    return elaborate(module, overrides=overrides, use=(sdef.name, sched_kw)).schedule
+
+
+def _unknown(name: str) -> UsageError:
+    return UsageError(f"unknown library schedule '{name}'; the library has "
+                      f"{', '.join(names())}", None, did_you_mean(name, names()))

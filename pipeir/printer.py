@@ -1,0 +1,60 @@
+"""The canonical text form of a schedule: explicit, loop-free `.sched` that re-parses to an
+equal schedule. Deterministic, so it can be diffed and golden-tested."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from pipeir.schedule import Schedule
+
+WIDTH = 96  # wrap op lists at this many columns
+
+
+def print_schedule(schedule: Schedule, costs: Mapping[str, Any] | None = None) -> str:
+    """`schedule` as canonical `.sched` text (with a `costs` block when costs are given)."""
+    c = schedule.config
+    out = ["# canonical form (pipeirc print)",
+           "pipeline {",
+           f"    ranks = {c.ranks}",
+           f"    microbatches = {c.microbatches}",
+           f"    stages = {c.stages}",
+           f"    placement = {c.placement_name or _list(c.placement)}"]
+    if c.memory_limit is not None:
+        out.append(f"    memory_limit = {c.memory_limit}")
+    if c.accumulate != 1:
+        out.append(f"    accumulate = {c.accumulate}")
+    out.append("}")
+    if costs:
+        out.append("")
+        out.append("costs {")
+        out.extend(f"    {k} = {_value(v)}" for k, v in sorted(costs.items()))
+        out.append("}")
+    out.append("")
+    out.append(f"schedule {schedule.name} {{")
+    for r, prog in enumerate(schedule.programs):
+        out.append(f"    rank {r} {{")
+        line = "       "
+        for op in prog:
+            text = f" {op}"
+            if len(line) + len(text) > WIDTH:
+                out.append(line)
+                line = "       "
+            line += text
+        if line.strip():
+            out.append(line)
+        out.append("    }")
+    out.append("}")
+    return "\n".join(out) + "\n"
+
+
+def _list(items: tuple[int, ...]) -> str:
+    return "[" + ", ".join(map(str, items)) + "]"
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, tuple | list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    if isinstance(v, float):
+        return repr(v)
+    return str(v)

@@ -1,0 +1,1 @@
+"""Runtime: executes lowered per-rank programs on torch.distributed (imports torch)."""

@@ -1,0 +1,198 @@
+"""The schedule IR: a pipeline config plus a networkx DiGraph whose nodes are ops.
+
+Node attributes: ``rank`` (who runs it), ``pos`` (index in that rank's program) and ``span``
+(where the user wrote it, or None). Edge attribute ``kind`` is an `EdgeKind` flag set: DATA
+for a tensor dependency, ORDER for "runs next on the same rank"; an edge can be both.
+
+NOTE: the graph is the single source of truth. Per-rank programs are derived from it (and
+cached, so treat a built Schedule as immutable: passes build new schedules). A Schedule can
+never hold the same op twice, because ops are the node keys; the builder rejects duplicates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from enum import IntFlag
+from typing import Any
+
+import networkx as nx
+
+from pipeir.config import PipelineConfig
+from pipeir.diagnostics import Diagnostic, Note, Span, VerifyError
+from pipeir.ops import Op
+
+
+class EdgeKind(IntFlag):
+    DATA = 1  # the target consumes what the source produces
+    ORDER = 2  # the target runs right after the source on the same rank
+
+
+def data_predecessors(op: Op, present: Mapping[Op, Any] | set[Op], stages: int) -> list[Op]:
+    """The ops whose results `op` consumes, among those `present`.
+
+    F(s) needs F(s-1); the first backward of the last stage needs its F; B/I(s) needs F(s) and
+    the input-gradient of stage s+1 (from B(s+1) or I(s+1)); W(s) needs I(s) (or F(s) if the
+    schedule has no I(s), which verification reports).
+    """
+    kind, s, m = op.kind, op.stage, op.mb
+    preds: list[Op] = []
+    if kind == "F":
+        if s > 0:
+            _add(preds, Op("F", s - 1, m), present)
+    elif kind in ("B", "I"):
+        _add(preds, Op("F", s, m), present)
+        if s + 1 < stages:
+            nxt = Op("B", s + 1, m)
+            _add(preds, nxt if nxt in present else Op("I", s + 1, m), present)
+    else:
+        i = Op("I", s, m)
+        _add(preds, i if i in present else Op("F", s, m), present)
+    return preds
+
+
+def _add(preds: list[Op], op: Op, present: Mapping[Op, Any] | set[Op]) -> None:
+    if op in present:
+        preds.append(op)
+
+
+class Schedule:
+    """A pipeline schedule: which rank runs which op, in what order.
+
+    Build one with `Schedule.from_programs` (or `ScheduleBuilder`), from the language with
+    `pipeir.parse`, or from the library with `pipeir.library.get`.
+    """
+
+    def __init__(self, config: PipelineConfig, graph: nx.DiGraph, name: str = "schedule"):
+        self.config = config
+        self.graph = graph
+        self.name = name
+        self._programs: tuple[tuple[Op, ...], ...] | None = None
+
+    # ---- construction -------------------------------------------------------------------
+    @classmethod
+    def from_programs(cls, config: PipelineConfig, programs: Sequence[Iterable[Op]],
+                      name: str = "schedule",
+                      spans: Mapping[Op, Span | None] | None = None) -> Schedule:
+        """Build a schedule from one op list per rank (`programs[r]` runs on rank r)."""
+        if len(programs) != config.ranks:
+            raise ValueError(f"expected {config.ranks} programs (one per rank), "
+                             f"got {len(programs)}")
+        b = ScheduleBuilder(config, name)
+        for r, prog in enumerate(programs):
+            for op in prog:
+                b.add(r, op, None if spans is None else spans.get(op))
+        return b.build()
+
+    def with_programs(self, programs: Sequence[Iterable[Op]], name: str | None = None,
+                      config: PipelineConfig | None = None) -> Schedule:
+        """A new schedule with other programs; spans of ops that survive are kept."""
+        spans = {op: self.graph.nodes[op]["span"] for op in self.graph}
+        return Schedule.from_programs(config or self.config, programs, name or self.name, spans)
+
+    # ---- views ------------------------------------------------------------------------------
+    @property
+    def programs(self) -> tuple[tuple[Op, ...], ...]:
+        """Each rank's ops in program order, derived from the graph."""
+        if self._programs is None:
+            progs: list[list[tuple[int, Op]]] = [[] for _ in range(self.config.ranks)]
+            for op, attrs in self.graph.nodes(data=True):
+                progs[attrs["rank"]].append((attrs["pos"], op))
+            self._programs = tuple(tuple(op for _, op in sorted(p, key=_first)) for p in progs)
+        return self._programs
+
+    def program(self, rank: int) -> tuple[Op, ...]:
+        """The ops rank `rank` runs, in order."""
+        return self.programs[rank]
+
+    def rank_of(self, op: Op) -> int:
+        return int(self.graph.nodes[op]["rank"])
+
+    def span_of(self, op: Op) -> Span | None:
+        span: Span | None = self.graph.nodes[op]["span"]
+        return span
+
+    def __contains__(self, op: object) -> bool:
+        return op in self.graph
+
+    def __iter__(self) -> Iterator[Op]:
+        for prog in self.programs:
+            yield from prog
+
+    def __len__(self) -> int:
+        return int(self.graph.number_of_nodes())
+
+    def data_edges(self) -> Iterator[tuple[Op, Op]]:
+        for u, v, k in self.graph.edges(data="kind"):
+            if k & EdgeKind.DATA:
+                yield u, v
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Schedule):
+            return NotImplemented
+        return self.config == other.config and self.programs == other.programs
+
+    def __hash__(self) -> int:
+        return hash((self.config, self.programs))
+
+    def __repr__(self) -> str:
+        c = self.config
+        return (f"<Schedule {self.name}: {c.ranks} ranks, {c.stages} stages, "
+                f"{c.microbatches} micro-batches, {len(self)} ops>")
+
+
+def _first(pair: tuple[int, Op]) -> int:
+    return pair[0]
+
+
+class ScheduleBuilder:
+    """Collects ops rank by rank, then builds the graph in one go.
+
+    >>> from pipeir.ops import F, B
+    >>> b = ScheduleBuilder(PipelineConfig.make(ranks=1, microbatches=1))
+    >>> b.add(0, F(0, 0)); b.add(0, B(0, 0))
+    >>> b.build().program(0)
+    (Op(kind='F', stage=0, mb=0), Op(kind='B', stage=0, mb=0))
+    """
+
+    def __init__(self, config: PipelineConfig, name: str = "schedule"):
+        self.config = config
+        self.name = name
+        self._programs: list[list[Op]] = [[] for _ in range(config.ranks)]
+        self._where: dict[Op, tuple[int, int, Span | None]] = {}
+
+    def add(self, rank: int, op: Op, span: Span | None = None) -> None:
+        """Append `op` to rank `rank`'s program. A duplicate op is a VerifyError."""
+        if not 0 <= rank < self.config.ranks:
+            raise VerifyError(Diagnostic(
+                f"{op} is placed on rank {rank}, but ranks are 0..{self.config.ranks - 1}",
+                span), check="range")
+        first = self._where.get(op)
+        if first is not None:
+            raise VerifyError(Diagnostic(
+                f"duplicate op {op}: it already runs on rank {first[0]}", span,
+                (Note(f"first {op} is here", first[2]),) if first[2] is not None else ()),
+                check="duplicate")
+        prog = self._programs[rank]
+        self._where[op] = (rank, len(prog), span)
+        prog.append(op)
+
+    def build(self) -> Schedule:
+        g: nx.DiGraph = nx.DiGraph()
+        where = self._where
+        g.add_nodes_from((op, {"rank": r, "pos": p, "span": sp})
+                         for op, (r, p, sp) in where.items())
+        # Plain ints, not EdgeKind members: IntFlag arithmetic is slow at this scale, and
+        # `kind & EdgeKind.DATA` reads the same either way.
+        edges: dict[tuple[Op, Op], int] = {}
+        order, data = int(EdgeKind.ORDER), int(EdgeKind.DATA)
+        for prog in self._programs:
+            for a, b in zip(prog, prog[1:]):
+                edges[a, b] = order
+        stages = self.config.stages
+        get = edges.get
+        for op in where:
+            for pred in data_predecessors(op, where, stages):
+                key = (pred, op)
+                edges[key] = get(key, 0) | data
+        g.add_edges_from((u, v, {"kind": k}) for (u, v), k in edges.items())
+        return Schedule(self.config, g, self.name)

@@ -1,0 +1,1 @@
+"""Cost model and discrete-event simulator: bubble, memory and timelines."""

@@ -1,0 +1,230 @@
+"""Static verification of a schedule: ranges, placement, completeness, deadlock, memory.
+
+`verify(schedule)` raises `VerifyError` (its `check` names what failed) or returns a
+`VerifyReport` with the peak in-flight activations per rank. Checks run in that order and stop
+at the first failing kind, since later checks presuppose earlier ones (a deadlock proof needs
+every op present, a memory count needs every op's partner).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from pipeir._gc import paused_gc
+from pipeir.diagnostics import Diagnostic, Note, Span, VerifyError
+from pipeir.ops import Op
+from pipeir.schedule import EdgeKind, Schedule
+
+MAX_LISTED = 8  # diagnostics listed per failing check before "... and N more"
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What verification learned: peak in-flight activations per rank and where each peaks."""
+
+    peak_activations: tuple[int, ...]
+    peak_at: tuple[Op | None, ...]
+
+
+def verify(schedule: Schedule, memory_limit: int | None = None) -> VerifyReport:
+    """Check `schedule`; raise VerifyError on the first failing kind of check.
+
+    `memory_limit` overrides the pipeline's own `memory_limit` when given.
+    """
+    with paused_gc():
+        _raise("range", check_ranges(schedule))
+        _raise("placement", check_placement(schedule))
+        _raise("completeness", check_completeness(schedule))
+        _raise("deadlock", check_deadlock(schedule))
+        report = memory_report(schedule)
+        limit = memory_limit if memory_limit is not None else schedule.config.memory_limit
+        _raise("memory", check_memory(schedule, report, limit))
+    return report
+
+
+def _raise(check: str, diags: list[Diagnostic]) -> None:
+    if diags:
+        if len(diags) > MAX_LISTED:
+            rest = len(diags) - MAX_LISTED
+            diags = [*diags[:MAX_LISTED], Diagnostic(f"... and {rest} more like these")]
+        raise VerifyError(diags, check)
+
+
+def check_ranges(schedule: Schedule) -> list[Diagnostic]:
+    """Every op's stage and micro-batch is in range."""
+    c = schedule.config
+    out = []
+    for op in schedule:
+        if not 0 <= op.stage < c.stages:
+            out.append(Diagnostic(f"{op}: stage {op.stage} is out of range (stages are "
+                                  f"0..{c.stages - 1})", schedule.span_of(op)))
+        elif not 0 <= op.mb < c.microbatches:
+            out.append(Diagnostic(f"{op}: micro-batch {op.mb} is out of range (micro-batches "
+                                  f"are 0..{c.microbatches - 1})", schedule.span_of(op)))
+    return out
+
+
+def check_placement(schedule: Schedule) -> list[Diagnostic]:
+    """Every op runs on the rank that owns its stage."""
+    placement = schedule.config.placement
+    out = []
+    for r, prog in enumerate(schedule.programs):
+        for op in prog:
+            owner = placement[op.stage]
+            if owner != r:
+                out.append(Diagnostic(f"{op} runs on rank {r}, but stage {op.stage} lives on "
+                                      f"rank {owner}", schedule.span_of(op)))
+    return out
+
+
+def check_completeness(schedule: Schedule) -> list[Diagnostic]:
+    """Each (stage, micro-batch) has one F and either one B or one I and one W."""
+    c = schedule.config
+    g = schedule.graph
+    out = []
+    for s in range(c.stages):
+        for m in range(c.microbatches):
+            missing = []
+            if Op("F", s, m) not in g:
+                missing.append(Op("F", s, m))
+            has_b, has_i, has_w = Op("B", s, m) in g, Op("I", s, m) in g, Op("W", s, m) in g
+            if has_b and (has_i or has_w):
+                other = Op("I", s, m) if has_i else Op("W", s, m)
+                out.append(Diagnostic(
+                    f"stage {s}, micro-batch {m} has both {Op('B', s, m)} and {other}: "
+                    "a backward is either B or the pair I + W", schedule.span_of(other)))
+                continue
+            if not has_b:
+                if not has_i and not has_w:
+                    missing.append(Op("B", s, m))
+                elif not has_i:
+                    missing.append(Op("I", s, m))
+                elif not has_w:
+                    missing.append(Op("W", s, m))
+            if missing:
+                rank = c.placement[s]
+                out.append(Diagnostic(
+                    f"missing {' and '.join(map(str, missing))}: the schedule never runs "
+                    f"{'them' if len(missing) > 1 else 'it'} (stage {s} lives on rank {rank})",
+                    _program_span(schedule, rank)))
+    return out
+
+
+def _program_span(schedule: Schedule, rank: int) -> Span | None:
+    for op in schedule.program(rank):
+        span = schedule.span_of(op)
+        if span is not None:
+            return span
+    return None
+
+
+def check_deadlock(schedule: Schedule) -> list[Diagnostic]:
+    """The union of data and program-order edges is acyclic, i.e. every rank can run its
+    program to the end. On failure, explain one waiting cycle across ranks."""
+    g = schedule.graph
+    pred = g._pred  # NOTE: networkx's adjacency dicts; read-only, for speed on large graphs
+    succ = g._succ
+    indeg = {op: len(p) for op, p in pred.items()}
+    ready = deque(op for op, d in indeg.items() if d == 0)
+    done = 0
+    while ready:
+        op = ready.popleft()
+        done += 1
+        for nxt in succ[op]:
+            indeg[nxt] -= 1
+            if indeg[nxt] == 0:
+                ready.append(nxt)
+    if done == len(indeg):
+        return []
+    return [_explain_deadlock(schedule, {op for op, d in indeg.items() if d > 0})]
+
+
+def _explain_deadlock(schedule: Schedule, stuck: set[Op]) -> Diagnostic:
+    """Follow who-waits-for-whom from a blocked rank until a rank repeats."""
+    g = schedule.graph
+    heads: dict[int, Op] = {}
+    for r, prog in enumerate(schedule.programs):
+        for op in prog:
+            if op in stuck:
+                heads[r] = op
+                break
+
+    def waits_for(op: Op) -> Op:
+        for p in g.predecessors(op):
+            if p in stuck and g.edges[p, op]["kind"] & EdgeKind.DATA:
+                return p
+        raise AssertionError(f"{op} is blocked but waits for nothing")  # pragma: no cover
+
+    def where(op: Op) -> str:
+        span = schedule.span_of(op)
+        return f" (line {span.line})" if span is not None else ""
+
+    rank = min(heads)
+    chain: list[tuple[int, Op, Op]] = []  # (rank, its blocked head, the op it waits for)
+    seen: dict[int, int] = {}
+    while rank not in seen:
+        seen[rank] = len(chain)
+        head = heads[rank]
+        need = waits_for(head)
+        chain.append((rank, head, need))
+        need_rank = schedule.rank_of(need)
+        if need_rank == rank:
+            break
+        rank = need_rank
+    if chain[-1][0] == schedule.rank_of(chain[-1][2]):  # a rank waits on itself
+        r, head, need = chain[-1]
+        return Diagnostic(
+            f"deadlock: rank {r} runs {head}{where(head)} before {need}{where(need)}, "
+            f"which {head} needs",
+            schedule.span_of(head), (Note(f"{need} comes later in rank {r}'s program",
+                                          schedule.span_of(need)),))
+    cycle = chain[seen[rank]:]
+    parts = []
+    for i, (r, head, need) in enumerate(cycle):
+        nr = schedule.rank_of(need)
+        nxt_head = cycle[(i + 1) % len(cycle)][1]
+        parts.append(f"rank {r} waits at {head}{where(head)} for {need} on rank {nr}, "
+                     f"which comes after {nxt_head} there")
+    notes = tuple(Note(f"rank {r} is stuck here, at {head}", schedule.span_of(head))
+                  for r, head, _ in cycle)
+    return Diagnostic("deadlock: " + "; ".join(parts), schedule.span_of(cycle[0][1]), notes)
+
+
+def memory_report(schedule: Schedule) -> VerifyReport:
+    """Peak in-flight activations per rank: +1 at F(s,mb), -1 when its last backward
+    (B, or W) has run. Depends only on program order, not on timing."""
+    peaks, at = [], []
+    for prog in schedule.programs:
+        live = peak = 0
+        peak_op: Op | None = None
+        for op in prog:
+            if op.kind == "F":
+                live += 1
+                if live > peak:
+                    peak, peak_op = live, op
+            elif op.kind in ("B", "W"):
+                live -= 1
+        peaks.append(peak)
+        at.append(peak_op)
+    return VerifyReport(tuple(peaks), tuple(at))
+
+
+def check_memory(schedule: Schedule, report: VerifyReport, limit: int | None) -> list[Diagnostic]:
+    """No rank holds more than `limit` in-flight activations at once."""
+    if limit is None:
+        return []
+    out = []
+    for r, prog in enumerate(schedule.programs):
+        if report.peak_activations[r] <= limit:
+            continue
+        live = 0
+        for op in prog:
+            live += 1 if op.kind == "F" else -1 if op.kind in ("B", "W") else 0
+            if live > limit:
+                out.append(Diagnostic(
+                    f"memory limit exceeded on rank {r}: {op} makes {live} activations in "
+                    f"flight (memory_limit = {limit}; this rank peaks at "
+                    f"{report.peak_activations[r]})", schedule.span_of(op)))
+                break
+    return out

@@ -1,0 +1,1 @@
+"""Terminal views of schedules (text only; pictures live with the simulator)."""
