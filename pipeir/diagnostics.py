@@ -78,7 +78,8 @@ def _render_one(severity: str, message: str, span: Span | None,
     out = [f"{span}: {severity}: {message}"]
     text = span.source.line(span.line)
     if text:
-        width = (span.end_col - span.col) if span.end_line == span.line else len(text) - span.col + 1
+        same_line = span.end_line == span.line
+        width = (span.end_col - span.col) if same_line else len(text) - span.col + 1
         out.append("    " + text.rstrip())
         out.append("    " + " " * (span.col - 1) + "^" * max(1, width))
     return out

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from enum import IntFlag
+from itertools import pairwise
 from typing import Any
 
 import networkx as nx
@@ -186,7 +187,7 @@ class ScheduleBuilder:
         edges: dict[tuple[Op, Op], int] = {}
         order, data = int(EdgeKind.ORDER), int(EdgeKind.DATA)
         for prog in self._programs:
-            for a, b in zip(prog, prog[1:]):
+            for a, b in pairwise(prog):
                 edges[a, b] = order
         stages = self.config.stages
         get = edges.get

@@ -24,9 +24,9 @@ def run(args: argparse.Namespace) -> int:
     import sys
 
     status = EXIT_OK
-    for elab in load_schedules(args):
+    labels = args.files or [f"--schedule {args.schedule}"]
+    for where, elab in zip(labels, load_schedules(args)):
         s = elab.schedule
-        where = _where(s)
         try:
             report = verify(s, memory_limit=args.memory_limit)
         except VerifyError as e:
@@ -39,14 +39,3 @@ def run(args: argparse.Namespace) -> int:
                   f"{c.microbatches} micro-batches, {len(s)} ops; peak in-flight "
                   f"activations per rank: {' '.join(map(str, report.peak_activations))}")
     return status
-
-
-def _where(s: object) -> str:
-    from pipeir.schedule import Schedule
-
-    assert isinstance(s, Schedule)
-    for op in s:
-        span = s.span_of(op)
-        if span is not None:
-            return span.file
-    return s.name

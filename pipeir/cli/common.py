@@ -43,7 +43,7 @@ def load_schedules(args: argparse.Namespace) -> list[Elaborated]:
             raise UsageError("give either FILE or --schedule, not both")
         if args.ranks is None or args.microbatches is None:
             raise UsageError("--schedule needs --ranks P and --microbatches M")
-        from pipeir import library  # noqa: PLC0415 - only this path needs it
+        from pipeir import library
 
         name = library.canonical_name(args.schedule)
         if name is None:
@@ -54,7 +54,7 @@ def load_schedules(args: argparse.Namespace) -> list[Elaborated]:
                 raise UsageError(f"--v: library schedule '{name}' has no chunks parameter v")
             kw["v"] = args.v
         overrides.update(ranks=args.ranks, microbatches=args.microbatches)
-        from pipeir.frontend.elaborate import elaborate  # noqa: PLC0415
+        from pipeir.frontend.elaborate import elaborate
 
         module, sdef = library.resolve(name)  # type: ignore[misc]
         return [elaborate(module, overrides=overrides, use=(sdef.name, kw))]

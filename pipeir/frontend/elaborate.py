@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pipeir._gc import paused_gc
+from pipeir._nesting import nesting_guard
 from pipeir.config import PLACEMENTS, ConfigError, PipelineConfig, named_placement
 from pipeir.diagnostics import Note, Source, Span, UsageError, did_you_mean
 from pipeir.frontend import ast
@@ -99,6 +100,9 @@ _BUILTINS: Final[dict[str, _Binding]] = {
 }
 
 
+_CONSTANTS: Final[dict[str, bool]] = {"true": True, "false": False}
+
+
 # ---- run-time context ------------------------------------------------------------------------
 @dataclass
 class _Ctx:
@@ -163,7 +167,10 @@ class _Compiler:
         raise AssertionError(e)  # pragma: no cover
 
     def _var(self, e: ast.Var, scope: _Scope) -> ExprFn:
-        b = scope.lookup(e.name)
+        b = scope.lookup(e.name) or _BUILTINS.get(e.name)
+        if b is None and e.name in _CONSTANTS:
+            const = _CONSTANTS[e.name]
+            return lambda env: const
         if b is None:
             raise UsageError(f"unknown name '{e.name}'", e.span,
                              did_you_mean(e.name, scope.all_names() | set(_BUILTINS)))
@@ -473,15 +480,32 @@ class _Compiler:
     def _require(self, s: ast.Require, scope: _Scope) -> StmtFn:
         cond = self.expr(s.cond, scope)
         msg, span = s.message, s.span
+        names = sorted({n for n in _var_names(s.cond) if (b := scope.lookup(n)) and
+                        b.kind == "value"})
 
         def require(env: Env, ctx: _Ctx) -> None:
             c = cond(env)
             if type(c) is not bool:
                 raise UsageError(f"'require' needs a condition, got {_type_name(c)}", span)
             if not c:
+                where = ", ".join(f"{n} = {_show(env[n])}" for n in names if n in env)
                 raise UsageError(f"requirement failed: {msg}" if msg else
-                                 "requirement failed", span)
+                                 "requirement failed", span,
+                                 (Note(f"here {where}"),) if where else ())
         return require
+
+
+def _var_names(e: ast.Expr) -> list[str]:
+    if isinstance(e, ast.Var):
+        return [e.name]
+    if isinstance(e, ast.BinOp):
+        return _var_names(e.left) + _var_names(e.right)
+    if isinstance(e, ast.Unary):
+        return _var_names(e.operand)
+    if isinstance(e, ast.Call | ast.ListLit):
+        return [n for a in (e.args if isinstance(e, ast.Call) else e.items)
+                for n in _var_names(a)]
+    return []
 
 
 _ARITH: Final[dict[str, Callable[[Any, Any], Any]]] = {
@@ -526,7 +550,7 @@ def elaborate(module: ast.Module, *, overrides: Mapping[str, Value] | None = Non
     `overrides` (from `--set`) replace pipeline settings or schedule parameters; `use` picks
     a schedule by name with parameters, as `schedule = name(k = v)` in the file would.
     """
-    with paused_gc():
+    with paused_gc(), nesting_guard(module.span.file):
         return _elaborate(module, overrides, resolver, use)
 
 
@@ -640,9 +664,12 @@ def _elaborate(module: ast.Module, overrides: Mapping[str, Value] | None,
                 comp.stmt(item, gscope)(genv, ctx)
         comp.block(tuple(body), gscope.child())(genv, ctx)
     except UsageError as e:
-        if ctx.rank_note and not any(n.message == ctx.rank_note for n in e.diagnostics[0].notes):
-            d = e.diagnostics[0]
-            raise UsageError(d.message, d.span, (*d.notes, Note(ctx.rank_note))) from None
+        d = e.diagnostics[0]
+        extra = [Note(ctx.rank_note)] if ctx.rank_note else []
+        if def_module is not module and use_span is not None:
+            extra.append(Note(f"in library schedule '{sdef.name}', used here", use_span))
+        if extra:
+            raise UsageError(d.message, d.span, (*d.notes, *extra)) from None
         raise
     costs = _costs(module, genv, comp, gscope)
     return Elaborated(ctx.builder.build(), costs)

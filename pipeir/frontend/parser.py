@@ -6,9 +6,11 @@ from __future__ import annotations
 from functools import cache
 from typing import Any
 
-from lark import Lark, Token, Transformer, v_args
+from lark import Lark, Token, v_args
 from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.visitors import Transformer_NonRecursive
 
+from pipeir._nesting import nesting_guard
 from pipeir.diagnostics import Note, Source, Span, UsageError
 from pipeir.frontend import ast
 from pipeir.grammar import grammar_text
@@ -22,11 +24,12 @@ def _lark() -> Lark:
 
 def parse_source(source: Source) -> ast.Module:
     """Parse a whole `.sched` file into a syntax tree, or raise a UsageError at the bad token."""
-    try:
-        tree = _lark().parse(source.text)
-    except UnexpectedInput as e:
-        raise _syntax_error(source, e) from None
-    module = _ToAst(source).transform(tree)
+    with nesting_guard(source.name):
+        try:
+            tree = _lark().parse(source.text)
+        except UnexpectedInput as e:
+            raise _syntax_error(source, e) from None
+        module = _ToAst(source).transform(tree)
     assert isinstance(module, ast.Module)
     return module
 
@@ -98,8 +101,34 @@ def _syntax_error(source: Source, e: UnexpectedInput) -> UsageError:
     lines = source.text.splitlines() or [""]
     line = len(lines)
     col = len(lines[-1]) + 1
-    return UsageError(f"unexpected end of file; expected {shown}",
-                      Span(source, line, max(1, col - 1) if col > 1 else 1, line, col), notes)
+    eof = Span(source, line, max(1, col - 1) if col > 1 else 1, line, col)
+    opener = _unclosed_brace(source)
+    if "'}'" in expected and opener is not None:
+        return UsageError("unexpected end of file: a '{' is never closed", eof,
+                          (Note("this '{' has no matching '}'", opener), *notes))
+    return UsageError(f"unexpected end of file; expected {shown}", eof, notes)
+
+
+def _unclosed_brace(source: Source) -> Span | None:
+    """The innermost '{' left open at the end of the text (comments and strings skipped)."""
+    stack: list[tuple[int, int]] = []
+    for lineno, text in enumerate(source.text.splitlines(), 1):
+        in_str = False
+        for col, ch in enumerate(text, 1):
+            if ch == '"':
+                in_str = not in_str
+            elif in_str:
+                continue
+            elif ch == "#":
+                break
+            elif ch == "{":
+                stack.append((lineno, col))
+            elif ch == "}" and stack:
+                stack.pop()
+    if not stack:
+        return None
+    line, col = stack[-1]
+    return Span(source, line, col, line, col + 1)
 
 
 # ---- tree -> AST ------------------------------------------------------------------------------
@@ -108,7 +137,7 @@ def _flat(items: Any) -> tuple[Any, ...]:
 
 
 @v_args(meta=True)
-class _ToAst(Transformer[Token, Any]):
+class _ToAst(Transformer_NonRecursive):
     def __init__(self, source: Source):
         super().__init__()
         self.source = source

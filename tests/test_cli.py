@@ -1,0 +1,119 @@
+"""pipeirc check / show / print: output goldens, exit codes, bad command lines."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import pipeir
+
+REPO = Path(__file__).parent.parent
+EXAMPLES = sorted(p.name for p in (REPO / "examples").glob("*.sched"))
+Cli = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture(autouse=True)
+def _in_repo(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(REPO)
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_print_golden_and_round_trip(name: str, cli: Cli, golden: Callable[[str, str], None],
+                                     tmp_path: Path) -> None:
+    code, out, err = cli("print", f"examples/{name}")
+    assert (code, err) == (0, "")
+    golden(f"print/{name}.expected", out)
+    again = tmp_path / "again.sched"
+    again.write_text(out)
+    code, out2, _ = cli("print", again)
+    assert out2 == out
+    assert pipeir.parse(again) == pipeir.parse(REPO / "examples" / name)
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_examples_check(name: str, cli: Cli) -> None:
+    code, out, err = cli("check", f"examples/{name}")
+    assert code == 0, err
+    assert out.startswith(f"examples/{name}: ok: ")
+
+
+@pytest.mark.parametrize(("args", "golden_name"), [
+    (("examples/1f1b.sched", "--width", "100"), "1f1b_4x8"),
+    (("examples/interleaved.sched", "--width", "100"), "interleaved_4x8_v2"),
+    (("--schedule", "1f1b", "--ranks", "8", "--microbatches", "32", "--width", "120"),
+     "1f1b_8x32"),
+])
+def test_show_golden(args: tuple[str, ...], golden_name: str, cli: Cli,
+                     golden: Callable[[str, str], None]) -> None:
+    code, out, err = cli("show", *args)
+    assert (code, err) == (0, "")
+    assert all(len(line) <= int(args[-1]) for line in out.splitlines()[1:])
+    golden(f"show/{golden_name}.expected", out)
+
+
+def test_check_many_files_exit_code_is_worst(cli: Cli) -> None:
+    code, out, err = cli("check", "examples/1f1b.sched", "tests/errors/deadlock.sched",
+                         "examples/gpipe.sched")
+    assert code == 1
+    assert out.count(": ok: ") == 2
+    assert "deadlock" in err
+
+
+def test_check_library_schedule_and_set(cli: Cli) -> None:
+    code, out, _ = cli("check", "--schedule", "interleaved-1f1b", "--ranks", "4",
+                       "--microbatches", "8", "--v", "2")
+    assert code == 0 and "8 stages" in out
+    code, out, _ = cli("check", "examples/1f1b.sched", "--set", "ranks=2", "--set",
+                       "microbatches=3")
+    assert code == 0 and "2 ranks, 2 stages, 3 micro-batches" in out
+
+
+@pytest.mark.parametrize(("args", "fragment"), [
+    (("check",), "no schedule given"),
+    (("check", "--schedule", "1f1b"), "--schedule needs --ranks P and --microbatches M"),
+    (("check", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--v", "2"),
+     "has no chunks parameter v"),
+    (("check", "examples/1f1b.sched", "--ranks", "2"), "--ranks goes with --schedule"),
+    (("check", "examples/1f1b.sched", "--set", "rnaks=2"), "did you mean 'ranks'"),
+    (("check", "examples/1f1b.sched", "--set", "ranks"), "expected NAME=VALUE"),
+    (("check", "examples/1f1b.sched", "--set", "ranks=0"), "ranks must be a positive"),
+    (("check", "no/such/file.sched"), "no such file"),
+    (("check", "examples"), "is a directory"),
+    (("show", "--schedule", "1f1", "--ranks", "2", "--microbatches", "2"), "did you mean"),
+    (("print", "examples/1f1b.sched", "-o", "no/such/dir/out.sched"), "does not exist"),
+])
+def test_usage_errors(args: tuple[str, ...], fragment: str, cli: Cli) -> None:
+    code, out, err = cli(*args)
+    assert (code, out) == (2, "")
+    assert fragment in err
+    assert "Traceback" not in err
+
+
+def test_argparse_errors_exit_2(cli: Cli) -> None:
+    assert cli("frobnicate")[0] == 2
+    assert cli("check", "--ranks", "many")[0] == 2
+
+
+def test_print_writes_atomically(cli: Cli, tmp_path: Path) -> None:
+    out = tmp_path / "out.sched"
+    assert cli("print", "examples/1f1b.sched", "-o", out)[0] == 0
+    assert pipeir.parse(out) == pipeir.parse(REPO / "examples/1f1b.sched")
+    bad = tmp_path / "bad.sched"
+    assert cli("print", "tests/errors/div_zero.sched", "-o", bad)[0] == 2
+    assert not bad.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["out.sched"]
+
+
+def test_show_refuses_a_deadlock(cli: Cli) -> None:
+    code, out, err = cli("show", "tests/errors/deadlock.sched")
+    assert code == 1 and out == "" and "deadlock" in err
+
+
+def test_console_script_runs() -> None:
+    r = subprocess.run([sys.executable, "-m", "pipeir", "check", "examples/gpipe.sched"],
+                       capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert r.returncode == 0 and ": ok: gpipe" in r.stdout

@@ -1,0 +1,84 @@
+"""Every user error is a diagnostic with an exact location and the right exit code.
+
+Each file in tests/errors/ is a known-bad schedule; its `pipeirc check` output (exit code and
+stderr) is golden in tests/golden/errors/. Exit 2 = syntax/semantic error, 1 = invalid schedule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import pipeir
+
+ERRORS = Path(__file__).parent / "errors"
+CASES = sorted(p.stem for p in ERRORS.glob("*.sched"))
+
+# The exit code each case must give (1: the schedule is wrong; 2: the file is).
+INVALID = {"deadlock", "deadlock_self", "duplicate", "mb_range", "memory", "missing",
+           "stage_range", "wrong_rank"}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_error_golden(case: str, cli: Callable[..., tuple[int, str, str]],
+                      golden: Callable[[str, str], None],
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(ERRORS.parent.parent)
+    code, out, err = cli("check", f"tests/errors/{case}.sched")
+    assert code == (1 if case in INVALID else 2)
+    assert out == ""
+    assert "Traceback" not in err
+    assert err.startswith((f"tests/errors/{case}.sched:", "<library>/", "error: tests/errors/"))
+    golden(f"errors/{case}.expected", f"exit {code}\n{err}")
+
+
+@pytest.mark.parametrize(("case", "line", "col", "check"), [
+    ("deadlock", 6, 9, "deadlock"),
+    ("deadlock_self", 4, 18, "deadlock"),
+    ("duplicate", 6, 9, "duplicate"),
+    ("wrong_rank", 3, 23, "placement"),
+    ("stage_range", 5, 9, "range"),
+])
+def test_verify_errors_point_at_the_op(case: str, line: int, col: int, check: str) -> None:
+    with pytest.raises(pipeir.VerifyError) as e:
+        pipeir.verify(pipeir.parse(ERRORS / f"{case}.sched"))
+    span = e.value.diagnostics[0].span
+    assert e.value.check == check
+    assert span is not None and (span.line, span.col) == (line, col)
+
+
+@pytest.mark.parametrize(("case", "line", "col", "fragment"), [
+    ("unknown_name", 5, 23, "unknown name 'warmpu'"),
+    ("div_zero", 4, 31, "division by zero"),
+    ("reversed_range", 4, 18, "reversed range 4 .. 0"),
+    ("empty_range", 4, 18, "empty range 3 .. 3"),
+    ("arity", 4, 9, "F takes 2 arguments"),
+    ("syntax_range", 4, 20, "unexpected 'to'"),
+    ("syntax_eof", 4, 24, "a '{' is never closed"),
+    ("unknown_setting", 3, 5, "unknown pipeline setting 'microbatch'"),
+    ("shadow", 5, 13, "'i' is already defined"),
+    ("condition_type", 4, 12, "must be true or false"),
+])
+def test_usage_errors_point_at_the_source(case: str, line: int, col: int, fragment: str) -> None:
+    with pytest.raises(pipeir.UsageError) as e:
+        pipeir.parse(ERRORS / f"{case}.sched")
+    d = e.value.diagnostics[0]
+    assert fragment in d.message
+    assert d.span is not None and (d.span.line, d.span.col) == (line, col)
+    assert e.value.exit_code == 2
+
+
+def test_did_you_mean_notes() -> None:
+    with pytest.raises(pipeir.UsageError) as e:
+        pipeir.parse(ERRORS / "unknown_name.sched")
+    assert [n.message for n in e.value.diagnostics[0].notes] == ["did you mean 'warmup'?"]
+
+
+def test_memory_limit_names_rank_and_op(cli: Callable[..., tuple[int, str, str]]) -> None:
+    code, _, err = cli("check", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "8",
+                       "--memory-limit", "2")
+    assert code == 1
+    assert "memory limit exceeded on rank 0: F(0,2) makes 3 activations in flight" in err
+    assert "rank 1: F(1,2)" in err and "rank 2" not in err

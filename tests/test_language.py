@@ -1,0 +1,208 @@
+"""The .sched language: what programs mean (elaboration), through the public API."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+import pipeir
+from pipeir import B, F, I, W
+
+
+def progs(text: str, **overrides: object) -> list[list[str]]:
+    s = pipeir.parse(text, overrides=overrides or None)  # type: ignore[arg-type]
+    return [[str(op) for op in p] for p in s.programs]
+
+
+HEAD = "pipeline { ranks = 2  microbatches = 3 }\n"
+
+
+def test_loops_lets_and_arithmetic() -> None:
+    got = progs(HEAD + """
+    schedule s {
+        rank r {
+            let n = microbatches
+            for i in 0 .. n { F(r, (i * 7 + 3) % n) }
+            for i in 0 .. n { B(r, n - 1 - i) }
+        }
+    }""")
+    assert got[0] == ["F(0,0)", "F(0,1)", "F(0,2)", "B(0,2)", "B(0,1)", "B(0,0)"]
+    assert got[1][0] == "F(1,0)"
+
+
+def test_floor_division_and_modulo_follow_python() -> None:
+    got = progs("pipeline { ranks = 1  microbatches = 2 }\n"
+                "schedule s { rank r { F(0, -1 // 2 + 1)  F(0, -3 % 2)  B(0, 0) B(0, 1) } }")
+    assert got[0][:2] == ["F(0,0)", "F(0,1)"]
+
+
+def test_if_else_chains_comparisons_and_booleans() -> None:
+    got = progs("pipeline { ranks = 3  microbatches = 1 }\n" """
+    schedule s {
+        rank r {
+            if r == 0 and not (r > 0) { F(r, 0) B(r, 0) }
+            else if r == 1 or r >= 5 { F(r, 0)  B(r, 0) }
+            else { F(r, 0)  B(r, 0) }
+        }
+    }""")
+    assert got == [["F(0,0)", "B(0,0)"], ["F(1,0)", "B(1,0)"], ["F(2,0)", "B(2,0)"]]
+
+
+def test_functions_and_macros() -> None:
+    got = progs(HEAD + """
+    def twice(x) = 2 * x
+    def fwd_bwd(s, i) { F(s, i)  B(s, i) }
+    schedule s {
+        def half(x) = twice(x) // 4
+        rank r {
+            def here(i) { fwd_bwd(r, i) }
+            for i in 0 .. microbatches { here(half(twice(i))) }
+        }
+    }""")
+    assert got[1] == ["F(1,0)", "B(1,0)", "F(1,1)", "B(1,1)", "F(1,2)", "B(1,2)"]
+
+
+def test_min_max_abs_owner_local_stage() -> None:
+    got = progs("""
+    pipeline { ranks = 2  microbatches = 1  stages = 4  placement = vshape }
+    schedule s {
+        rank r {
+            require owner(local_stage(r, 1)) == r, "local_stage is on its rank"
+            require num_local_stages(r) == 2
+            F(local_stage(r, min(0, 5)), abs(0))
+            F(local_stage(r, max(1, 0)), 0)
+            B(local_stage(r, 1), 0)
+            B(local_stage(r, 0), 0)
+        }
+    }""")
+    assert got[0] == ["F(0,0)", "F(3,0)", "B(3,0)", "B(0,0)"]  # vshape: rank 0 owns 0 and 3
+    assert got[1] == ["F(1,0)", "F(2,0)", "B(2,0)", "B(1,0)"]
+
+
+def test_explicit_rank_blocks_concatenate() -> None:
+    got = progs("""
+    pipeline { ranks = 2  microbatches = 1 }
+    schedule s {
+        rank r { F(r, 0) }
+        rank 1 { B(1, 0) }
+        rank (ranks - 2) { B(0, 0) }
+    }""")
+    assert got == [["F(0,0)", "B(0,0)"], ["F(1,0)", "B(1,0)"]]
+
+
+def test_placement_list_and_stages_setting() -> None:
+    s = pipeir.parse("""
+    pipeline { ranks = 2  microbatches = 1  stages = 3  placement = [0, 1, 1] }
+    schedule s { rank 0 { F(0,0) B(0,0) } rank 1 { F(1,0) F(2,0) B(2,0) B(1,0) } }""")
+    assert s.config.placement == (0, 1, 1)
+    pipeir.verify(s)
+
+
+def test_overrides_replace_settings_and_parameters() -> None:
+    text = "pipeline { ranks = 4  microbatches = 8 }\nschedule = interleaved-1f1b(v = 2)"
+    s = pipeir.parse(text, overrides={"ranks": 2, "v": 3})
+    assert (s.config.ranks, s.config.stages) == (2, 6)
+    assert s == pipeir.library.get("interleaved-1f1b", 2, 8, v=3)
+
+
+def test_pipeline_from_overrides_alone() -> None:
+    s = pipeir.parse("schedule = 1f1b", overrides={"ranks": 3, "microbatches": 4})
+    assert s == pipeir.library.get("1f1b", 3, 4)
+
+
+def test_schedule_parameters_and_defaults() -> None:
+    text = HEAD + """
+    schedule s(first = 0, n) {
+        rank r { for i in first .. n { F(r, i) } for i in first .. n { B(r, i) } }
+    }
+    schedule = s(n = microbatches)
+    """
+    with pytest.raises(pipeir.UsageError, match="unknown name 'microbatches'"):
+        pipeir.parse(text)  # arguments are constants: the pipeline is not known yet
+    s = pipeir.parse(text.replace("n = microbatches", "n = 3"))
+    assert len(s) == 12
+
+
+def test_missing_parameter_is_reported() -> None:
+    with pytest.raises(pipeir.UsageError, match="needs a value for parameter 'n'"):
+        pipeir.parse(HEAD + "schedule s(n) { rank r { } }")
+
+
+def test_two_definitions_need_a_choice() -> None:
+    text = HEAD + "schedule a { rank r { } }\nschedule b { rank r { } }\n"
+    with pytest.raises(pipeir.UsageError, match="defines 2 schedules"):
+        pipeir.parse(text)
+    with pytest.raises(pipeir.VerifyError):  # chosen, but empty: incomplete
+        pipeir.verify(pipeir.parse(text + "schedule = b"))
+
+
+def test_local_definition_shadows_library() -> None:
+    text = HEAD + """
+    schedule gpipe { rank r { for i in 0 .. 3 { F(r, i) B(r, i) } } }
+    schedule = gpipe"""
+    assert pipeir.parse(text).program(0)[:2] == (F(0, 0), B(0, 0))
+
+
+def test_split_backward_ops() -> None:
+    s = pipeir.parse("pipeline { ranks = 1  microbatches = 1 }\n"
+                     "schedule s { rank r { F(0,0) I(0,0) W(0,0) } }")
+    assert s.program(0) == (F(0, 0), I(0, 0), W(0, 0))
+    assert pipeir.verify(s).peak_activations == (1,)
+
+
+def test_comments_and_free_layout() -> None:
+    s = pipeir.parse("# c\npipeline{ranks=1 microbatches=1}# c\nschedule s{rank r{F(0,0)B(0,0)}}")
+    assert len(s) == 2
+
+
+@pytest.mark.parametrize("text", [
+    "pipeline { ranks = 0  microbatches = 1 }\nschedule = 1f1b",
+    "pipeline { ranks = 2  microbatches = 1  placement = [0, 0] }\nschedule s { rank r { } }",
+    "pipeline { ranks = 2  microbatches = 1  placement = diagonal }\nschedule = 1f1b",
+    "pipeline { ranks = 2  microbatches = true }\nschedule = 1f1b",
+])
+def test_bad_pipeline_values(text: str) -> None:
+    with pytest.raises(pipeir.UsageError) as e:
+        pipeir.parse(text)
+    assert e.value.diagnostics[0].span is not None
+
+
+@pytest.mark.parametrize(("stmt", "fragment"), [
+    ("F(r, 1.5)", "the micro-batch must be an integer"),
+    ("F(r, 1 + true)", "'+' needs numbers"),
+    ("let x = min", "is a function"),
+    ("let x = F(0, 0)", "is an op, not a value"),
+    ("min(1, 2)", "computes a value"),
+    ("rank 0 { }", "cannot be nested"),
+    ("for i in 0 .. 100000000 { for j in 0 .. 100000000 { } }", "iterations"),
+    ("F(r, 1 // 0)", "division by zero"),
+])
+def test_semantic_errors(stmt: str, fragment: str) -> None:
+    with pytest.raises(pipeir.UsageError, match=re.escape(fragment)):
+        pipeir.parse("pipeline { ranks = 1  microbatches = 1 }\n"
+                     f"schedule s {{ rank r {{ {stmt} }} }}")
+
+
+def test_schedule_equality_ignores_spans_and_names() -> None:
+    a = pipeir.parse(HEAD + "schedule a { rank r { for i in 0 .. 3 { F(r, i) } "
+                     "for i in 0 .. 3 { B(r, i) } } }")
+    assert a == pipeir.library.get("gpipe", 2, 3)
+    assert a.span_of(F(0, 0)) is not None
+    assert pipeir.library.get("gpipe", 2, 3).name == "gpipe"
+
+
+def test_builder_api() -> None:
+    cfg = pipeir.PipelineConfig.make(ranks=2, microbatches=1)
+    s = pipeir.Schedule.from_programs(cfg, [[F(0, 0), I(0, 0), W(0, 0)],
+                                            [F(1, 0), B(1, 0)]])
+    assert pipeir.verify(s).peak_activations == (1, 1)
+    assert s.rank_of(B(1, 0)) == 1
+    kinds = {(str(u), str(v)): k for u, v, k in s.graph.edges(data="kind")}
+    assert kinds["F(0,0)", "F(1,0)"] == pipeir.EdgeKind.DATA
+    assert kinds["F(1,0)", "B(1,0)"] == pipeir.EdgeKind.DATA | pipeir.EdgeKind.ORDER
+    assert kinds["B(1,0)", "I(0,0)"] == pipeir.EdgeKind.DATA
+    assert kinds["I(0,0)", "W(0,0)"] == pipeir.EdgeKind.DATA | pipeir.EdgeKind.ORDER
+    with pytest.raises(pipeir.VerifyError) as e:
+        pipeir.Schedule.from_programs(cfg, [[F(0, 0), F(0, 0)], []])
+    assert e.value.check == "duplicate"
