@@ -1,1 +1,6 @@
-"""Built-in model specs (a small MLP, a small transformer LM) for demos and tests."""
+"""Models for the runtime: the `ModelSpec` interface and the built-ins `mlp` and
+`transformer` (a tiny language model), both on synthetic data."""
+
+from pipeir.models.spec import BUILTINS, ModelSpec, build_stage, resolve
+
+__all__ = ["BUILTINS", "ModelSpec", "build_stage", "resolve"]

@@ -1,1 +1,6 @@
-"""Runtime: executes lowered per-rank programs on torch.distributed (imports torch)."""
+"""The runtime: executes lowered programs on torch.distributed (the only package, with
+pipeir.models, that imports torch). Generated rank files call methods of `Context`."""
+
+from pipeir.runtime.context import Context
+
+__all__ = ["Context"]
