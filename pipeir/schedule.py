@@ -191,7 +191,7 @@ class ScheduleBuilder:
         get_op = index.get
 
         def lookup(kind: str, s: int, m: int) -> Op | None:
-            return get_op((kind, s, m))
+            return get_op((kind, s, m))  # type: ignore[arg-type]
         stages = self.config.stages
         get = edges.get
         for op in where:

@@ -153,7 +153,8 @@ def _explain_deadlock(schedule: Schedule, stuck: set[Op]) -> Diagnostic:
     def waits_for(op: Op) -> Op:
         for p in g.predecessors(op):
             if p in stuck and g.edges[p, op]["kind"] & EdgeKind.DATA:
-                return p
+                found: Op = p
+                return found
         raise AssertionError(f"{op} is blocked but waits for nothing")  # pragma: no cover
 
     def where(op: Op) -> str:

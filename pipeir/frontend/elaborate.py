@@ -190,7 +190,7 @@ class _Compiler:
                 return not v
             return not_
 
-        def neg(env: Env) -> int | float:
+        def neg(env: Env) -> Any:
             v = f(env)
             if type(v) not in (int, float):
                 raise UsageError(f"'-' needs a number, got {_type_name(v)}", span)
@@ -639,8 +639,10 @@ def _elaborate(module: ast.Module, overrides: Mapping[str, Value] | None,
             raise UsageError(f"schedule '{sdef.name}' has no parameter '{k}'", kspan or use_span,
                              did_you_mean(k, params))
     body = list(sdef.body)
-    if body and isinstance(body[0], ast.PipelineBlock):
-        defaults = body.pop(0)
+    first = body[0] if body else None
+    if isinstance(first, ast.PipelineBlock):
+        defaults = first
+        body.pop(0)
         denv = {**env, **penv}
         for st in defaults.settings:
             if st.name not in env:
@@ -750,7 +752,8 @@ def _make_config(env: Env, spans: dict[str, Span | None],
     for k, v in overrides.items():
         if k in PIPELINE_KEYS:
             env[k], spans[k] = v, None
-    ranks, stages = env["ranks"], env.get("stages", env["ranks"])
+    ranks: Any = env["ranks"]
+    stages: Any = env.get("stages", ranks)
     try:
         placement = env.get("placement", "loop")
         if isinstance(placement, str):

@@ -84,12 +84,12 @@ def _syntax_error(source: Source, e: UnexpectedInput) -> UsageError:
     label = e.match_examples(_lark().parse, _EXAMPLES, use_accepts=True)
     notes = (Note(label),) if isinstance(label, str) else ()
     if isinstance(e, UnexpectedCharacters):
-        char = source.text[e.pos_in_stream] if e.pos_in_stream < len(source.text) else "?"
+        pos = e.pos_in_stream or 0
+        char = source.text[pos] if pos < len(source.text) else "?"
         span = Span(source, e.line, e.column, e.line, e.column + 1)
         return UsageError(f"unexpected character {char!r}", span, notes)
-    expected = sorted(_describe(t) for t in (e.expected if isinstance(e, UnexpectedEOF)
-                                              else getattr(e, "accepts", None) or e.expected))
-    expected = sorted(set(expected))
+    raw: set[str] = set(getattr(e, "accepts", None) or getattr(e, "expected", None) or ())
+    expected = sorted({_describe(t) for t in raw})
     shown = ", ".join(expected[:8]) + (", ..." if len(expected) > 8 else "")
     if isinstance(e, UnexpectedToken) and e.token.type != "$END":
         tok = e.token
@@ -137,7 +137,7 @@ def _flat(items: Any) -> tuple[Any, ...]:
 
 
 @v_args(meta=True)
-class _ToAst(Transformer_NonRecursive):
+class _ToAst(Transformer_NonRecursive):  # type: ignore[type-arg]
     def __init__(self, source: Source):
         super().__init__()
         self.source = source

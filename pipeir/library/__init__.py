@@ -94,8 +94,9 @@ def get(name: str, ranks: int, microbatches: int, **kwargs: Any) -> Schedule:
     sched_kw: dict[str, Value] = {k: v for k, v in kwargs.items() if k in pnames}
     overrides: dict[str, Value] = {k: v for k, v in kwargs.items() if k not in pnames}
     overrides.update(ranks=ranks, microbatches=microbatches)
-    if isinstance(overrides.get("placement"), list):
-        overrides["placement"] = tuple(overrides["placement"])
+    placement = overrides.get("placement")
+    if isinstance(placement, list):
+        overrides["placement"] = tuple(placement)
     return elaborate(module, overrides=overrides, use=(sdef.name, sched_kw)).schedule
 
 
