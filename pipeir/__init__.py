@@ -13,12 +13,14 @@ from pipeir.diagnostics import Diagnostic, PipeirError, UsageError, VerifyError
 from pipeir.ops import B, F, I, Op, W
 from pipeir.printer import print_schedule
 from pipeir.schedule import EdgeKind, Schedule, ScheduleBuilder
+from pipeir.sim import CostModel, SimResult, simulate
 from pipeir.verify import VerifyReport, verify
 
 __version__ = "0.1.0"
 
 __all__ = [
     "B",
+    "CostModel",
     "Diagnostic",
     "EdgeKind",
     "F",
@@ -28,6 +30,7 @@ __all__ = [
     "PipelineConfig",
     "Schedule",
     "ScheduleBuilder",
+    "SimResult",
     "UsageError",
     "VerifyError",
     "VerifyReport",
@@ -36,5 +39,6 @@ __all__ = [
     "load",
     "parse",
     "print_schedule",
+    "simulate",
     "verify",
 ]

@@ -1,0 +1,148 @@
+"""pipeirc simulate: what a schedule costs (makespan, bubble, memory) and when each op runs."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from typing import Any
+
+from pipeir.cli.common import add_schedule_args, load_one, write_atomic
+from pipeir.diagnostics import Span, UsageError, did_you_mean
+from pipeir.frontend.elaborate import parse_override
+from pipeir.sim import COMM_MODELS, CostModel, SimResult, simulate
+from pipeir.sim.costs import TOP_KEYS, read_cost_file
+from pipeir.verify import verify
+
+COST_NAMES = ("F, B, I, W, latency, bandwidth, activation_bytes, memory_bytes, unit, "
+              "stage.S.K, mb.M.K, stage.S.mb.M.K")
+
+ORDER = 40
+NAME = "simulate"
+HELP = "simulate a schedule: makespan, bubble, peak memory and an ASCII timeline"
+
+
+def add_cost_args(p: argparse.ArgumentParser) -> None:
+    """--costs and --comm (cost settings in --set are handled by `simulate_args`)."""
+    p.add_argument("--costs", metavar="FILE",
+                   help="JSON or TOML cost file (replaces the .sched file's costs block); "
+                        "--set F=1.5 and the like override single costs")
+    p.add_argument("--comm", choices=COMM_MODELS, default=COMM_MODELS[0],
+                   help="communication model (default: %(default)s)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_schedule_args(p)
+    add_cost_args(p)
+    p.add_argument("--json", action="store_true", help="print one JSON object instead")
+    p.add_argument("--trace", metavar="OUT", help="write a Chrome/Perfetto trace to OUT")
+    p.add_argument("--width", type=int, default=None,
+                   help="timeline width in columns (default: the terminal's width)")
+
+
+def is_cost_setting(name: str) -> bool:
+    """Whether a --set name is a cost (F, stage.2.F, latency, ...), not a pipeline setting."""
+    return name in TOP_KEYS or name.startswith(("stage.", "mb."))
+
+
+def simulate_args(args: argparse.Namespace) -> SimResult:
+    """Load, verify and simulate the schedule the command line names, with its costs."""
+    cost_sets: dict[str, tuple[Any, Span | None]] = {}
+    rest = []
+    for text in args.overrides:
+        name, value = parse_override(text)
+        if is_cost_setting(name):
+            cost_sets[name] = (value, None)
+        else:
+            rest.append(text)
+    args.overrides = rest
+    try:
+        elab = load_one(args)
+    except UsageError as e:
+        raise _with_cost_names(e, rest) from None
+    settings: dict[str, tuple[Any, Span | None]] = \
+        read_cost_file(args.costs) if args.costs else dict(elab.costs)
+    CostModel.from_settings(cost_sets, where="--set")  # so --set errors name --set
+    costs = CostModel.from_settings({**settings, **cost_sets})
+    verify(elab.schedule)
+    return simulate(elab.schedule, costs, comm=args.comm)
+
+
+def _with_cost_names(e: UsageError, sets: list[str]) -> UsageError:
+    """An unknown --set name may be a misspelt cost: say that costs are settable too."""
+    d = e.diagnostics[0]
+    for text in sets:
+        name = text.split("=", 1)[0].strip()
+        if d.message.startswith(f"--set {name}: unknown setting"):
+            candidates = [*TOP_KEYS, *(f"stage.0.{k}" for k in "FBIW")]
+            notes = d.notes or did_you_mean(name, candidates)
+            return UsageError(f"{d.message}; or a cost: {COST_NAMES}", d.span, notes)
+    return e
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.width is not None and args.width < 10:
+        raise UsageError(f"--width {args.width}: need at least 10 columns")
+    result = simulate_args(args)
+    if args.trace:
+        from pipeir.sim.trace import chrome_trace
+
+        write_atomic(args.trace, json.dumps(chrome_trace(result)))
+    if args.json:
+        print(json.dumps(result.to_json(), indent=2))
+        return 0
+    from pipeir.sim.timeline import render_timeline
+
+    tty = sys.stdout.isatty()
+    width = args.width or shutil.get_terminal_size((100, 24)).columns - 16
+    color = tty and not os.environ.get("NO_COLOR")
+    print(summary(result))
+    print()
+    print(render_timeline(result, width=max(10, width), color=color), end="")
+    if args.trace:
+        print(f"wrote {args.trace} (open it in https://ui.perfetto.dev)")
+    return 0
+
+
+def summary(result: SimResult) -> str:
+    """The summary table: makespan, both bubble figures, per-rank utilisation and memory."""
+    s, c = result.schedule, result.schedule.config
+    unit = f" {result.costs.unit}" if result.costs.unit else ""
+    lines = [f"{s.name}: {c.ranks} ranks, {c.stages} stages, {c.microbatches} micro-batches, "
+             f"{len(s)} ops; {result.comm} communication, {len(result.transfers)} transfers",
+             f"makespan {_n(result.makespan)}{unit}; bubble {result.bubble:.1%} of the step, "
+             f"{result.bubble_vs_ideal:.1%} of the ideal step; critical path "
+             f"{len(result.critical_path)} ops, {_n(result.critical_path_time)}{unit} of compute",
+             ""]
+    head = ["rank", "busy", "idle", "util", "peak act", "peak at"]
+    if result.comm == "blocking":
+        head.insert(3, "sending")
+    if result.peak_bytes is not None:
+        head.append("peak bytes")
+    rows = [head]
+    for r in range(c.ranks):
+        row = [f"r{r}", _n(result.busy[r]), _n(result.idle[r]),
+               f"{result.utilisation[r]:.1%}", str(result.peak_activations[r]),
+               _n(result.peak_time[r])]
+        if result.comm == "blocking":
+            row.insert(3, _n(result.sending[r]))
+        if result.peak_bytes is not None:
+            row.append(_bytes(result.peak_bytes[r]))
+        rows.append(row)
+    widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
+    lines.extend("  ".join(cell.rjust(w) for cell, w in zip(row, widths)).rstrip()
+                 for row in rows)
+    return "\n".join(lines)
+
+
+def _n(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def _bytes(b: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= size:
+            return f"{b / size:.2f} {unit}"
+    return f"{b:.0f} B"

@@ -1,0 +1,431 @@
+"""The cost model: how long each op takes, what a transfer costs, how much memory it holds.
+
+Costs are written as *settings*, one dotted name per value, the same in a `.sched` file's
+`costs { }` block, in a JSON or TOML cost file (`pipeirc simulate --costs FILE`, the format
+`pipeirc profile` writes) and in `--set` on the command line:
+
+==============================  ==========================================================
+``F``, ``B``, ``I``, ``W``      time of one op of that kind (defaults: F = 1, I = W = 1,
+                                B = I + W, so B = 2; setting only B splits it evenly)
+``stage.S.K``                   kind K on stage S (e.g. ``stage.3.F = 1.5``)
+``mb.M.K``                      kind K for micro-batch M, every stage (variable lengths)
+``stage.S.mb.M.K``              kind K of micro-batch M on stage S
+``latency``                     fixed time per cross-rank transfer (default 0)
+``bandwidth``                   bytes per time unit of a link (default: infinite)
+``activation_bytes``            bytes crossing a stage boundary: the output of stage S
+                                going forward, and its gradient coming back (default 0)
+``stage.S.activation_bytes``    the same for the boundary after stage S
+``memory_bytes``                bytes of activations one micro-batch keeps on a stage from
+                                its F until its backward frees them (enables peak_bytes)
+``stage.S.memory_bytes``        the same for stage S
+``unit``                        the time unit, for display only (e.g. "ms"; default none)
+==============================  ==========================================================
+
+The most specific setting wins: stage+micro-batch, then micro-batch, then stage, then the
+kind's default. At each level a B that is not given but whose I and W both are costs I + W.
+A transfer between stages on the same rank is free; otherwise it takes
+``latency + activation_bytes / bandwidth``.
+
+A cost file is a JSON object or TOML document of those names. Nested tables are joined with
+dots, so TOML's ``[stage.2]`` / ``F = 1.5`` and JSON's ``{"stage": {"2": {"F": 1.5}}}`` both
+mean ``stage.2.F = 1.5``. Two keys are metadata and ignored by the model: ``version`` (must
+be 1) and ``meta`` (a free-form table: device, model, date, how it was measured).
+
+    # costs.toml
+    version = 1
+    unit = "ms"
+    F = 1.0
+    I = 1.0
+    W = 0.8
+    latency = 0.05
+    bandwidth = 25e6          # bytes per ms
+    activation_bytes = 8e6
+    [stage.3]
+    F = 1.4                   # the stage with the LM head is slower
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pipeir.diagnostics import Note, Source, Span, UsageError, did_you_mean
+from pipeir.ops import KINDS, Op
+
+#: Settings that hold a time per op, and the settings about transfers and memory.
+OP_KINDS = KINDS
+COMM_KEYS = ("latency", "bandwidth")
+SIZE_KEYS = ("activation_bytes", "memory_bytes")
+META_KEYS = ("version", "meta", "unit")
+TOP_KEYS = (*OP_KINDS, *COMM_KEYS, *SIZE_KEYS, *META_KEYS)
+
+_Level = dict[str, float]  # kind (or size key) -> value, as written at one level
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Op times, transfer costs and activation sizes for the simulator.
+
+    Plain keywords give the defaults (`CostModel(F=1, B=3)`); `stage`, `mb` and `stage_mb`
+    map stage, micro-batch or (stage, micro-batch) to `{kind: time}` overrides. Build one from
+    settings with `from_settings`, from a file with `load`.
+    """
+
+    F: float = 1.0
+    B: float | None = None
+    I: float | None = None  # noqa: E741 - the paper's name for the op
+    W: float | None = None
+    latency: float = 0.0
+    bandwidth: float | None = None
+    activation_bytes: float = 0.0
+    memory_bytes: float | None = None
+    stage: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
+    mb: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
+    stage_mb: Mapping[tuple[int, int], Mapping[str, float]] = field(default_factory=dict)
+    unit: str | None = None
+    _base: dict[str, float] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        base: _Level = {"F": self.F}
+        for k in ("B", "I", "W"):
+            v = getattr(self, k)
+            if v is not None:
+                base[k] = v
+        for k, v in base.items():
+            _check_time(k, v)
+        for k in ("latency", "activation_bytes"):
+            _check_time(k, getattr(self, k))
+        if self.memory_bytes is not None:
+            _check_time("memory_bytes", self.memory_bytes)
+        if self.bandwidth is not None and not (_is_number(self.bandwidth) and self.bandwidth > 0):
+            raise ValueError(f"bandwidth must be a positive number, got {self.bandwidth!r}")
+        if "B" not in base:
+            base.setdefault("I", 1.0)
+            base.setdefault("W", 1.0)
+            base["B"] = base["I"] + base["W"]
+        else:
+            half = base["B"] / 2
+            if "I" in base and "W" not in base:
+                base["W"] = max(0.0, base["B"] - base["I"])
+            elif "W" in base and "I" not in base:
+                base["I"] = max(0.0, base["B"] - base["W"])
+            else:
+                base.setdefault("I", half)
+                base.setdefault("W", half)
+        object.__setattr__(self, "_base", base)
+        for where, levels in (("stage", self.stage), ("mb", self.mb),
+                              ("stage_mb", self.stage_mb)):
+            for key, level in levels.items():
+                for k, v in level.items():
+                    if k not in (*OP_KINDS, *SIZE_KEYS):
+                        raise ValueError(f"{where}[{key}]: unknown cost '{k}'")
+                    _check_time(f"{where}[{key}].{k}", v)
+
+    # ---- constructors -------------------------------------------------------------------
+    @classmethod
+    def uniform(cls, F: float = 1.0, B: float = 2.0, I: float | None = None,  # noqa: E741
+                W: float | None = None) -> CostModel:
+        """The same time for every op of a kind, and free communication."""
+        if I is not None and W is not None:
+            return cls(F=F, I=I, W=W)
+        return cls(F=F, B=B, I=I, W=W)
+
+    @classmethod
+    def from_settings(cls, settings: Mapping[str, Any], where: str | None = None) -> CostModel:
+        """From dotted settings, as `pipeir.load(...).costs` gives them (name -> (value,
+        span)) or as a plain name -> value mapping. Errors point at the setting's span, or
+        name `where` (e.g. "--set") for settings that have none."""
+        items: dict[str, tuple[Any, Span | None]] = {}
+        for k, v in settings.items():
+            items[k] = v if isinstance(v, tuple) and len(v) == 2 and \
+                (v[1] is None or isinstance(v[1], Span)) else (v, None)
+        return _build(items, where=where)
+
+    @classmethod
+    def load(cls, path: str | os.PathLike[str]) -> CostModel:
+        """From a JSON (`.json`) or TOML (any other name) cost file; see the module docstring."""
+        return cls.from_settings(read_cost_file(path))
+
+    # ---- queries --------------------------------------------------------------------------
+    def cost(self, op: Op) -> float:
+        """How long `op` takes."""
+        kind, s, m = op.kind, op.stage, op.mb
+        if self.stage_mb:
+            v = _pick(self.stage_mb.get((s, m)), kind)
+            if v is not None:
+                return v
+        if self.mb:
+            v = _pick(self.mb.get(m), kind)
+            if v is not None:
+                return v
+        if self.stage:
+            v = _pick(self.stage.get(s), kind)
+            if v is not None:
+                return v
+        return self._base[kind]
+
+    def boundary_bytes(self, stage: int) -> float:
+        """Bytes of the tensor crossing the boundary between `stage` and `stage + 1`."""
+        level = self.stage.get(stage)
+        if level is not None and "activation_bytes" in level:
+            return level["activation_bytes"]
+        return self.activation_bytes
+
+    def transfer_time(self, src_stage: int, dst_stage: int, same_rank: bool = False) -> float:
+        """Time to move a tensor from `src_stage` to `dst_stage` (neighbours, either way).
+
+        Free when both stages live on the same rank (`same_rank`) or are the same stage.
+        """
+        if same_rank or src_stage == dst_stage:
+            return 0.0
+        t = self.latency
+        if self.bandwidth is not None:
+            t += self.boundary_bytes(min(src_stage, dst_stage)) / self.bandwidth
+        return t
+
+    def activation_memory(self, stage: int) -> float | None:
+        """Bytes one micro-batch's activations hold on `stage`, or None when unknown."""
+        level = self.stage.get(stage)
+        if level is not None and "memory_bytes" in level:
+            return level["memory_bytes"]
+        return self.memory_bytes
+
+    @property
+    def knows_memory(self) -> bool:
+        """Whether activation sizes are given, so peak memory can be told in bytes."""
+        return self.memory_bytes is not None or any("memory_bytes" in lv
+                                                    for lv in self.stage.values())
+
+    def scaled(self, factor: float) -> CostModel:
+        """Every op time multiplied by `factor` (chunks of an interleaved model are 1/v)."""
+        def lv(d: Mapping[Any, Mapping[str, float]]) -> dict[Any, dict[str, float]]:
+            return {k: {n: x * factor if n in OP_KINDS else x for n, x in v.items()}
+                    for k, v in d.items()}
+        b = self._base
+        return CostModel(F=b["F"] * factor, B=b["B"] * factor, I=b["I"] * factor,
+                         W=b["W"] * factor, latency=self.latency, bandwidth=self.bandwidth,
+                         activation_bytes=self.activation_bytes, memory_bytes=self.memory_bytes,
+                         stage=lv(self.stage), mb=lv(self.mb), stage_mb=lv(self.stage_mb),
+                         unit=self.unit)
+
+    def settings(self) -> dict[str, float | str]:
+        """The model as dotted settings (what a cost file holds), defaults included."""
+        out: dict[str, float | str] = dict(self._base)
+        out["latency"] = self.latency
+        if self.bandwidth is not None:
+            out["bandwidth"] = self.bandwidth
+        out["activation_bytes"] = self.activation_bytes
+        if self.memory_bytes is not None:
+            out["memory_bytes"] = self.memory_bytes
+        for s, level in sorted(self.stage.items()):
+            out.update({f"stage.{s}.{k}": v for k, v in level.items()})
+        for m, level in sorted(self.mb.items()):
+            out.update({f"mb.{m}.{k}": v for k, v in level.items()})
+        for (s, m), level in sorted(self.stage_mb.items()):
+            out.update({f"stage.{s}.mb.{m}.{k}": v for k, v in level.items()})
+        if self.unit:
+            out["unit"] = self.unit
+        return out
+
+
+def _pick(level: Mapping[str, float] | None, kind: str) -> float | None:
+    if level is None:
+        return None
+    v = level.get(kind)
+    if v is None and kind == "B" and "I" in level and "W" in level:
+        return level["I"] + level["W"]
+    return v
+
+
+def _is_number(v: object) -> bool:
+    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _check_time(name: str, v: object) -> None:
+    if not _is_number(v) or v < 0:  # type: ignore[operator]
+        raise ValueError(f"cost '{name}' must be a non-negative number, got {v!r}")
+
+
+# ---- settings -> model ---------------------------------------------------------------------
+_INDEXED = re.compile(r"^(stage)\.(\d+)\.(mb)\.(\d+)\.(\w+)$|^(stage|mb)\.(\d+)\.(\w+)$")
+
+
+def _known_names(name: str) -> list[str]:
+    """Names to suggest for a misspelt `name`, with its own indices (stage.3.Q -> stage.3.F)."""
+    nums = [*re.findall(r"\d+", name), "0", "0"]
+    s, m = nums[0], nums[1]
+    return [*TOP_KEYS, *(f"stage.{s}.{k}" for k in (*OP_KINDS, *SIZE_KEYS)),
+            *(f"mb.{s}.{k}" for k in OP_KINDS), *(f"stage.{s}.mb.{m}.{k}" for k in OP_KINDS)]
+
+
+def _build(items: Mapping[str, tuple[Any, Span | None]], where: str | None) -> CostModel:
+    stage: dict[int, _Level] = {}
+    mb: dict[int, _Level] = {}
+    stage_mb: dict[tuple[int, int], _Level] = {}
+    unit: str | None = None
+    for name, (value, span) in items.items():
+        if name in ("meta",) or name.startswith("meta."):
+            continue
+        if name == "version":
+            if value != 1:
+                raise UsageError(f"{_at(where, span)}cost file version {value!r} is not "
+                                 "supported (this pipeir reads version 1)", span)
+            continue
+        if name == "unit":
+            if not isinstance(value, str) or not value:
+                raise UsageError(f"{_at(where, span)}'unit' must be a name like \"ms\", "
+                                 f"got {value!r}", span)
+            unit = value
+            continue
+        key, level, allowed = _classify(name, stage, mb, stage_mb)
+        if key is None or level is None or key not in allowed:
+            raise UsageError(f"{_at(where, span)}unknown cost '{name}'", span,
+                             did_you_mean(name, _known_names(name)) or
+                             (Note("costs are F, B, I, W, latency, bandwidth, activation_bytes, "
+                                   "memory_bytes, and stage.S.K, mb.M.K, stage.S.mb.M.K for "
+                                   "K in F, B, I, W"),))
+        v = _number(name, value, span, where, positive=(name == "bandwidth"))
+        level[key] = v
+    try:
+        return CostModel(
+            F=_top(items, "F", 1.0), B=_top(items, "B", None), I=_top(items, "I", None),
+            W=_top(items, "W", None), latency=_top(items, "latency", 0.0),
+            bandwidth=_top(items, "bandwidth", None),
+            activation_bytes=_top(items, "activation_bytes", 0.0),
+            memory_bytes=_top(items, "memory_bytes", None),
+            stage=stage, mb=mb, stage_mb=stage_mb, unit=unit)
+    except ValueError as e:  # pragma: no cover - every value was checked above
+        raise UsageError(f"{_at(where, None)}{e}") from None
+
+
+def _top(items: Mapping[str, tuple[Any, Span | None]], name: str, default: Any) -> Any:
+    got = items.get(name)
+    return default if got is None else float(got[0])
+
+
+def _classify(name: str, stage: dict[int, _Level], mb: dict[int, _Level],
+              stage_mb: dict[tuple[int, int], _Level]
+              ) -> tuple[str | None, _Level | None, tuple[str, ...]]:
+    """Which level a dotted name writes to, the key within it, and the keys allowed there."""
+    if name in (*OP_KINDS, *COMM_KEYS, *SIZE_KEYS):
+        return name, {}, (name,)
+    m = _INDEXED.match(name)
+    if m is None:
+        return None, None, ()
+    if m.group(1):
+        k = (int(m.group(2)), int(m.group(4)))
+        return m.group(5), stage_mb.setdefault(k, {}), OP_KINDS
+    idx = int(m.group(7))
+    if m.group(6) == "stage":
+        return m.group(8), stage.setdefault(idx, {}), (*OP_KINDS, *SIZE_KEYS)
+    return m.group(8), mb.setdefault(idx, {}), OP_KINDS
+
+
+def _number(name: str, value: Any, span: Span | None, where: str | None,
+            positive: bool) -> float:
+    if not _is_number(value):
+        raise UsageError(f"{_at(where, span)}cost '{name}' must be a number, got "
+                         f"{_show(value)}", span)
+    if value < 0 or (positive and value == 0):
+        need = "positive" if positive else "non-negative"
+        raise UsageError(f"{_at(where, span)}cost '{name}' must be {need}, got {value}", span)
+    return float(value)
+
+
+def _show(v: Any) -> str:
+    if isinstance(v, str):
+        return f"the text {v!r}"
+    if isinstance(v, tuple | list):
+        return "a list"
+    if isinstance(v, dict):
+        return "a table"
+    return repr(v)
+
+
+def _at(where: str | None, span: Span | None) -> str:
+    """A file-name prefix for messages that have no span to carry the location."""
+    return f"{where}: " if where is not None and span is None else ""
+
+
+# ---- cost files ----------------------------------------------------------------------------
+def read_cost_file(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Span | None]]:
+    """A JSON or TOML cost file as dotted settings, each with the span of its key when it can
+    be found in the text (so errors point at the line)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"{p}: no such cost file") from None
+    except IsADirectoryError:
+        raise UsageError(f"{p}: is a directory, not a cost file") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{p}: not UTF-8 text; a cost file is JSON or TOML") from None
+    except OSError as e:
+        raise UsageError(f"{p}: cannot read: {e.strerror}") from None
+    src = Source(str(p), text)
+    data = _parse_json(src) if p.suffix.lower() == ".json" else _parse_toml(src)
+    if not isinstance(data, dict):
+        raise UsageError("a cost file must be a JSON object or a TOML table, "
+                         f"got {_show(data)}", Span(src, 1, 1, 1, 2))
+    flat: dict[str, Any] = {}
+    _flatten(data, "", flat)
+    return {k: (v, _find_key(src, k)) for k, v in flat.items()}
+
+
+def _parse_json(src: Source) -> Any:
+    try:
+        return json.loads(src.text)
+    except json.JSONDecodeError as e:
+        raise UsageError(f"malformed JSON cost file: {e.msg}",
+                         Span(src, e.lineno, e.colno, e.lineno, e.colno + 1)) from None
+
+
+def _parse_toml(src: Source) -> Any:
+    try:
+        import tomllib  # Python 3.11+
+    except ImportError:  # pragma: no cover - Python 3.10
+        raise UsageError(f"{src.name}: TOML cost files need Python 3.11; use JSON "
+                         "(a .json file) instead") from None
+    try:
+        return tomllib.loads(src.text)
+    except tomllib.TOMLDecodeError as e:
+        msg = str(e)
+        m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
+        if m is None:
+            raise UsageError(f"{src.name}: malformed TOML cost file: {msg}") from None
+        line, col = int(m.group(1)), int(m.group(2))
+        raise UsageError(f"malformed TOML cost file: {msg[:m.start()].strip()}",
+                         Span(src, line, col, line, col + 1)) from None
+
+
+def _flatten(data: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
+    for k, v in data.items():
+        name = f"{prefix}{k}"
+        if isinstance(v, dict) and name != "meta":
+            _flatten(v, name + ".", out)
+        else:
+            out[name] = v
+
+
+def _find_key(src: Source, name: str) -> Span | None:
+    """Best effort: the line that writes the last part of a dotted name, for messages."""
+    last = name.rsplit(".", 1)[-1]
+    pats = [re.compile(r'"' + re.escape(name) + r'"\s*:'),
+            re.compile(r'"' + re.escape(last) + r'"\s*:'),
+            re.compile(r'^\s*"?' + re.escape(name) + r'"?\s*=', re.M),
+            re.compile(r'^\s*"?' + re.escape(last) + r'"?\s*=', re.M)]
+    for pat in pats:
+        m = pat.search(src.text)
+        if m is not None:
+            start = m.start() + len(m.group(0)) - len(m.group(0).lstrip())
+            line = src.text.count("\n", 0, start) + 1
+            col = start - (src.text.rfind("\n", 0, start) + 1) + 1
+            key_len = len(m.group(0).strip().rstrip(":=").strip())
+            return Span(src, line, col, line, col + key_len)
+    return None
