@@ -1,0 +1,175 @@
+"""interleave: the virtual pipeline (Megatron-LM's interleaved 1F1B) as a transformation.
+
+Each rank's one stage is cut into `v` chunks, giving p·v virtual stages placed in a loop (or a
+V), and every rank walks its chunks depth-first: forwards go chunk 0, 1, ..., v-1 for a round
+of micro-batches, backwards the other way round. The order is derived from the input's shape,
+which is why the pass accepts exactly the schedules that have one (see `_shape`):
+
+    rank r:  F x w[r],  (F B) x (m - w[r]),  B x w[r]      micro-batches in order
+
+1F1B (w[r] = min(p-1-r, m)) and GPipe (w[r] = m) are such schedules. The interleaved rank r
+runs `(v-1)·R + 2·w[r]` forwards before its first backward (R micro-batches per round; the
+factor 2 is the round trip to the last rank and back), then F/B pairs, then the remaining
+backwards; a rank that ran all its forwards first (w[r] = m) still does. For 1F1B this is
+exactly Megatron's and torch's `ScheduleInterleaved1F1B` order, i.e. the library's
+`interleaved-1f1b`.
+
+NOTE: micro-batches enter in rounds of R = m / max(1, m // p), so m must be a multiple of
+the number of rounds (torch's rule; any m <= p and any multiple of p work).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from pipeir.config import ConfigError, PipelineConfig
+from pipeir.diagnostics import Note, Span, UsageError
+from pipeir.ops import Op
+from pipeir.passes.base import OptionError, Pass
+from pipeir.schedule import Schedule, data_predecessors
+
+Placement = Literal["loop", "vshape"]
+
+
+@dataclass(frozen=True)
+class Interleave(Pass):
+    """Split each rank's stage into `v` chunks and run them in depth-first order."""
+
+    name: ClassVar[str] = "interleave"
+    summary: ClassVar[str] = ("virtual pipeline: v chunks per rank in Megatron's depth-first "
+                              "order (1F1B becomes interleaved 1F1B)")
+    requires: ClassVar[tuple[str, ...]] = ("verified", "merged", "one-stage-per-rank")
+    guarantees: ClassVar[tuple[str, ...]] = ("verified", "merged")
+
+    v: int = 2
+    placement: Placement = "loop"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.v, bool) or not isinstance(self.v, int) or self.v < 1:
+            raise OptionError("v", f"interleave: v (chunks per rank) must be a positive "
+                                   f"integer, got {self.v!r}")
+        if self.placement not in ("loop", "vshape"):
+            raise OptionError("placement", f"interleave: placement must be loop or vshape, "
+                                           f"got {self.placement!r}")
+
+    def run(self, schedule: Schedule) -> Schedule:
+        c = schedule.config
+        warmups = _shape(schedule)
+        rounds = max(1, c.microbatches // c.ranks)
+        if c.microbatches % rounds:
+            raise UsageError(
+                f"interleave: {c.microbatches} micro-batches on {c.ranks} ranks enter in "
+                f"max(1, m // p) = {rounds} rounds, and {c.microbatches} is not a multiple "
+                f"of {rounds}", None,
+                (Note(f"m = {' or '.join(map(str, _admissible_near(c.microbatches, c.ranks)))}"
+                      f" would work (any m <= {c.ranks}, or a multiple of the rounds)"),))
+        try:
+            config = PipelineConfig.make(
+                c.ranks, c.microbatches, c.ranks * self.v, self.placement,
+                None if c.memory_limit is None else c.memory_limit * self.v, c.accumulate)
+        except ConfigError as e:  # pragma: no cover - the inputs above are always valid
+            raise UsageError(f"interleave: {e}") from None
+        per_round = c.microbatches // rounds
+        total = c.microbatches * self.v
+        warm = [total if w == c.microbatches else min((self.v - 1) * per_round + 2 * w, total)
+                for w in warmups]
+        while True:
+            programs = [self._program(config, r, warm[r], per_round) for r in range(c.ranks)]
+            stuck = _stuck_at_backward(programs, config)
+            if not stuck:
+                break
+            # NOTE: Megatron's warm-up counts the round trip through a loop placement; in a V
+            # the chunks meet on the same rank and a rank can need more forwards before its
+            # first backward is ready. Lengthen the warm-up of each rank that waits at a
+            # backward until the order runs; all-forwards-first always does, so this ends.
+            for r in stuck:
+                warm[r] += 1
+        spans = {op: schedule.span_of(Op(op.kind, r, op.mb))  # a chunk's op comes from the
+                 for r, prog in enumerate(programs) for op in prog}  # rank's op on that mb
+        return Schedule.from_programs(config, programs, schedule.name, spans)
+
+    def _program(self, config: PipelineConfig, r: int, warm: int, per_round: int) -> list[Op]:
+        """Rank r's depth-first order: `warm` forwards, F/B pairs, the remaining backwards."""
+        local, v = config.stages_of(r), self.v
+        total = config.microbatches * v
+
+        def mb(k: int) -> int:
+            return (k // (per_round * v)) * per_round + k % per_round
+
+        fwd = [Op("F", local[(k // per_round) % v], mb(k)) for k in range(total)]
+        bwd = [Op("B", local[v - 1 - (k // per_round) % v], mb(k)) for k in range(total)]
+        prog = fwd[:warm]
+        for k in range(total - warm):
+            prog += [fwd[warm + k], bwd[k]]
+        return prog + bwd[total - warm:]
+
+
+def _shape(schedule: Schedule) -> list[int]:
+    """Each rank's warm-up w[r], if the schedule is 1F1B-shaped; else say what is wrong."""
+    c = schedule.config
+    if c.stages != c.ranks or any(c.placement[s] != s for s in range(c.stages)):
+        raise UsageError(
+            f"interleave: the input must have one stage per rank, stage r on rank r (it has "
+            f"{c.stages} stages on {c.ranks} ranks, placement {list(c.placement)}); interleave "
+            "makes the virtual stages itself")
+    m = c.microbatches
+    warmups = []
+    for r, prog in enumerate(schedule.programs):
+        if any(op.kind in ("I", "W") for op in prog):
+            raise UsageError("interleave: the input has split backwards (I and W); interleave "
+                             "first, then split: 'interleave{v=2},split-backward'")
+        lead = 0  # forwards before the first backward: w, plus the first pair's F
+        while lead < len(prog) and prog[lead].kind == "F":
+            lead += 1
+        w = m if lead >= m else max(0, lead - 1)
+        expected = ([Op("F", r, i) for i in range(w)]
+                    + [op for i in range(m - w) for op in (Op("F", r, w + i), Op("B", r, i))]
+                    + [Op("B", r, i) for i in range(m - w, m)])
+        for i, (got, want) in enumerate(zip(prog, expected)):
+            if got != want:
+                raise _not_shaped(schedule, r, w, f"op {i + 1} is {got} where {want} was "
+                                                  "expected", schedule.span_of(got))
+        if len(prog) != len(expected):
+            raise _not_shaped(schedule, r, w, f"it has {len(prog)} ops, expected {len(expected)}",
+                              None)
+        warmups.append(w)
+    return warmups
+
+
+def _not_shaped(schedule: Schedule, rank: int, w: int, why: str, span: Span | None
+                ) -> UsageError:
+    return UsageError(
+        f"interleave: rank {rank}'s program is not 1F1B-shaped: {why}", span,
+        (Note(f"interleave accepts, per rank, w forwards, then forward/backward pairs, then w "
+              f"backwards, micro-batches in order (here w = {w}); 1F1B and GPipe have that "
+              "shape"),))
+
+
+def _stuck_at_backward(programs: list[list[Op]], config: PipelineConfig) -> list[int]:
+    """Run the programs in dependency order; the ranks left waiting at a backward."""
+    present = {op for prog in programs for op in prog}
+    done: set[Op] = set()
+    heads = [0] * len(programs)
+    progress = True
+    while progress:
+        progress = False
+        for r, prog in enumerate(programs):
+            while heads[r] < len(prog) and all(
+                    d in done for d in data_predecessors(prog[heads[r]], present, config.stages)):
+                done.add(prog[heads[r]])
+                heads[r] += 1
+                progress = True
+    return [r for r, prog in enumerate(programs)
+            if heads[r] < len(prog) and prog[heads[r]].kind == "B"]
+
+
+def _admissible_near(m: int, p: int) -> list[int]:
+    """The closest micro-batch counts below and above m that interleave admits."""
+
+    def ok(n: int) -> bool:
+        return n >= 1 and n % max(1, n // p) == 0
+
+    below = next((n for n in range(m - 1, 0, -1) if ok(n)), None)
+    above = next(n for n in range(m + 1, 2 * m + p + 2) if ok(n))
+    return [n for n in (below, above) if n is not None]

@@ -1,0 +1,192 @@
+"""The pass manager: runs a pipeline, verifies after every pass, blames the pass that broke it.
+
+Debugging output comes from instruments the caller attaches (print-after, dump-to-dir,
+timing), never from prints inside passes, so the library stays quiet and the CLI decides
+where text goes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection, Sequence
+from pathlib import Path
+from typing import TextIO
+
+from pipeir.diagnostics import Diagnostic, Note, PipeirError, UsageError, VerifyError
+from pipeir.passes.base import Pass
+from pipeir.passes.pipeline import Pipeline
+from pipeir.printer import print_schedule
+from pipeir.schedule import Schedule
+from pipeir.verify import verify
+
+
+class Instrument:
+    """Hooks around a pipeline run; subclass and override what you need."""
+
+    def before_pipeline(self, schedule: Schedule) -> None:
+        """Called once with the input schedule."""
+
+    def after_pass(self, index: int, p: Pass, schedule: Schedule, seconds: float,
+                   verify_seconds: float) -> None:
+        """Called after pass number `index` (1-based) ran and, if enabled, verified."""
+
+    def after_pipeline(self, schedule: Schedule) -> None:
+        """Called once with the final schedule."""
+
+
+class PrintAfter(Instrument):
+    """Print the canonical text after the passes named in `names` ("all" for every one)."""
+
+    def __init__(self, names: Collection[str], stream: TextIO):
+        self.names = set(names)
+        self.stream = stream
+
+    def after_pass(self, index: int, p: Pass, schedule: Schedule, seconds: float,
+                   verify_seconds: float) -> None:
+        if "all" in self.names or p.name in self.names:
+            self.stream.write(f"# ---- after pass {index}: {p.spec()} ----\n")
+            self.stream.write(print_schedule(schedule))
+
+
+class DumpDir(Instrument):
+    """Write `00-input.sched`, `01-<pass>.sched`, ... in canonical form into `directory`."""
+
+    def __init__(self, directory: str | Path,
+                 write: Callable[[Path, str], None] | None = None):
+        self.directory = Path(directory)
+        self.write = write or _write_atomic
+        if self.directory.exists() and not self.directory.is_dir():
+            raise UsageError(f"--dump-dir {self.directory}: exists and is not a directory")
+        self.directory.mkdir(parents=True, exist_ok=True)
+
+    def before_pipeline(self, schedule: Schedule) -> None:
+        self.write(self.directory / "00-input.sched", print_schedule(schedule))
+
+    def after_pass(self, index: int, p: Pass, schedule: Schedule, seconds: float,
+                   verify_seconds: float) -> None:
+        self.write(self.directory / f"{index:02d}-{p.name}.sched", print_schedule(schedule))
+
+
+class TimePasses(Instrument):
+    """Collect each pass's run and verify time; `report()` formats them as a table."""
+
+    def __init__(self, stream: TextIO | None = None):
+        self.stream = stream
+        self.rows: list[tuple[str, float, float]] = []
+
+    def after_pass(self, index: int, p: Pass, schedule: Schedule, seconds: float,
+                   verify_seconds: float) -> None:
+        self.rows.append((p.spec(), seconds, verify_seconds))
+
+    def after_pipeline(self, schedule: Schedule) -> None:
+        if self.stream is not None:
+            self.stream.write(self.report())
+
+    def report(self) -> str:
+        width = max([len("pass"), *(len(name) for name, _, _ in self.rows)])
+        lines = [f"{'pass':<{width}}  {'run ms':>9}  {'verify ms':>9}"]
+        for name, run, ver in self.rows:
+            lines.append(f"{name:<{width}}  {run * 1e3:9.2f}  {ver * 1e3:9.2f}")
+        total_run = sum(r for _, r, _ in self.rows)
+        total_ver = sum(v for _, _, v in self.rows)
+        lines.append(f"{'total':<{width}}  {total_run * 1e3:9.2f}  {total_ver * 1e3:9.2f}")
+        return "\n".join(lines) + "\n"
+
+
+class PassManager:
+    """Run passes in order. With `verify_each` (the default) the input is verified first and
+    the output of every pass after it, so a failure names the pass that caused it."""
+
+    def __init__(self, pipeline: Pipeline | Sequence[Pass], *, verify_each: bool = True,
+                 instruments: Sequence[Instrument] = ()):
+        self.pipeline = pipeline if isinstance(pipeline, Pipeline) else Pipeline.of(pipeline)
+        self.verify_each = verify_each
+        self.instruments = tuple(instruments)
+
+    def run(self, schedule: Schedule) -> Schedule:
+        from pipeir.passes.verify import Verify  # the `verify` pass needs no re-check
+
+        passes, spans = self.pipeline.passes, self.pipeline.spans
+        for i, p in enumerate(passes):
+            if p.level != "schedule":
+                raise UsageError(
+                    f"pass '{p.name}' works on lowered per-rank programs, not on schedules; "
+                    "give it to `pipeirc compile` or `pipeirc run --passes`", spans[i])
+        if self.verify_each:
+            try:
+                verify(schedule)
+            except VerifyError as e:
+                raise _prefixed(e, "the input schedule is invalid, before any pass ran") from None
+        for inst in self.instruments:
+            inst.before_pipeline(schedule)
+        for i, p in enumerate(passes):
+            t0 = time.perf_counter()
+            try:
+                out = p.run(schedule)
+            except PipeirError as e:
+                raise self._blame(e, i, during=True) from None
+            except Exception as e:
+                if hasattr(e, "add_note"):
+                    e.add_note(f"while running {self._where(i)}")
+                raise
+            t1 = time.perf_counter()
+            if not isinstance(out, Schedule):
+                raise VerifyError(Diagnostic(
+                    f"pass '{p.name}' returned {type(out).__name__}, not a Schedule", spans[i]),
+                    check="pass")
+            if self.verify_each and not isinstance(p, Verify):
+                try:
+                    verify(out)
+                except VerifyError as e:
+                    raise self._blame(e, i, during=False) from None
+            t2 = time.perf_counter()
+            for inst in self.instruments:
+                inst.after_pass(i + 1, p, out, t1 - t0, t2 - t1)
+            schedule = out
+        for inst in self.instruments:
+            inst.after_pipeline(schedule)
+        return schedule
+
+    def _where(self, i: int) -> str:
+        passes = self.pipeline.passes
+        return f"pass {i + 1} of {len(passes)}, '{passes[i].spec()}'"
+
+    def _blame(self, e: PipeirError, i: int, during: bool) -> PipeirError:
+        from pipeir.passes.verify import Verify
+
+        passes, span = self.pipeline.passes, self.pipeline.spans[i]
+        before = ", ".join(p.spec() for p in passes[:i])
+        if during and isinstance(passes[i], Verify):
+            prefix = passes[i].spec() + (f" after {before}" if before else "")
+            note = f"{self._where(i)}, found the schedule invalid"
+        elif during:
+            prefix = f"in {passes[i].spec()}" + (f" after {before}" if before else "")
+            note = f"{self._where(i)}, rejected its input"
+        else:
+            prefix = "after " + ", ".join(p.spec() for p in passes[: i + 1])
+            note = (f"{self._where(i)}, produced an invalid schedule"
+                    + (" from a valid one" if self.verify_each else ""))
+        return _prefixed(e, prefix, Note(note, span), passes[i])
+
+
+def _prefixed(e: PipeirError, prefix: str, note: Note | None = None,
+              p: Pass | None = None) -> PipeirError:
+    """`e` with its first message prefixed and a note added; same class and exit code."""
+    first, *rest = e.diagnostics
+    msg = first.message
+    if p is not None:  # the pass named itself; the prefix names it already
+        for own in (f"{p.spec()}: ", f"{p.name}: "):
+            msg = msg.removeprefix(own)
+    notes = first.notes + ((note,) if note is not None else ())
+    diag = Diagnostic(f"{prefix}: {msg}", first.span, notes)
+    if isinstance(e, VerifyError):
+        return VerifyError([diag, *rest], e.check)
+    if isinstance(e, UsageError) and not rest:
+        return UsageError(diag.message, diag.span, diag.notes)
+    return PipeirError([diag, *rest], e.exit_code)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    from pipeir.cli.common import write_atomic  # the one atomic writer; injected by callers
+
+    write_atomic(path, text)

@@ -1,0 +1,280 @@
+"""Pipeline strings: `interleave{v=2},split-backward{mode=h2},verify`.
+
+One grammar for every pass: `name{key=value,...}` items separated by commas. Option types come
+from the pass's dataclass field annotations, so a pass never parses its own options and every
+bad name, option or value is a diagnostic that points into the pipeline string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pipeir.diagnostics import Note, PipeirError, Source, Span, UsageError, did_you_mean
+from pipeir.passes import registry
+from pipeir.passes.base import Pass
+
+SOURCE_NAME = "<passes>"
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Parsed passes in order, each with where it was written (None when built in Python)."""
+
+    passes: tuple[Pass, ...]
+    spans: tuple[Span | None, ...]
+
+    @classmethod
+    def of(cls, passes: Sequence[Pass]) -> Pipeline:
+        return cls(tuple(passes), (None,) * len(passes))
+
+    def by_level(self, level: str) -> Pipeline:
+        """The passes of one level ("schedule" or "lowered"), in order, with their spans."""
+        keep = [i for i, p in enumerate(self.passes) if p.level == level]
+        return Pipeline(tuple(self.passes[i] for i in keep), tuple(self.spans[i] for i in keep))
+
+    def __str__(self) -> str:
+        return ",".join(p.spec() for p in self.passes)
+
+
+@dataclass(frozen=True)
+class OptionInfo:
+    """One option of a pass, as `pipeirc passes` lists it."""
+
+    name: str
+    type_text: str
+    default: Any
+    choices: tuple[str, ...] | None
+
+
+def options_of(cls: type[Pass]) -> list[OptionInfo]:
+    """The options a pass takes, from its dataclass fields."""
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        hint = hints[f.name]
+        default = f.default if f.default is not dataclasses.MISSING else dataclasses.MISSING
+        choices = _choices(hint)
+        out.append(OptionInfo(f.name, _type_text(hint), default, choices))
+    return out
+
+
+def parse_pipeline(spec: str, extra: Mapping[str, type[Pass]] | None = None) -> Pipeline:
+    """Parse a pipeline string; `extra` adds passes (e.g. from `--pass-plugin`) by name."""
+    src = Source(SOURCE_NAME, spec)
+    if "\n" in spec:
+        raise UsageError("a pipeline string is one line", _span(src, spec.index("\n"), 1))
+    return _Parser(src, extra or {}).parse()
+
+
+class _Parser:
+    def __init__(self, src: Source, extra: Mapping[str, type[Pass]]):
+        self.src = src
+        self.text = src.text
+        self.i = 0
+        self.extra = extra
+
+    def parse(self) -> Pipeline:
+        passes, spans = [], []
+        self._ws()
+        if self.i == len(self.text):
+            raise UsageError("empty pipeline: name at least one pass, e.g. "
+                             "'interleave{v=2},verify'", _span(self.src, 0, 1))
+        while True:
+            p, span = self._item()
+            passes.append(p)
+            spans.append(span)
+            self._ws()
+            if self.i == len(self.text):
+                return Pipeline(tuple(passes), tuple(spans))
+            if self.text[self.i] != ",":
+                raise self._error(f"expected ',' between passes, found "
+                                  f"'{self.text[self.i]}'", self.i)
+            self.i += 1
+            self._ws()
+            if self.i == len(self.text):
+                raise self._error("expected a pass name after ','", self.i - 1)
+
+    def _item(self) -> tuple[Pass, Span]:
+        start = self.i
+        name = self._word()
+        if not name:
+            found = self.text[self.i]
+            raise self._error(f"expected a pass name, found '{found}'", self.i)
+        name_span = _span(self.src, start, len(name))
+        cls = self._lookup(name, name_span)
+        raw: dict[str, tuple[str, Span]] = {}
+        self._ws()
+        if self.i < len(self.text) and self.text[self.i] == "{":
+            open_at = self.i
+            self.i += 1
+            while True:
+                self._ws()
+                if self.i == len(self.text):
+                    raise self._error("unclosed '{': expected '}'", open_at)
+                if self.text[self.i] == "}":
+                    self.i += 1
+                    break
+                key, value, kspan, vspan = self._option()
+                if key in raw:
+                    raise UsageError(f"option '{key}' of pass '{name}' is given twice", kspan)
+                raw[key] = (value, vspan)
+                self._ws()
+                if self.i < len(self.text) and self.text[self.i] == ",":
+                    self.i += 1
+                    self._ws()
+                    if self.i < len(self.text) and self.text[self.i] == "}":
+                        raise self._error("expected an option after ','", self.i)
+                    continue
+                if self.i < len(self.text) and self.text[self.i] == "}":
+                    continue
+                if self.i == len(self.text):
+                    raise self._error("unclosed '{': expected '}'", open_at)
+                raise self._error(f"expected ',' or '}}' after an option, found "
+                                  f"'{self.text[self.i]}'", self.i)
+        span = _span(self.src, start, self.i - start)
+        return build_pass(cls, raw, span, name_span), span
+
+    def _option(self) -> tuple[str, str, Span, Span]:
+        kstart = self.i
+        key = self._word()
+        if not key:
+            raise self._error(f"expected an option name, found '{self.text[self.i]}'", self.i)
+        kspan = _span(self.src, kstart, len(key))
+        self._ws()
+        if self.i == len(self.text) or self.text[self.i] != "=":
+            raise UsageError(f"expected '=' and a value after option '{key}'", kspan)
+        self.i += 1
+        self._ws()
+        vstart = self.i
+        while self.i < len(self.text) and self.text[self.i] not in ",}{ \t":
+            self.i += 1
+        value = self.text[vstart:self.i]
+        if not value:
+            raise self._error(f"expected a value for option '{key}'",
+                              min(vstart, len(self.text) - 1))
+        return key, value, kspan, _span(self.src, vstart, len(value))
+
+    def _lookup(self, name: str, span: Span) -> type[Pass]:
+        if name in self.extra:
+            return self.extra[name]
+        if name not in registry.targets():
+            known = (*self.extra, *registry.names())
+            raise UsageError(f"unknown pass '{name}'", span,
+                             (*did_you_mean(name, known),
+                              Note("`pipeirc passes` lists the available passes")))
+        try:
+            return registry.get(name)
+        except PipeirError as e:
+            raise UsageError(e.message, span) from None
+
+    def _word(self) -> str:
+        start = self.i
+        while self.i < len(self.text) and (self.text[self.i].isalnum()
+                                           or self.text[self.i] in "-_."):
+            self.i += 1
+        return self.text[start:self.i]
+
+    def _ws(self) -> None:
+        while self.i < len(self.text) and self.text[self.i] in " \t":
+            self.i += 1
+
+    def _error(self, message: str, at: int) -> UsageError:
+        return UsageError(message, _span(self.src, at, 1))
+
+
+def build_pass(cls: type[Pass], raw: Mapping[str, tuple[str, Span | None]],
+               span: Span | None = None, name_span: Span | None = None) -> Pass:
+    """An instance of `cls` from option texts, converted by the field annotations."""
+    opts = {o.name: o for o in options_of(cls)}
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for key, (text, vspan) in raw.items():
+        if key not in opts:
+            listed = ", ".join(opts) if opts else "none"
+            raise UsageError(f"pass '{cls.name}' has no option '{key}' (options: {listed})",
+                             vspan if vspan is None else _key_span(vspan, key),
+                             did_you_mean(key, opts))
+        values[key] = convert(text, hints[key], f"option '{key}' of pass '{cls.name}'", vspan)
+    missing = [o.name for o in opts.values()
+               if o.default is dataclasses.MISSING and o.name not in values]
+    if missing:
+        raise UsageError(f"pass '{cls.name}' needs option{'s' if len(missing) > 1 else ''} "
+                         f"{', '.join(missing)}, e.g. {cls.name}{{{missing[0]}=...}}",
+                         name_span or span)
+    try:
+        return cls(**values)
+    except UsageError as e:  # the pass's own validation (see base.OptionError)
+        option = getattr(e, "option", None)
+        where = raw[option][1] if option in raw else span
+        raise UsageError(e.message, where, e.diagnostics[0].notes) from None
+
+
+def _key_span(vspan: Span, key: str) -> Span:
+    """The span of `key` in `key=value`, given the span of the value (no spaces assumed)."""
+    line = vspan.source.line(vspan.line)
+    col = line.rfind(key, 0, vspan.col - 1)
+    if col < 0:
+        return vspan
+    return Span(vspan.source, vspan.line, col + 1, vspan.line, col + 1 + len(key))
+
+
+def convert(text: str, hint: Any, what: str, span: Span | None) -> Any:
+    """Convert an option's text to the annotated type, or explain what was expected."""
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        args = get_args(hint)
+        if type(None) in args and text.lower() == "none":
+            return None
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            return convert(text, rest[0], what, span)
+    if origin is Literal:
+        choices = [str(a) for a in get_args(hint)]
+        if text in choices:
+            return get_args(hint)[choices.index(text)]
+        raise UsageError(f"{what} must be one of {', '.join(choices)}, got '{text}'", span,
+                         did_you_mean(text, choices))
+    if hint is bool:
+        if text.lower() in ("true", "1", "yes", "on"):
+            return True
+        if text.lower() in ("false", "0", "no", "off"):
+            return False
+        raise UsageError(f"{what} must be true or false, got '{text}'", span)
+    if hint is int:
+        try:
+            return int(text, 10)
+        except ValueError:
+            raise UsageError(f"{what} must be an integer, got '{text}'", span) from None
+    if hint is float:
+        try:
+            return float(text)
+        except ValueError:
+            raise UsageError(f"{what} must be a number, got '{text}'", span) from None
+    if hint is str:
+        return text
+    raise UsageError(f"{what} has a type the pipeline syntax cannot spell ({hint!r})", span)
+
+
+def _choices(hint: Any) -> tuple[str, ...] | None:
+    if get_origin(hint) is Literal:
+        return tuple(str(a) for a in get_args(hint))
+    return None
+
+
+def _type_text(hint: Any) -> str:
+    origin = get_origin(hint)
+    if origin is Literal:
+        return "|".join(str(a) for a in get_args(hint))
+    if origin in (Union, types.UnionType):
+        return " | ".join("none" if a is type(None) else _type_text(a) for a in get_args(hint))
+    return {int: "int", float: "float", bool: "bool", str: "str"}.get(hint, repr(hint))
+
+
+def _span(src: Source, offset: int, length: int) -> Span:
+    """A span on the (single) line of a pipeline string; offsets are 0-based."""
+    return Span(src, 1, offset + 1, 1, offset + 1 + max(1, length))

@@ -1,0 +1,302 @@
+"""The pass infrastructure: pipeline strings, the registry, plugins, the pass manager and its
+instruments, and the `opt` / `passes` commands, including every kind of bad input."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from pathlib import Path
+
+import pytest
+
+import pipeir
+from pipeir.passes import PassManager, Pipeline, TimePasses, load_plugin, parse_pipeline
+from pipeir.passes.interleave import Interleave
+from pipeir.passes.split_backward import SplitBackward
+from pipeir.passes.verify import Verify
+
+REPO = Path(__file__).parent.parent
+PLUGIN = REPO / "examples" / "plugin" / "pipeir_delay_w.py"
+LIB = ("--schedule", "1f1b", "--ranks", "2", "--microbatches", "4")
+
+# A pass that breaks a dependency: rank 0 runs its first backward before its first forward.
+BROKEN = '''
+from dataclasses import dataclass
+from typing import ClassVar
+from pipeir.passes import Pass
+
+@dataclass(frozen=True)
+class BreakDeps(Pass):
+    name: ClassVar[str] = "break-deps"
+    summary: ClassVar[str] = "test pass that runs a backward before its forward"
+    def run(self, schedule):
+        progs = [list(p) for p in schedule.programs]
+        first_b = next(op for op in progs[0] if op.kind in ("B", "I"))
+        progs[0].remove(first_b)
+        progs[0].insert(0, first_b)
+        return schedule.with_programs(progs)
+
+@dataclass(frozen=True)
+class ReturnsNone(Pass):
+    name: ClassVar[str] = "returns-none"
+    summary: ClassVar[str] = "test pass that forgets to return"
+    def run(self, schedule):
+        return None
+
+@dataclass(frozen=True)
+class Lowered(Pass):
+    name: ClassVar[str] = "lowered-only"
+    summary: ClassVar[str] = "test pass at the lowered level"
+    level: ClassVar[str] = "lowered"
+
+class NotAPass:
+    name = "not-a-pass"
+'''
+
+
+@pytest.fixture
+def broken(tmp_path: Path) -> Path:
+    path = tmp_path / "broken_passes.py"
+    path.write_text(BROKEN, encoding="utf-8")
+    return path
+
+
+# ---- pipeline strings ------------------------------------------------------------------------
+def test_pipeline_string_gives_typed_instances() -> None:
+    pipe = parse_pipeline(" interleave{v=3, placement=vshape} , split-backward{mode=h2},verify")
+    assert pipe.passes == (Interleave(v=3, placement="vshape"), SplitBackward(mode="h2"),
+                           Verify())
+    assert str(pipe) == "interleave{v=3,placement=vshape},split-backward{mode=h2},verify"
+    assert parse_pipeline(str(pipe)).passes == pipe.passes
+    assert pipe.spans[1] is not None and pipe.spans[1].col == 38
+    assert parse_pipeline("verify{memory_limit=none}").passes == (Verify(None),)
+    assert parse_pipeline("merge-backward{adjacent_only=true}").passes[0].options() == {
+        "adjacent_only": True}
+
+
+BAD_PIPELINES = [
+    ("interleav", 1, "unknown pass 'interleav'", "did you mean 'interleave'?"),
+    ("verify,split-backwrd", 8, "unknown pass 'split-backwrd'", "did you mean"),
+    ("interleave{v=x}", 14, "option 'v' of pass 'interleave' must be an integer, got 'x'", ""),
+    ("interleave{w=2}", 12, "pass 'interleave' has no option 'w' (options: v, placement)", ""),
+    ("interleave{v=2", 11, "unclosed '{': expected '}'", ""),
+    ("interleave{v=2,v=3}", 16, "option 'v' of pass 'interleave' is given twice", ""),
+    ("interleave{v=0}", 14, "v (chunks per rank) must be a positive integer, got 0", ""),
+    ("interleave{placement=ring}", 22,
+     "option 'placement' of pass 'interleave' must be one of loop, vshape, got 'ring'", ""),
+    ("split-backward{mode=h3}", 21, "must be one of h1, h2, got 'h3'", ""),
+    ("merge-backward{adjacent_only=maybe}", 30, "must be true or false, got 'maybe'", ""),
+    ("verify{memory_limit=0}", 21, "memory_limit must be a positive integer, got 0", ""),
+    ("verify,", 7, "expected a pass name after ','", ""),
+    ("verify;interleave", 7, "expected ',' between passes, found ';'", ""),
+    ("interleave{v}", 12, "expected '=' and a value after option 'v'", ""),
+    ("interleave{v=}", 14, "expected a value for option 'v'", ""),
+    ("interleave{v=2,}", 16, "expected an option after ','", ""),
+    ("", 1, "empty pipeline", ""),
+]
+
+
+@pytest.mark.parametrize(("spec", "col", "message", "note"), BAD_PIPELINES)
+def test_bad_pipeline_strings_point_into_the_string(spec: str, col: int, message: str,
+                                                    note: str) -> None:
+    with pytest.raises(pipeir.UsageError) as e:
+        parse_pipeline(spec)
+    d = e.value.diagnostics[0]
+    assert message in d.message
+    assert d.span is not None and (d.span.file, d.span.line, d.span.col) == ("<passes>", 1, col)
+    if note:
+        assert any(note in n.message for n in d.notes)
+    assert e.value.exit_code == 2
+
+
+def test_bad_pipeline_on_the_command_line_is_rendered_with_a_caret(cli) -> None:
+    code, out, err = cli("opt", *LIB, "--passes", "interleave{v=2},split-backward{mode=h3}")
+    assert code == 2 and out == ""
+    assert err.splitlines()[:3] == [
+        "<passes>:1:37: error: option 'mode' of pass 'split-backward' must be one of h1, h2, "
+        "got 'h3'",
+        "    interleave{v=2},split-backward{mode=h3}",
+        "                                        ^^"]
+    assert "Traceback" not in err
+
+
+# ---- plugins and the registry ----------------------------------------------------------------
+def test_registry_lists_builtins_and_loads_them_lazily() -> None:
+    from pipeir.passes import registry
+
+    assert {"interleave", "split-backward", "merge-backward", "verify"} <= set(registry.names())
+    assert registry.get("split-backward") is SplitBackward
+    with pytest.raises(pipeir.UsageError, match="unknown pass 'nope'"):
+        registry.get("nope")
+
+
+def test_plugin_from_a_file_runs_in_a_pipeline(cli) -> None:
+    cls = load_plugin(f"{PLUGIN}:DelayW")
+    s = pipeir.library.get("1f1b", 3, 6)
+    out = PassManager(parse_pipeline("split-backward,delay-w", {cls.name: cls})).run(s)
+    for prog in out.programs:  # every W moved behind every other op
+        kinds = [op.kind for op in prog]
+        assert kinds[kinds.index("W"):] == ["W"] * 6
+    code, text, err = cli("opt", *LIB, "--pass-plugin", f"{PLUGIN}:DelayW",
+                          "--passes", "split-backward,delay-w{max_pending=1}")
+    assert code == 0, err
+    assert pipeir.parse(text).program(0)[-1] == pipeir.W(0, 3)
+
+
+@pytest.mark.parametrize(("spec", "message"), [
+    ("no_colon_here", "expected module:Class or file.py:Class"),
+    ("missing_file.py:X", "no such file missing_file.py"),
+    ("pipeir.ops:Op", "is not a Pass subclass"),
+    ("pipeir.no_such_module:X", "cannot import pipeir.no_such_module"),
+    ("pipeir.passes.interleave:Nope", "has no attribute 'Nope'"),
+])
+def test_bad_plugin_specs_are_usage_errors(cli, spec: str, message: str) -> None:
+    code, _, err = cli("opt", *LIB, "--pass-plugin", spec, "--passes", "verify")
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_plugin_file_that_fails_to_import(cli, tmp_path: Path) -> None:
+    bad = tmp_path / "bad_plugin.py"
+    bad.write_text("raise RuntimeError('boom')\n", encoding="utf-8")
+    code, _, err = cli("opt", *LIB, "--pass-plugin", f"{bad}:X", "--passes", "verify")
+    assert code == 2 and "failed to import: RuntimeError: boom" in err
+
+
+def test_installed_plugin_is_found_through_its_entry_point(cli) -> None:
+    eps = {ep.name for ep in importlib.metadata.entry_points(group="pipeir.passes")}
+    if "delay-w" not in eps:
+        pytest.skip("examples/plugin is not installed (pip install -e examples/plugin)")
+    code, out, _ = cli("passes")
+    assert code == 0 and "delay-w{max_pending: int = 0}" in out
+    code, _, err = cli("opt", *LIB, "--passes", "split-backward,delay-w")
+    assert code == 0, err
+
+
+# ---- the pass manager ------------------------------------------------------------------------
+def test_verify_each_blames_the_pass_that_broke_the_schedule(cli, broken: Path) -> None:
+    code, out, err = cli("opt", *LIB, "--pass-plugin", f"{broken}:BreakDeps",
+                         "--passes", "split-backward,break-deps,verify")
+    assert code == 1 and out == ""
+    first = err.splitlines()[0]
+    assert first.startswith("error: after split-backward, break-deps: deadlock: rank 0 ")
+    assert ("<passes>:1:16: note: pass 2 of 3, 'break-deps', produced an invalid schedule "
+            "from a valid one") in err
+
+
+def test_broken_pass_in_python_raises_verify_error(broken: Path) -> None:
+    cls = load_plugin(f"{broken}:BreakDeps")
+    s = pipeir.library.get("gpipe", 2, 2)
+    with pytest.raises(pipeir.VerifyError) as e:
+        PassManager([Interleave(v=2), cls()]).run(s)
+    assert e.value.check == "deadlock"
+    assert e.value.message.startswith("after interleave, break-deps: deadlock")
+
+
+def test_no_verify_each_lets_a_broken_schedule_through_to_check(cli, broken: Path,
+                                                                tmp_path: Path) -> None:
+    out_file = tmp_path / "broken.sched"
+    code, _, err = cli("opt", *LIB, "--pass-plugin", f"{broken}:BreakDeps", "--passes",
+                       "break-deps", "--no-verify-each", "-o", out_file)
+    assert code == 0, err
+    code, _, err = cli("check", out_file)
+    assert code == 1 and "deadlock" in err
+
+
+def test_invalid_input_is_reported_before_any_pass(cli, tmp_path: Path) -> None:
+    bad = tmp_path / "incomplete.sched"
+    bad.write_text("pipeline { ranks = 1  microbatches = 2 }\n"
+                   "schedule s { rank 0 { F(0,0) B(0,0) F(0,1) } }\n", encoding="utf-8")
+    code, _, err = cli("opt", bad, "--passes", "split-backward")
+    assert code == 1
+    assert "the input schedule is invalid, before any pass ran: missing B(0,1)" in err
+
+
+def test_pass_rejecting_its_input_is_named(cli) -> None:
+    code, _, err = cli("opt", *LIB, "--passes", "split-backward,interleave{v=2}")
+    assert code == 2
+    assert err.startswith("error: in interleave after split-backward: the input has split "
+                          "backwards (I and W)")
+    assert "note: pass 2 of 2, 'interleave', rejected its input" in err
+
+
+def test_pass_returning_garbage_and_lowered_passes(cli, broken: Path) -> None:
+    code, _, err = cli("opt", *LIB, "--pass-plugin", f"{broken}:ReturnsNone",
+                       "--passes", "returns-none")
+    assert code == 1 and "pass 'returns-none' returned NoneType, not a Schedule" in err
+    code, _, err = cli("opt", *LIB, "--pass-plugin", f"{broken}:Lowered",
+                       "--passes", "verify,lowered-only")
+    assert code == 2 and "<passes>:1:8: error: pass 'lowered-only' works on lowered" in err
+    code, _, err = cli("opt", *LIB, "--pass-plugin", f"{broken}:NotAPass", "--passes", "verify")
+    assert code == 2 and "is not a Pass subclass" in err
+
+
+def test_time_passes_instrument_records_every_pass() -> None:
+    timer = TimePasses()
+    s = pipeir.library.get("1f1b", 2, 4)
+    PassManager(Pipeline.of([SplitBackward(), Verify()]), instruments=[timer]).run(s)
+    assert [name for name, _, _ in timer.rows] == ["split-backward", "verify"]
+    assert timer.report().splitlines()[-1].startswith("total")
+
+
+# ---- the opt command and its instruments -----------------------------------------------------
+def test_opt_output_is_accepted_by_check_and_reparses_equal(cli, tmp_path: Path) -> None:
+    out_file = tmp_path / "out.sched"
+    code, out, err = cli("opt", REPO / "examples" / "1f1b.sched", "--passes",
+                         "interleave{v=2},split-backward{mode=h2}", "-o", out_file)
+    assert (code, out, err) == (0, "", "")
+    expected = PassManager(parse_pipeline("interleave{v=2},split-backward{mode=h2}")).run(
+        pipeir.parse(REPO / "examples" / "1f1b.sched"))
+    assert pipeir.parse(out_file) == expected
+    code, out, _ = cli("check", out_file)
+    assert code == 0 and "8 stages" in out
+
+
+def test_dump_dir_writes_numbered_canonical_files(cli, tmp_path: Path) -> None:
+    dump = tmp_path / "dump"
+    code, final, err = cli("opt", *LIB, "--passes", "interleave{v=2},split-backward,verify",
+                           "--dump-dir", dump)
+    assert code == 0, err
+    names = sorted(p.name for p in dump.iterdir())
+    assert names == ["00-input.sched", "01-interleave.sched", "02-split-backward.sched",
+                     "03-verify.sched"]
+    assert pipeir.parse(dump / "00-input.sched") == pipeir.library.get("1f1b", 2, 4)
+    assert pipeir.parse(dump / "01-interleave.sched") == pipeir.library.get(
+        "interleaved-1f1b", 2, 4, v=2)
+    assert (dump / "03-verify.sched").read_text(encoding="utf-8") == final
+
+
+def test_print_after_and_time_passes_go_to_stderr(cli) -> None:
+    code, _, err = cli("opt", *LIB, "--passes", "interleave,split-backward",
+                       "--print-after", "split-backward", "--time-passes")
+    assert code == 0
+    assert "# ---- after pass 2: split-backward ----" in err
+    assert "after pass 1" not in err
+    assert err.count("schedule one_f_one_b {") == 1
+    rows = [line.split()[0] for line in err.splitlines() if line and line[0].isalpha()]
+    assert rows[-4:] == ["pass", "interleave", "split-backward", "total"]
+    code, _, err = cli("opt", *LIB, "--passes", "verify", "--print-after", "all")
+    assert code == 0 and "after pass 1: verify" in err
+    code, _, err = cli("opt", *LIB, "--passes", "verify", "--print-after", "interleave")
+    assert code == 2 and "--print-after interleave: the pipeline has no pass called that" in err
+
+
+def test_opt_usage_errors(cli, tmp_path: Path) -> None:
+    code, _, err = cli("opt", *LIB, "--passes", "verify", "--dump-dir", REPO / "pyproject.toml")
+    assert code == 2 and "exists and is not a directory" in err
+    code, _, err = cli("opt", *LIB, "--passes", "verify", "-o", tmp_path / "no" / "x.sched")
+    assert code == 2 and "does not exist" in err
+    assert not (tmp_path / "no").exists()
+    code, _, err = cli("opt", *LIB)
+    assert code == 2 and "--passes" in err
+
+
+def test_passes_command_lists_options_and_summaries(cli) -> None:
+    code, out, err = cli("passes")
+    assert code == 0, err
+    lines = out.splitlines()
+    assert "interleave{v: int = 2, placement: loop|vshape = loop}" in lines
+    assert "split-backward{mode: h1|h2 = h1}" in lines
+    assert "merge-backward{adjacent_only: bool = false}" in lines
+    assert "verify{memory_limit: int | none = none}" in lines
+    assert all(line.startswith("    ") for line in lines[1::2])  # a summary under each
+    code, out, _ = cli("passes", "--pass-plugin", f"{PLUGIN}:DelayW")
+    assert code == 0 and "delay-w{max_pending: int = 0} (from " in out
