@@ -56,10 +56,10 @@ class PipelineConfig:
     def __post_init__(self) -> None:
         for key in ("ranks", "microbatches", "stages", "accumulate"):
             value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            if type(value) is not int or value < 1:
                 raise ConfigError(key, f"{key} must be a positive integer, got {value!r}")
         if self.memory_limit is not None and (
-                not isinstance(self.memory_limit, int) or self.memory_limit < 1):
+                type(self.memory_limit) is not int or self.memory_limit < 1):
             raise ConfigError("memory_limit",
                               f"memory_limit must be a positive integer, got {self.memory_limit!r}")
         if len(self.placement) != self.stages:
@@ -67,7 +67,7 @@ class PipelineConfig:
                                            f"but there are {self.stages} stages")
         owned: list[list[int]] = [[] for _ in range(self.ranks)]
         for s, r in enumerate(self.placement):
-            if not isinstance(r, int) or not 0 <= r < self.ranks:
+            if type(r) is not int or not 0 <= r < self.ranks:
                 raise ConfigError("placement", f"placement puts stage {s} on rank {r}, "
                                                f"but ranks are 0..{self.ranks - 1}")
             owned[r].append(s)

@@ -161,6 +161,7 @@ def test_comments_and_free_layout() -> None:
     "pipeline { ranks = 2  microbatches = 1  placement = [0, 0] }\nschedule s { rank r { } }",
     "pipeline { ranks = 2  microbatches = 1  placement = diagonal }\nschedule = 1f1b",
     "pipeline { ranks = 2  microbatches = true }\nschedule = 1f1b",
+    "pipeline { ranks = 2  microbatches = 2  memory_limit = true }\nschedule = 1f1b",
 ])
 def test_bad_pipeline_values(text: str) -> None:
     with pytest.raises(pipeir.UsageError) as e:
@@ -206,3 +207,17 @@ def test_builder_api() -> None:
     with pytest.raises(pipeir.VerifyError) as e:
         pipeir.Schedule.from_programs(cfg, [[F(0, 0), F(0, 0)], []])
     assert e.value.check == "duplicate"
+
+
+def test_huge_pipelines_are_refused_up_front() -> None:
+    with pytest.raises(pipeir.UsageError, match="too large") as e:
+        pipeir.parse("pipeline { ranks = 100000000  microbatches = 100 }\nschedule = 1f1b")
+    assert e.value.diagnostics[0].span is not None
+
+
+def test_user_definitions_are_checked_when_using_the_library() -> None:
+    with pytest.raises(pipeir.UsageError, match="unknown name 'y'"):
+        pipeir.parse("pipeline { ranks = 2  microbatches = 2 }\nlet x = y\nschedule = 1f1b")
+    elab = pipeir.load("pipeline { ranks = 2  microbatches = 2 }\nlet x = 3 * ranks\n"
+                       "costs { F = x }\nschedule = 1f1b")
+    assert elab.costs["F"][0] == 6

@@ -673,8 +673,25 @@ def _elaborate(module: ast.Module, overrides: Mapping[str, Value] | None,
         if extra:
             raise UsageError(d.message, d.span, (*d.notes, *extra)) from None
         raise
-    costs = _costs(module, genv, comp, gscope)
+    if def_module is module:
+        uenv, uscope = genv, gscope
+    else:  # the user's own constants and functions, for their costs block (and their errors)
+        uscope = _Scope()
+        uenv = {k: v for k, v in genv.items() if k not in ("__ctx__",)
+                and not isinstance(v, _Closure)}
+        for n in uenv:
+            uscope.define(n, _Binding("value", None), sdef.span)
+        uenv["__ctx__"] = ctx
+        for item in module.items:
+            if isinstance(item, ast.Let | ast.FuncDef):
+                comp.stmt(item, uscope)(uenv, ctx)
+    costs = _costs(module, uenv, comp, uscope)
     return Elaborated(ctx.builder.build(), costs)
+
+
+#: Schedules larger than this many (stage, micro-batch) pairs are refused up front: building
+#: one would take minutes and gigabytes (p=64, v=4, m=512 is 131,072 pairs).
+MAX_PAIRS: Final = 4_000_000
 
 
 def _single(module: ast.Module, cls: type, what: str) -> Any:
@@ -756,10 +773,16 @@ def _make_config(env: Env, spans: dict[str, Span | None],
     stages: Any = env.get("stages", ranks)
     try:
         placement = env.get("placement", "loop")
+        mbs = env["microbatches"]
+        for key, val in (("ranks", ranks), ("stages", stages), ("microbatches", mbs)):
+            if type(val) is not int or val < 1:
+                raise ConfigError(key, f"{key} must be a positive integer, got {_show(val)}")
+        if stages * mbs > MAX_PAIRS or ranks > MAX_PAIRS:
+            raise ConfigError("stages" if "stages" in spans else "microbatches",
+                              f"{stages} stages x {mbs} micro-batches on {ranks} ranks is too "
+                              f"large: pipeir handles up to {MAX_PAIRS:,} (stage, micro-batch) "
+                              "pairs")
         if isinstance(placement, str):
-            for key, val in (("ranks", ranks), ("stages", stages)):
-                if type(val) is not int or val < 1:
-                    raise ConfigError(key, f"{key} must be a positive integer, got {_show(val)}")
             placement = named_placement(placement, stages, ranks)
         elif not isinstance(placement, tuple):
             raise ConfigError("placement", f"placement must be loop, vshape or a list of ranks, "

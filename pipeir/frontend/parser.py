@@ -81,7 +81,10 @@ def _describe(token_type: str) -> str:
 
 
 def _syntax_error(source: Source, e: UnexpectedInput) -> UsageError:
-    label = e.match_examples(_lark().parse, _EXAMPLES, use_accepts=True)
+    try:
+        label = e.match_examples(_lark().parse, _EXAMPLES, use_accepts=True)
+    except Exception:  # noqa: BLE001 - lark 1.3.1's matcher can raise TypeError on some states
+        label = None
     notes = (Note(label),) if isinstance(label, str) else ()
     if isinstance(e, UnexpectedCharacters):
         pos = e.pos_in_stream or 0
