@@ -7,7 +7,7 @@ from functools import cache
 from typing import Any
 
 from lark import Lark, Token, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedEOF, UnexpectedInput, UnexpectedToken
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
 from lark.visitors import Transformer_NonRecursive
 
 from pipeir._nesting import nesting_guard
@@ -83,7 +83,7 @@ def _describe(token_type: str) -> str:
 def _syntax_error(source: Source, e: UnexpectedInput) -> UsageError:
     try:
         label = e.match_examples(_lark().parse, _EXAMPLES, use_accepts=True)
-    except Exception:  # noqa: BLE001 - lark 1.3.1's matcher can raise TypeError on some states
+    except Exception:  # lark 1.3.1 matcher can raise TypeError on some parser states
         label = None
     notes = (Note(label),) if isinstance(label, str) else ()
     if isinstance(e, UnexpectedCharacters):
