@@ -36,7 +36,10 @@ def print_schedule(schedule: Schedule, costs: Mapping[str, Any] | None = None) -
         out.append(f"    rank {r} {{")
         line = "       "
         for op in prog:
-            text = f" {op}"
+            if schedule.graph.nodes[op].get("pair_prev") is not None:
+                continue  # printed with its partner
+            partner = schedule.graph.nodes[op].get("pair_next")
+            text = f" overlap {{ {op} {partner} }}" if partner is not None else f" {op}"
             if len(line) + len(text) > WIDTH:
                 out.append(line)
                 line = "       "

@@ -1,8 +1,10 @@
 """The schedule IR: a pipeline config plus a networkx DiGraph whose nodes are ops.
 
 Node attributes: ``rank`` (who runs it), ``pos`` (index in that rank's program) and ``span``
-(where the user wrote it, or None). Edge attribute ``kind`` is an `EdgeKind` flag set: DATA
-for a tensor dependency, ORDER for "runs next on the same rank"; an edge can be both.
+(where the user wrote it, or None); the two ops of an overlapped pair (run together, as in
+DualPipe) are next to each other in program order and carry ``pair_next`` / ``pair_prev``.
+Edge attribute ``kind`` is an `EdgeKind` flag set: DATA for a tensor dependency, ORDER for
+"runs next on the same rank"; an edge can be both.
 
 NOTE: the graph is the single source of truth. Per-rank programs are derived from it (and
 cached, so treat a built Schedule as immutable: passes build new schedules). A Schedule can
@@ -70,23 +72,47 @@ class Schedule:
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
-    def from_programs(cls, config: PipelineConfig, programs: Sequence[Iterable[Op]],
+    def from_programs(cls, config: PipelineConfig,
+                      programs: Sequence[Iterable[Op | tuple[Op, Op]]],
                       name: str = "schedule",
                       spans: Mapping[Op, Span | None] | None = None) -> Schedule:
-        """Build a schedule from one op list per rank (`programs[r]` runs on rank r)."""
+        """Build a schedule from one op list per rank (`programs[r]` runs on rank r).
+
+        An item `(a, b)` is an overlapped pair: two ops the rank runs together.
+        """
         if len(programs) != config.ranks:
             raise ValueError(f"expected {config.ranks} programs (one per rank), "
                              f"got {len(programs)}")
         b = ScheduleBuilder(config, name)
         for r, prog in enumerate(programs):
-            for op in prog:
-                b.add(r, op, None if spans is None else spans.get(op))
+            for item in prog:
+                if isinstance(item, tuple):
+                    x, y = item
+                    b.add_pair(r, x, y, None if spans is None else spans.get(x),
+                               None if spans is None else spans.get(y))
+                else:
+                    b.add(r, item, None if spans is None else spans.get(item))
         return b.build()
 
-    def with_programs(self, programs: Sequence[Iterable[Op]], name: str | None = None,
+    def with_programs(self, programs: Sequence[Iterable[Op | tuple[Op, Op]]],
+                      name: str | None = None,
                       config: PipelineConfig | None = None) -> Schedule:
-        """A new schedule with other programs; spans of ops that survive are kept."""
+        """A new schedule with other programs. Spans of ops that survive are kept, and so are
+        overlapped pairs whose two ops are still next to each other, in order, on one rank."""
         spans = {op: self.graph.nodes[op]["span"] for op in self.graph}
+        pairs = dict(self.pairs)
+        if pairs:
+            kept: list[list[Op | tuple[Op, Op]]] = []
+            for prog in programs:
+                out: list[Op | tuple[Op, Op]] = []
+                for item in prog:
+                    prev = out[-1] if out else None
+                    if isinstance(prev, Op) and isinstance(item, Op) and pairs.get(prev) == item:
+                        out[-1] = (prev, item)
+                    else:
+                        out.append(item)
+                kept.append(out)
+            programs = kept
         return Schedule.from_programs(config or self.config, programs, name or self.name, spans)
 
     # ---- views ------------------------------------------------------------------------------
@@ -106,6 +132,18 @@ class Schedule:
 
     def rank_of(self, op: Op) -> int:
         return int(self.graph.nodes[op]["rank"])
+
+    @property
+    def pairs(self) -> tuple[tuple[Op, Op], ...]:
+        """Overlapped pairs (first, second), in program order."""
+        return tuple((op, p) for prog in self.programs for op in prog
+                     if (p := self.graph.nodes[op].get("pair_next")) is not None)
+
+    def pair_of(self, op: Op) -> Op | None:
+        """The op `op` runs together with, if it is half of an overlapped pair."""
+        attrs = self.graph.nodes[op]
+        partner: Op | None = attrs.get("pair_next") or attrs.get("pair_prev")
+        return partner
 
     def span_of(self, op: Op) -> Span | None:
         span: Span | None = self.graph.nodes[op]["span"]
@@ -129,7 +167,8 @@ class Schedule:
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Schedule):
             return NotImplemented
-        return self.config == other.config and self.programs == other.programs
+        return (self.config == other.config and self.programs == other.programs
+                and self.pairs == other.pairs)
 
     def __hash__(self) -> int:
         return hash((self.config, self.programs))
@@ -159,6 +198,7 @@ class ScheduleBuilder:
         self.name = name
         self._programs: list[list[Op]] = [[] for _ in range(config.ranks)]
         self._where: dict[Op, tuple[int, int, Span | None]] = {}
+        self._pairs: list[tuple[Op, Op]] = []
 
     def add(self, rank: int, op: Op, span: Span | None = None) -> None:
         """Append `op` to rank `rank`'s program. A duplicate op is a VerifyError."""
@@ -175,6 +215,13 @@ class ScheduleBuilder:
         prog = self._programs[rank]
         self._where[op] = (rank, len(prog), span)
         prog.append(op)
+
+    def add_pair(self, rank: int, first: Op, second: Op, first_span: Span | None = None,
+                 second_span: Span | None = None) -> None:
+        """Append two ops that rank `rank` runs together (an overlapped pair)."""
+        self.add(rank, first, first_span)
+        self.add(rank, second, second_span)
+        self._pairs.append((first, second))
 
     def build(self) -> Schedule:
         where = self._where
@@ -198,7 +245,11 @@ class ScheduleBuilder:
             for pred in _predecessors(op, lookup, stages):
                 key = (pred, op)
                 edges[key] = get(key, 0) | data
-        return Schedule(self.config, _digraph(where, edges), self.name)
+        g = _digraph(where, edges)
+        for a, b in self._pairs:
+            g._node[a]["pair_next"] = b
+            g._node[b]["pair_prev"] = a
+        return Schedule(self.config, g, self.name)
 
 
 def _digraph(where: dict[Op, tuple[int, int, Span | None]],

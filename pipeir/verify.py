@@ -36,6 +36,7 @@ def verify(schedule: Schedule, memory_limit: int | None = None) -> VerifyReport:
         _raise("range", check_ranges(schedule))
         _raise("placement", check_placement(schedule))
         _raise("completeness", check_completeness(schedule))
+        _raise("overlap", check_pairs(schedule))
         _raise("deadlock", check_deadlock(schedule))
         report = memory_report(schedule)
         limit = memory_limit if memory_limit is not None else schedule.config.memory_limit
@@ -108,6 +109,18 @@ def check_completeness(schedule: Schedule) -> list[Diagnostic]:
                     f"missing {' and '.join(map(str, missing))}: the schedule never runs "
                     f"{'them' if len(missing) > 1 else 'it'} (stage {s} lives on rank {rank})",
                     _program_span(schedule, rank)))
+    return out
+
+
+def check_pairs(schedule: Schedule) -> list[Diagnostic]:
+    """The two ops of an overlapped pair must not depend on each other: they run together."""
+    g = schedule.graph
+    out = []
+    for a, b in schedule.pairs:
+        for x, y in ((a, b), (b, a)):
+            if g.has_edge(x, y) and g.edges[x, y]["kind"] & EdgeKind.DATA:
+                out.append(Diagnostic(f"overlap pair {a} + {b}: {y} needs {x}'s result, so "
+                                      "they cannot run together", schedule.span_of(a)))
     return out
 
 

@@ -221,3 +221,29 @@ def test_user_definitions_are_checked_when_using_the_library() -> None:
     elab = pipeir.load("pipeline { ranks = 2  microbatches = 2 }\nlet x = 3 * ranks\n"
                        "costs { F = x }\nschedule = 1f1b")
     assert elab.costs["F"][0] == 6
+
+
+def test_overlap_pairs_round_trip_and_survive_passes() -> None:
+    s = pipeir.parse("pipeline { ranks = 1  microbatches = 2 }\n"
+                     "schedule s { rank r { F(0,0) overlap { F(0,1) B(0,0) } B(0,1) } }")
+    assert s.pairs == ((F(0, 1), B(0, 0)),)
+    assert s.pair_of(B(0, 0)) == F(0, 1) and s.pair_of(F(0, 0)) is None
+    text = pipeir.print_schedule(s)
+    assert "overlap { F(0,1) B(0,0) }" in text
+    assert pipeir.parse(text) == s
+    unpaired = pipeir.parse("pipeline { ranks = 1  microbatches = 2 }\n"
+                            "schedule s { rank r { F(0,0) F(0,1) B(0,0) B(0,1) } }")
+    assert unpaired.programs == s.programs and unpaired != s
+    assert s.with_programs(s.programs).pairs == s.pairs
+    assert s.with_programs([[F(0, 1), F(0, 0), B(0, 0), B(0, 1)]]).pairs == ()
+
+
+def test_overlap_pair_must_be_independent_ops() -> None:
+    s = pipeir.parse("pipeline { ranks = 1  microbatches = 1 }\n"
+                     "schedule s { rank r { overlap { F(0,0) B(0,0) } } }")
+    with pytest.raises(pipeir.VerifyError) as e:
+        pipeir.verify(s)
+    assert e.value.check == "overlap"
+    with pytest.raises(pipeir.UsageError, match="pairs two ops"):
+        pipeir.parse("pipeline { ranks = 1  microbatches = 1 }\n"
+                     "schedule s { def g(a, b) { } rank r { overlap { F(0,0) g(0, 0) } } }")

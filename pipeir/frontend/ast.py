@@ -120,6 +120,14 @@ class CallStmt(Node):
 
 
 @dataclass(frozen=True)
+class Overlap(Node):
+    """Two ops a rank runs together (DualPipe's overlapped forward/backward pair)."""
+
+    first: CallStmt
+    second: CallStmt
+
+
+@dataclass(frozen=True)
 class FuncDef(Node):
     name: str
     name_span: Span
@@ -134,7 +142,8 @@ class Require(Node):
     message: str | None
 
 
-Stmt = Let | For | If | RankEach | RankOne | CallStmt | FuncDef | Require | PipelineBlock
+Stmt = (Let | For | If | RankEach | RankOne | CallStmt | Overlap | FuncDef | Require
+        | PipelineBlock)
 
 
 # ---- top level -----------------------------------------------------------------------------

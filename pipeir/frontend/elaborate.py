@@ -347,6 +347,8 @@ class _Compiler:
             return self.funcdef(s, scope)
         if isinstance(s, ast.Require):
             return self._require(s, scope)
+        if isinstance(s, ast.Overlap):
+            return self._overlap(s, scope)
         if isinstance(s, ast.PipelineBlock):
             raise UsageError("a 'pipeline' block here can only come first in a schedule "
                              "definition", s.span)
@@ -380,6 +382,28 @@ class _Compiler:
         def call(env: Env, ctx: _Ctx) -> None:
             _invoke(env[name], [a(env) for a in args], ctx, span)
         return call
+
+    def _overlap(self, s: ast.Overlap, scope: _Scope) -> StmtFn:
+        ops = []
+        for call in (s.first, s.second):
+            b = self._callee(call.name, call.name_span, len(call.args), call.span, scope)
+            if b.kind != "op":
+                raise UsageError(f"'overlap' pairs two ops (F, B, I, W); '{call.name}' is not "
+                                 "an op", call.name_span)
+            sf, mf = (self.expr(a, scope) for a in call.args)
+            ops.append((call.name, sf, mf, call.args[0].span, call.args[1].span, call.span))
+        span = s.span
+
+        def overlap(env: Env, ctx: _Ctx) -> None:
+            made = []
+            for kind, sf, mf, sspan, mspan, ospan in ops:
+                made.append((Op(kind, _want_int(sf(env), sspan, "the stage"),  # type: ignore[arg-type]
+                                _want_int(mf(env), mspan, "the micro-batch")), ospan))
+            if ctx.rank is None:
+                raise UsageError("'overlap' is outside any 'rank' block", span)
+            (a, aspan), (b, bspan) = made
+            ctx.builder.add_pair(ctx.rank, a, b, aspan, bspan)
+        return overlap
 
     def _for(self, s: ast.For, scope: _Scope) -> StmtFn:
         start, stop = self.expr(s.start, scope), self.expr(s.stop, scope)

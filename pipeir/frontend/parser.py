@@ -226,6 +226,9 @@ class _ToAst(Transformer_NonRecursive):  # type: ignore[type-arg]
     def call_stmt(self, meta: Any, c: list[Any]) -> ast.CallStmt:
         return ast.CallStmt(self._span(meta), str(c[0]), self._tspan(c[0]), _flat(c[1:]))
 
+    def overlap_stmt(self, meta: Any, c: list[Any]) -> ast.Overlap:
+        return ast.Overlap(self._span(meta), c[0], c[1])
+
     def _func(self, meta: Any, c: list[Any], expr: Any, body: Any) -> ast.FuncDef:
         params = tuple(str(t) for t in c[1:-1] if t is not None)
         return ast.FuncDef(self._span(meta), str(c[0]), self._tspan(c[0]), params, expr, body)

@@ -1,0 +1,213 @@
+"""Runtime benchmark: pipeir's generated programs against torch.distributed.pipelining.
+
+    python bench/runtime.py                 # both modes
+    python bench/runtime.py --mode real     # MLP, 4 gloo ranks: pipeir vs torch step times
+    python bench/runtime.py --mode sleep    # synthetic compute: measured vs simulated bubble
+
+real: the same MLP (bench's own, wider than the built-in), the same data and the same
+schedule (1F1B with one stage per rank; interleaved 1F1B with v=2) on 4 gloo ranks. Runs
+alternate A/B (pipeir, pipeir+overlap, torch, then again), and each system's median step time
+over all measured steps (first steps of a run dropped as warm-up) is compared. A step's time
+runs from the previous step's end to its own end (latest rank), the same for both systems.
+
+sleep: every forward sleeps F ms and every backward B ms instead of computing, so four ranks do
+not fight over two cores; the measured bubble (pipeir's instruction timestamps) is compared
+with the simulator's prediction for the same costs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+import pipeir
+from pipeir.backend.codegen import rank_source
+from pipeir.backend.driver import compile_schedule
+from pipeir.models import ModelSpec
+from pipeir.runtime.launch import free_port, launch
+from pipeir.runtime.measure import expand_rounds, measured_result
+from pipeir.runtime.worker import Job
+from pipeir.sim import CostModel, simulate
+
+HERE = Path(__file__).resolve()
+WIDTH, BLOCKS, BATCH = 256, 8, 128
+SLEEP_F, SLEEP_B = 0.010, 0.020  # seconds
+
+
+# ---- models (resolved by file path in every worker) ---------------------------------------------
+def _stage(s: int, stages: int) -> nn.Module:
+    layers: list[nn.Module] = []
+    for _ in range(max(1, BLOCKS // stages)):
+        layers += [nn.Linear(WIDTH, WIDTH), nn.Tanh()]
+    return nn.Sequential(*layers)
+
+
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(step % 4)
+    return torch.randn(BATCH, WIDTH, generator=g), torch.randn(BATCH, WIDTH, generator=g)
+
+
+def spec() -> ModelSpec:
+    return ModelSpec(stage=_stage, loss=nn.functional.mse_loss, batch=_batch)
+
+
+class _SleepFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: object, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
+        time.sleep(SLEEP_F)
+        return x * w
+
+    @staticmethod
+    def backward(ctx: object, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
+        time.sleep(SLEEP_B)
+        return g, g.sum(0)
+
+
+class _Sleep(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(8))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _SleepFn.apply(x, self.w)
+
+
+def sleep_spec() -> ModelSpec:
+    return ModelSpec(stage=lambda s, n: _Sleep(), loss=lambda y, t: ((y - t) ** 2).mean(),
+                     batch=lambda step: (torch.zeros(16, 8), torch.zeros(16, 8)))
+
+
+# ---- torch.distributed.pipelining ---------------------------------------------------------------
+def _torch_worker(rank: int, world: int, port: int, kind: str, m: int, steps: int,
+                  out: object) -> None:
+    import torch.distributed as dist
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleInterleaved1F1B,
+    )
+
+    from pipeir.models.spec import build_stage
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=world)
+    sp = spec()
+    v = 2 if kind == "interleaved" else 1
+    n = world * v
+    stage_ids = [rank + k * world for k in range(v)]
+    mods = {s: build_stage(sp, s, n) for s in stage_ids}
+    stages = [PipelineStage(mods[s], s, n, torch.device("cpu")) for s in stage_ids]
+    loss = sp.loss
+    sched = (ScheduleInterleaved1F1B(stages, m, loss_fn=loss) if v > 1
+             else Schedule1F1B(stages[0], m, loss_fn=loss))
+    opt = torch.optim.SGD([p for mod in mods.values() for p in mod.parameters()], lr=0.05)
+    times = []
+    for step in range(steps):
+        x, y = sp.batch(step)
+        opt.zero_grad()
+        t0 = time.perf_counter()
+        if rank == 0:
+            sched.step(x, target=y if world == 1 else None)
+        elif rank == world - 1:
+            sched.step(target=y, losses=[])
+        else:
+            sched.step()
+        opt.step()
+        times.append((t0, time.perf_counter()))
+    gathered: list[object] = [None] * world
+    dist.all_gather_object(gathered, times)
+    if rank == 0:
+        out.put(gathered)  # type: ignore[attr-defined]
+    dist.destroy_process_group()
+
+
+def run_torch(kind: str, world: int, m: int, steps: int) -> list[float]:
+    import multiprocessing as mp
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_torch_worker, args=(r, world, port, kind, m, steps, q))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    gathered = q.get(timeout=600)
+    for p in procs:
+        p.join(60)
+    ends = [max(g[s][1] for g in gathered) for s in range(steps)]  # type: ignore[index]
+    start = min(g[0][0] for g in gathered)  # type: ignore[index]
+    return [e - p for e, p in zip(ends, [start, *ends])]  # same definition as StepReport.time
+
+
+# ---- pipeir -------------------------------------------------------------------------------------
+def _schedule(kind: str, world: int, m: int) -> pipeir.Schedule:
+    if kind == "interleaved":
+        return pipeir.library.get("interleaved-1f1b", world, m, v=2)
+    return pipeir.library.get("1f1b", world, m)
+
+
+def run_pipeir(kind: str, world: int, m: int, steps: int, overlap: bool,
+               model: str = f"{HERE}:spec") -> tuple[list[float], object, object]:
+    low = compile_schedule(_schedule(kind, world, m), "overlap" if overlap else None)
+    job = Job(low, tuple(rank_source(low, r) for r in range(world)), model, steps)
+    res = launch([job], world, timeout_s=120)
+    return [res.steps[(0, s)].time for s in range(steps)], res, low
+
+
+# ---- modes --------------------------------------------------------------------------------------
+def mode_real(world: int, m: int, steps: int, rounds: int, warm: int) -> None:
+    print(f"real compute: MLP width {WIDTH}, {BLOCKS} blocks, batch {BATCH}, {world} gloo ranks,"
+          f" m={m}, {steps} steps per run ({warm} dropped), {rounds} A/B rounds")
+    for kind in ("1f1b", "interleaved"):
+        got: dict[str, list[float]] = {"pipeir": [], "pipeir+overlap": [], "torch": []}
+        for _ in range(rounds):
+            got["pipeir"] += run_pipeir(kind, world, m, steps, False)[0][warm:]
+            got["pipeir+overlap"] += run_pipeir(kind, world, m, steps, True)[0][warm:]
+            got["torch"] += run_torch(kind, world, m, steps)[warm:]
+        med = {k: statistics.median(v) * 1e3 for k, v in got.items()}
+        print(f"  {kind:<12} torch {med['torch']:7.2f} ms   pipeir {med['pipeir']:7.2f} ms "
+              f"({med['pipeir'] / med['torch']:.2f}x)   pipeir+overlap "
+              f"{med['pipeir+overlap']:7.2f} ms ({med['pipeir+overlap'] / med['torch']:.2f}x)")
+
+
+def mode_sleep(world: int, m: int, steps: int) -> None:
+    print(f"synthetic compute: F sleeps {SLEEP_F * 1e3:.0f} ms, B {SLEEP_B * 1e3:.0f} ms; "
+          f"{world} ranks, m={m}, {steps} steps")
+    for kind in ("1f1b", "interleaved"):
+        sched = _schedule(kind, world, m)
+        for overlap in (False, True):
+            _, res, low = run_pipeir(kind, world, m, steps, overlap, f"{HERE}:sleep_spec")
+            exp = expand_rounds(sched)
+            bubbles = [measured_result(low, exp, {r: res.times[(0, r, s)]  # type: ignore[attr-defined]
+                                                  for r in range(world)}).bubble
+                       for s in range(1, steps)]
+            measured = statistics.median(bubbles)
+            predicted = simulate(sched, CostModel(F=SLEEP_F, B=SLEEP_B)).bubble
+            print(f"  {kind:<12} overlap={overlap!s:<5} measured bubble {measured:6.1%}  "
+                  f"simulated {predicted:6.1%}  (measured/simulated {measured / predicted:.2f})")
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--mode", choices=("real", "sleep", "both"), default="both")
+    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--rounds", type=int, default=2)
+    args = p.parse_args(argv)
+    if args.mode in ("real", "both"):
+        mode_real(args.ranks, args.microbatches, args.steps, args.rounds, warm=2)
+    if args.mode in ("sleep", "both"):
+        mode_sleep(args.ranks, args.microbatches, 4)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,73 @@
+"""pipeirc compile: lower a schedule to per-rank programs, prove them deadlock-free, and
+write readable Python (one file per rank, main.py for torchrun, lowered.json)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from pipeir.cli.common import add_schedule_args, load_one, write_atomic
+from pipeir.diagnostics import EXIT_OK, UsageError
+
+ORDER = 90
+NAME = "compile"
+HELP = "lower a schedule to per-rank torch.distributed programs (Python) for torchrun"
+
+
+def add_backend_args(p: argparse.ArgumentParser) -> None:
+    """--passes / --overlap / --max-posted, shared with `pipeirc run`."""
+    p.add_argument("--passes", metavar="SPEC",
+                   help="passes to apply, e.g. 'split-backward,overlap{max_posted=2}'")
+    p.add_argument("--overlap", action="store_true",
+                   help="asynchronous communication (same as --passes overlap)")
+    p.add_argument("--max-posted", type=int, metavar="K",
+                   help="with overlap: at most K receives posted ahead (0 = no bound)")
+
+
+def compile_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    """(schedule, lowered) for the schedule and pass options on the command line."""
+    from pipeir.backend.driver import compile_schedule
+
+    if args.max_posted is not None and args.max_posted < 0:
+        raise UsageError("--max-posted must be a non-negative integer")
+    schedule = load_one(args).schedule
+    return schedule, compile_schedule(schedule, args.passes, args.overlap, args.max_posted)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_schedule_args(p)
+    add_backend_args(p)
+    p.add_argument("-o", "--output", metavar="DIR",
+                   help="write rank<r>.py, main.py and lowered.json into DIR")
+    p.add_argument("--emit", choices=("lowered", "json", "python"),
+                   help="print the lowered programs (text or JSON) or rank 0's Python source")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeir.backend.codegen import generate, rank_source
+    from pipeir.backend.lower import dumps, format_lowered
+
+    if not args.output and not args.emit:
+        raise UsageError("nothing to do: give -o DIR and/or --emit lowered|json|python")
+    _, lowered = compile_args(args)
+    if args.output:
+        out = Path(args.output)
+        if out.exists() and not out.is_dir():
+            raise UsageError(f"-o {out}: exists and is not a directory")
+        if not out.parent.is_dir():
+            raise UsageError(f"-o {out}: directory {out.parent} does not exist")
+        out.mkdir(exist_ok=True)
+        for name, text in generate(lowered).items():
+            write_atomic(out / name, text)
+        if not args.emit:
+            print(f"wrote {out}/: {', '.join(f'rank{r}.py' for r in range(lowered.ranks))}, "
+                  f"main.py, lowered.json; run with: torchrun --nproc-per-node "
+                  f"{lowered.ranks} {out}/main.py --model mlp")
+    if args.emit == "lowered":
+        sys.stdout.write(format_lowered(lowered))
+    elif args.emit == "json":
+        sys.stdout.write(dumps(lowered))
+    elif args.emit == "python":
+        sys.stdout.write(rank_source(lowered, 0))
+    return EXIT_OK

@@ -1,0 +1,73 @@
+"""Built-in `transformer`: a tiny causal language model (embedding, pre-norm blocks, head)
+on a synthetic token stream with a learnable pattern (next token = previous + 1 mod V), with
+a sequence length that changes from step to step.
+
+Stage 0 owns the embedding, the last stage the final norm and head; blocks are spread evenly.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from pipeir.models.spec import ModelSpec
+
+VOCAB = 64
+DIM = 32
+HEADS = 2
+LAYERS = 4
+SEQ = 16
+BATCH = 16
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln1 = nn.LayerNorm(DIM)
+        self.attn = nn.MultiheadAttention(DIM, HEADS, batch_first=True)
+        self.ln2 = nn.LayerNorm(DIM)
+        self.mlp = nn.Sequential(nn.Linear(DIM, 4 * DIM), nn.GELU(), nn.Linear(4 * DIM, DIM))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.shape[1]
+        mask = torch.triu(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=1)
+        h = self.ln1(x)
+        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        return x + self.mlp(self.ln2(x))
+
+
+class Stage(nn.Module):
+    def __init__(self, s: int, stages: int) -> None:
+        super().__init__()
+        per = max(1, LAYERS // stages)
+        self.embed = nn.Embedding(VOCAB, DIM) if s == 0 else None
+        self.blocks = nn.Sequential(*(Block() for _ in range(per)))
+        last = s == stages - 1
+        self.norm = nn.LayerNorm(DIM) if last else None
+        self.head = nn.Linear(DIM, VOCAB) if last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        x = self.blocks(x)
+        if self.norm is not None and self.head is not None:
+            x = self.head(self.norm(x))
+        return x
+
+
+def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
+
+
+def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(99 + step)
+    start = torch.randint(0, VOCAB, (BATCH, 1), generator=g)
+    # Sequence length varies from step to step (SEQ, SEQ - 4, ...): the runtime's shape plan
+    # is per micro-batch input shape, so no transfer needs a shape handshake.
+    seq = SEQ - 4 * (step % 2)
+    tokens = (start + torch.arange(seq + 1)) % VOCAB
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def spec() -> ModelSpec:
+    return ModelSpec(stage=Stage, loss=_loss, batch=_batch)

@@ -1,0 +1,220 @@
+"""The launcher: start P local rank processes, watch them, collect what they report.
+
+Failure handling (NOTE): a rank that raises reports ("error", rank, job, pc, ...) and exits; a
+rank that dies silently (killed, segfault) is seen by its exit code. Either way the launcher
+waits a short grace period for the root cause (errors from peers that merely lost their
+connection are "comm" errors and rank below real ones), then kills every rank and raises one
+`RunError` naming the rank, the instruction and its `.sched` line. A watchdog kills everything
+if no rank reports for `stall_s` seconds. Workers also die with the launcher (PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import queue as queue_mod
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pipeir.backend.lower import Lowered
+from pipeir.diagnostics import PipeirError
+from pipeir.runtime.worker import Job
+
+GRACE_S = 1.5
+
+
+class RunError(PipeirError):
+    """Training failed at run time (exit code 1)."""
+
+    def __init__(self, message: str):
+        from pipeir.diagnostics import Diagnostic
+
+        super().__init__(Diagnostic(message), exit_code=1)
+
+
+@dataclass
+class StepReport:
+    """One optimizer step over all ranks: earliest start, latest end, the loss (from the
+    rank of the last stage) and `time`, the step time: from the previous step's end (or this
+    step's start for the first) to this step's end. Ranks run ahead into the next step while
+    others finish, so end-to-end intervals measure throughput where start-to-end would not."""
+
+    job: int
+    step: int
+    loss: float | None = None
+    start: float = float("inf")
+    end: float = 0.0
+    ranks: int = 0
+    time: float = 0.0
+
+
+@dataclass
+class RunResult:
+    steps: dict[tuple[int, int], StepReport] = field(default_factory=dict)
+    #: (job, rank, step) -> [(pc, t0, t1)] for every instruction
+    times: dict[tuple[int, int, int], list[tuple[int, float, float]]] = field(
+        default_factory=dict)
+    #: job -> stage -> parameter name -> numpy array
+    params: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    #: job -> stage -> parameter name -> gradient of the last step (numpy)
+    grads: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def describe(lowered: Lowered, rank: int, pc: int) -> str:
+    """`#pc `instr` (F(1,0), file.sched:12)` for messages."""
+    prog = lowered.program(rank)
+    if not 0 <= pc < len(prog):
+        return "outside any instruction (while setting up or between steps)"
+    ins = prog[pc]
+    origin = ", ".join(x for x in (ins.op, ins.at) if x)
+    return f"at instruction #{pc} `{ins.mnemonic} {ins.operands()}`" + (
+        f" ({origin})" if origin else "")
+
+
+def _context() -> Any:
+    methods = mp.get_all_start_methods()
+    if "forkserver" in methods:
+        ctx = mp.get_context("forkserver")
+        # Import torch once in the fork server, not once per rank and run.
+        ctx.set_forkserver_preload(["pipeir.runtime.worker"])
+        return ctx
+    return mp.get_context("spawn")
+
+
+def launch(jobs: Sequence[Job], nproc: int, *, timeout_s: float = 60.0,
+           stall_s: float | None = None,
+           on_step: Callable[[StepReport], None] | None = None) -> RunResult:
+    """Run `jobs` one after another on `nproc` fresh local processes (gloo on CPU)."""
+    ctx = _context()
+    q = ctx.Queue()
+    pcs = ctx.Array("i", [0, -1] * nproc, lock=False)
+    init_method = f"tcp://127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=_entry, args=(r, nproc, init_method, list(jobs), q, pcs,
+                                              timeout_s), daemon=True)
+             for r in range(nproc)]
+    for p in procs:
+        p.start()
+    result = RunResult()
+    stall = stall_s if stall_s is not None else timeout_s + 30.0
+    try:
+        _watch(procs, q, pcs, jobs, result, stall, on_step)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+        for p in procs:
+            p.join(5)
+        q.close()
+    return result
+
+
+def _entry(*args: Any) -> None:
+    from pipeir.runtime import worker
+
+    worker.main(*args)
+
+
+def _watch(procs: list[Any], q: Any, pcs: Any, jobs: Sequence[Job], result: RunResult,
+           stall: float, on_step: Callable[[StepReport], None] | None) -> None:
+    n = len(procs)
+    exited: set[int] = set()
+    errors: list[tuple[Any, ...]] = []
+    first_error_at: float | None = None
+    last_news = time.monotonic()
+    while len(exited) < n:
+        try:
+            msg = q.get(timeout=0.2)
+        except queue_mod.Empty:
+            msg = None
+        now = time.monotonic()
+        if msg is not None:
+            last_news = now
+            _record(msg, result, exited, errors, on_step, n)
+            if msg[0] == "error" and first_error_at is None:
+                first_error_at = now
+        dead = [r for r, p in enumerate(procs)
+                if not p.is_alive() and p.exitcode not in (0, None) and r not in exited]
+        if dead and first_error_at is None:
+            first_error_at = now
+        if first_error_at is not None and now - first_error_at > GRACE_S and msg is None:
+            _drain(q, result, exited, errors, on_step, n)  # reports sent before the failure
+            raise RunError(_blame(errors, dead, procs, pcs, jobs))
+        if now - last_news > stall:
+            where = "; ".join(f"rank {r}: job {pcs[2 * r]} "
+                              f"{describe(jobs[pcs[2 * r]].lowered, r, pcs[2 * r + 1])}"
+                              for r in range(n))
+            raise RunError(f"no rank made progress for {stall:.0f} s; stopped all {n} ranks "
+                           f"({where})")
+    for r, p in enumerate(procs):
+        p.join(10)
+        if p.exitcode not in (0, None):
+            raise RunError(f"rank {r} exited with code {p.exitcode} after finishing")
+
+
+def _drain(q: Any, result: RunResult, exited: set[int], errors: list[tuple[Any, ...]],
+           on_step: Callable[[StepReport], None] | None, n: int) -> None:
+    while True:
+        try:
+            msg = q.get(timeout=0.05)
+        except queue_mod.Empty:
+            return
+        _record(msg, result, exited, errors, on_step, n)
+
+
+def _record(msg: tuple[Any, ...], result: RunResult, exited: set[int],
+            errors: list[tuple[Any, ...]], on_step: Callable[[StepReport], None] | None,
+            n: int) -> None:
+    kind = msg[0]
+    if kind == "step":
+        _, job, rank, step, loss, t0, t1, times = msg
+        rep = result.steps.setdefault((job, step), StepReport(job, step))
+        rep.start, rep.end, rep.ranks = min(rep.start, t0), max(rep.end, t1), rep.ranks + 1
+        if loss is not None:
+            rep.loss = loss
+        result.times[(job, rank, step)] = times
+        if rep.ranks == n:
+            prev = result.steps.get((job, step - 1))
+            rep.time = rep.end - (prev.end if prev is not None else rep.start)
+            if on_step is not None:
+                on_step(rep)
+    elif kind == "params":
+        _, job, rank, params, grads = msg
+        result.params.setdefault(job, {}).update(params)
+        result.grads.setdefault(job, {}).update(grads)
+    elif kind == "exit":
+        exited.add(msg[1])
+    elif kind == "error":
+        errors.append(msg)
+
+
+def _blame(errors: list[tuple[Any, ...]], dead: list[int], procs: list[Any], pcs: Any,
+           jobs: Sequence[Job]) -> str:
+    n = len(procs)
+    real = [e for e in errors if e[4] != "comm"]
+    if real:
+        _, rank, job, pc, _, text, where = real[0]
+        at = f" (raised at {where})" if where else ""
+        return (f"rank {rank} failed {describe(jobs[job].lowered, rank, pc)}: "
+                f"{text}{at}; stopped all {n} ranks")
+    errored = {e[1] for e in errors}
+    silent = [r for r in range(n) if procs[r].exitcode not in (0, None) and r not in errored]
+    if silent:
+        r = silent[0]
+        code = procs[r].exitcode
+        how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
+        job, pc = pcs[2 * r], pcs[2 * r + 1]
+        return (f"rank {r} died ({how}) {describe(jobs[job].lowered, r, pc)}; "
+                f"stopped all {n} ranks")
+    _, rank, job, pc, _, text, _ = errors[0]
+    others = "; ".join(f"rank {r} was {describe(jobs[pcs[2 * r]].lowered, r, pcs[2 * r + 1])}"
+                       for r in range(n) if r not in errored)
+    return (f"rank {rank} lost communication {describe(jobs[job].lowered, rank, pc)}: "
+            f"{text}" + (f" ({others})" if others else "") + f"; stopped all {n} ranks")

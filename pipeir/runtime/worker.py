@@ -1,0 +1,138 @@
+"""One rank's process: join the group, build its stages, run generated programs, report.
+
+A worker reports to its launcher through `emit(message)`: per-step losses and instruction
+timestamps, final parameters when asked, and on failure one ("error", ...) message naming the
+instruction index, after which it exits at once (the launcher stops the other ranks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import torch
+
+from pipeir.backend.lower import Lowered
+from pipeir.models.spec import build_stage, resolve
+from pipeir.runtime import dist as pdist
+from pipeir.runtime.context import CommFailure, Context
+from pipeir.runtime.shapes import ShapePlan
+
+Emit = Callable[[tuple[Any, ...]], None]
+
+
+@dataclass(frozen=True)
+class Job:
+    """Train `model` for `steps` optimizer steps with one compiled schedule."""
+
+    lowered: Lowered
+    sources: tuple[str, ...]  # generated rank files, by rank
+    model: str
+    steps: int
+    collect: bool = False  # report final parameters and last-step gradients (for tests)
+
+
+def load_program(source: str, name: str) -> Callable[[Context], None]:
+    """Execute a generated rank file and return its `step` function."""
+    module = ModuleType(name)
+    exec(compile(source, f"<{name}>", "exec"), module.__dict__)
+    fn: Callable[[Context], None] = module.step
+    return fn
+
+
+def split_batch(batch: Sequence[torch.Tensor], n: int) -> list[tuple[torch.Tensor, ...]]:
+    """Split each tensor of the batch into n micro-batches along dim 0 (sizes may differ)."""
+    out = []
+    for t in batch:
+        if t.shape[0] < n:
+            raise ValueError(f"a batch of {t.shape[0]} samples cannot be split into {n} "
+                             "micro-batches (microbatches x accumulate)")
+        out.append(torch.tensor_split(t, n))
+    return out
+
+
+def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
+            track: Callable[[int, int], None]) -> None:
+    low = job.lowered
+    spec = resolve(job.model)
+    mine = [s for s, r in enumerate(low.placement) if r == rank]
+    modules = {s: build_stage(spec, s, low.stages).to(device) for s in mine}
+    ctx = Context(spec, modules, low.stages, device, ShapePlan(spec, low.stages),
+                  on_instr=lambda pc: track(index, pc))
+    step_fn = load_program(job.sources[rank], f"rank{rank}")
+    last = (low.stages - 1) in mine
+    n = low.microbatches * low.accumulate
+    for step in range(job.steps):
+        xs, ys = split_batch(spec.batch(step), n)
+        ctx.begin_step(xs, ys)
+        t0 = time.perf_counter()
+        step_fn(ctx)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t1 = time.perf_counter()
+        emit(("step", index, rank, step, ctx.loss_sum if last else None, t0, t1,
+              list(ctx.times)))
+        track(index, -1)
+    if job.collect:
+        emit(("params", index, rank,
+              {s: {k: v.detach().cpu().numpy().copy() for k, v in m.state_dict().items()}
+               for s, m in modules.items()},
+              {s: {k: v.grad.detach().cpu().numpy().copy()
+                   for k, v in m.named_parameters() if v.grad is not None}
+               for s, m in modules.items()}))
+
+
+def run_rank(rank: int, world: int, init_method: str, jobs: Sequence[Job], emit: Emit,
+             track: Callable[[int, int], None], timeout_s: float) -> None:
+    device = pdist.pick_device(rank)
+    pdist.init(rank, world, init_method, timeout_s, device)
+    try:
+        for i, job in enumerate(jobs):
+            run_job(rank, i, job, device, emit, track)
+    finally:
+        pdist.shutdown()
+
+
+def _die_with_parent() -> None:
+    """Linux: get SIGKILLed if the process that started us dies, so no rank is orphaned."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        with contextlib.suppress(OSError):
+            ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def main(rank: int, world: int, init_method: str, jobs: Sequence[Job], queue: Any,
+         pcs: Any, timeout_s: float) -> None:
+    """Process entry point used by the launcher."""
+    _die_with_parent()
+    torch.set_num_threads(1)
+    current = [0, -1]
+
+    def track(job: int, pc: int) -> None:
+        current[0], current[1] = job, pc
+        pcs[2 * rank], pcs[2 * rank + 1] = job, pc
+
+    try:
+        run_rank(rank, world, init_method, jobs, queue.put, track, timeout_s)
+        queue.put(("exit", rank))
+        queue.close()
+        queue.join_thread()
+    except BaseException as e:
+        kind = "comm" if isinstance(e, CommFailure) else "error"
+        tb = traceback.extract_tb(e.__traceback__)
+        where = next((f"{f.filename}:{f.lineno}" for f in reversed(tb)
+                      if "pipeir/runtime" not in f.filename), "")
+        queue.put(("error", rank, current[0], current[1], kind,
+                   f"{type(e).__name__}: {e}".strip(), where))
+        queue.close()
+        queue.join_thread()
+        os._exit(1)

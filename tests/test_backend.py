@@ -1,0 +1,250 @@
+"""Lowering, the communication deadlock proof, the overlap pass and code generation (no
+processes start here; tests/test_runtime.py runs the programs)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pipeir
+from pipeir.backend.codegen import Namespace, generate
+from pipeir.backend.commcheck import check_comm
+from pipeir.backend.driver import compile_schedule
+from pipeir.backend.lower import (
+    COMPUTE,
+    Batch,
+    Comm,
+    Forward,
+    IRecv,
+    Lowered,
+    Recv,
+    Send,
+    WaitRecv,
+    from_json,
+    lower,
+    to_json,
+)
+from pipeir.diagnostics import VerifyError
+from pipeir.passes.overlap import Overlap
+from pipeir.testing import configs, schedules
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+SMALL = ("--set", "ranks=2", "--set", "microbatches=2")
+
+
+def _small() -> pipeir.Schedule:
+    return pipeir.parse(EXAMPLES / "1f1b.sched", overrides={"ranks": 2, "microbatches": 2})
+
+
+# ---- goldens ---------------------------------------------------------------------------------
+
+def test_emit_lowered_golden(cli, golden, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(EXAMPLES.parent)  # relative paths in the output, on any machine
+    code, out, err = cli("compile", "examples/1f1b.sched", *SMALL, "--emit", "lowered")
+    assert code == 0, err
+    golden("backend/1f1b-p2m2.lowered.expected", out)
+    code, out, err = cli("compile", "examples/defer-w.sched", *SMALL, "--passes",
+                         "overlap{max_posted=1}", "--emit", "lowered")
+    assert code == 0, err
+    golden("backend/defer-w-p2m2-overlap.lowered.expected", out)
+
+
+def test_generated_source_golden(cli, golden, tmp_path: Path,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(EXAMPLES.parent)
+    code, out, err = cli("compile", "examples/1f1b.sched", *SMALL, "-o", tmp_path / "gen")
+    assert code == 0, err
+    assert "torchrun --nproc-per-node 2" in out
+    for name in ("rank0.py", "rank1.py", "main.py"):
+        golden(f"backend/1f1b-p2m2.{name}.expected", (tmp_path / "gen" / name).read_text())
+    low = from_json(json.loads((tmp_path / "gen" / "lowered.json").read_text()))
+    assert low == lower(pipeir.parse("examples/1f1b.sched",
+                                     overrides={"ranks": 2, "microbatches": 2}))
+    code, out, err = cli("compile", "examples/1f1b.sched", *SMALL, "--overlap", "--emit",
+                         "python")
+    assert code == 0, err
+    golden("backend/1f1b-p2m2-overlap.rank0.py.expected", out)
+
+
+def test_generated_source_is_valid_python_importing_only_the_runtime() -> None:
+    low = compile_schedule(pipeir.library.get("interleaved-1f1b", 2, 4, v=2), "overlap")
+    for name, text in generate(low).items():
+        if name.endswith(".py"):
+            compile(text, name, "exec")
+            imports = [line for line in text.splitlines() if line.startswith(("import",
+                                                                               "from"))]
+            assert all("pipeir.runtime" in i or i in ("import sys",
+                                                      "from pathlib import Path")
+                       for i in imports), imports
+
+
+def test_namespace_never_repeats_or_shadows() -> None:
+    ns = Namespace()
+    names = [ns.create(h) for h in ("x", "x", "x_1", "ctx", "list", "for", "1st", "a-b")]
+    assert len(set(names)) == len(names)
+    assert "ctx" not in names and "list" not in names and "for" not in names
+    assert all(n.isidentifier() for n in names)
+
+
+# ---- lowering --------------------------------------------------------------------------------
+
+def _compute_order(low: Lowered, rank: int) -> list[tuple[str, int, int]]:
+    kinds = {"forward": "F", "backward": "B", "backward-input": "I", "backward-weight": "W"}
+    return [(kinds[i.mnemonic], i.stage, i.mb) for i in low.program(rank)  # type: ignore[attr-defined]
+            if isinstance(i, COMPUTE) and i.mnemonic in kinds]
+
+
+def _transfers(low: Lowered, kind: tuple[type, ...]) -> list[tuple[int, Comm]]:
+    out = []
+    for r, prog in enumerate(low.programs):
+        for i in prog:
+            for c in (i.posts if isinstance(i, Batch) else (i,)):
+                if isinstance(c, kind):
+                    out.append((r, c))
+    return out
+
+
+@settings(max_examples=30, deadline=None)
+@given(schedules(configs(max_ranks=4, max_microbatches=5, max_chunks=2)), st.integers(0, 3),
+       st.booleans())
+def test_lowering_keeps_program_order_and_is_proved(schedule, max_posted: int,
+                                                    overlap: bool) -> None:
+    low = lower(schedule)
+    if overlap:
+        low = Overlap(max_posted=max_posted).run_lowered(low)
+    report = check_comm(low)
+    for r, prog in enumerate(schedule.programs):
+        assert _compute_order(low, r) == [(op.kind, op.stage, op.mb) for op in prog]
+    sends = _transfers(low, (Send,) if not overlap else (Comm,))
+    cross = sum(1 for a, b in schedule.data_edges()
+                if schedule.rank_of(a) != schedule.rank_of(b))
+    assert report.total == cross
+    if not overlap:
+        assert len(sends) == len(_transfers(low, (Recv,))) == cross
+
+
+def test_accumulate_repeats_the_rounds_with_later_microbatches() -> None:
+    s = pipeir.parse(EXAMPLES / "1f1b.sched",
+                     overrides={"ranks": 2, "microbatches": 2, "accumulate": 3})
+    low = lower(s)
+    fwd = [i.mb for i in low.program(0) if isinstance(i, Forward)]
+    assert fwd == [0, 1, 2, 3, 4, 5]
+    assert {i.scale for p in low.programs for i in p if i.mnemonic == "loss"} == {1 / 6}
+    check_comm(low)
+
+
+def test_lowered_json_round_trips() -> None:
+    for low in (lower(_small()),
+                compile_schedule(pipeir.library.get("interleaved-1f1b", 2, 4), "overlap")):
+        assert from_json(json.loads(json.dumps(to_json(low)))) == low
+
+
+# ---- the deadlock proof ------------------------------------------------------------------------
+
+def _swap(low: Lowered, rank: int, a: int, b: int) -> Lowered:
+    prog = list(low.program(rank))
+    prog[a], prog[b] = prog[b], prog[a]
+    progs = list(low.programs)
+    progs[rank] = tuple(prog)
+    return replace(low, programs=tuple(progs))
+
+
+def test_misordered_blocking_programs_are_rejected_with_the_waiting_chain() -> None:
+    low = lower(_small())
+    prog = low.program(1)
+    recv1 = next(i for i, x in enumerate(prog) if isinstance(x, Recv) and x.mb == 1)
+    send0 = next(i for i, x in enumerate(prog) if isinstance(x, Send) and x.mb == 0)
+    bad = _swap(low, 1, recv1, send0)  # rank 1 sends grad 0 before receiving act 1
+    with pytest.raises(VerifyError) as e:
+        check_comm(bad)
+    assert e.value.check == "comm"
+    text = e.value.render()
+    assert "deadlock under rendezvous semantics: rank 0 -> rank 1 -> rank 0" in text
+    assert "rank 0 at #6 `send tensor=act stage=0 mb=1 peer=1 tag=4` (F(0,1), " in text
+    assert "1f1b.sched:13) waits for rank 1; rank 1 is at #" in text
+
+
+def test_fifo_mismatch_is_rejected() -> None:
+    low = lower(pipeir.library.get("gpipe", 2, 2))
+    prog = list(low.program(1))
+    i0, i1 = [i for i, x in enumerate(prog) if isinstance(x, Recv) and x.tensor == "act"]
+    prog[i0], prog[i1] = replace(prog[i0], mb=1), replace(prog[i1], mb=0)
+    bad = replace(low, programs=(low.program(0), tuple(prog)))
+    with pytest.raises(VerifyError, match="transfer #0 is sent as act of stage 0 mb 0 but "
+                                          "received as act of stage 0 mb 1"):
+        check_comm(bad)
+
+
+def test_wait_without_post_is_rejected() -> None:
+    low = Overlap().run_lowered(lower(_small()))
+    prog = [i for i in low.program(1) if not isinstance(i, (IRecv, Batch))]
+    bad = replace(low, programs=(low.program(0), tuple(prog)))
+    with pytest.raises(VerifyError, match="waits for a transfer it never posted"):
+        check_comm(bad)
+
+
+def test_check_lowered_cli(cli, tmp_path: Path) -> None:
+    code, out, err = cli("check", "--lowered", EXAMPLES / "interleaved.sched")
+    assert code == 0, err
+    assert "lowered ok:" in out and "deadlock-free" in out
+    low = lower(_small())
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text(json.dumps(to_json(low)))
+    prog = low.program(1)
+    recv1 = next(i for i, x in enumerate(prog) if isinstance(x, Recv) and x.mb == 1)
+    send0 = next(i for i, x in enumerate(prog) if isinstance(x, Send) and x.mb == 0)
+    bad.write_text(json.dumps(to_json(_swap(low, 1, recv1, send0))))
+    code, out, err = cli("check", "--lowered", good)
+    assert code == 0 and "good.json: lowered ok" in out
+    code, out, err = cli("check", "--lowered", bad, good)
+    assert code == 1
+    assert "rank 0 -> rank 1 -> rank 0" in err and "good.json: lowered ok" in out
+    (tmp_path / "junk.json").write_text("{")
+    code, _, err = cli("check", "--lowered", tmp_path / "junk.json")
+    assert code == 2 and "not a readable JSON file" in err and "Traceback" not in err
+    (tmp_path / "other.json").write_text("{}")
+    code, _, err = cli("check", "--lowered", tmp_path / "other.json")
+    assert code == 2 and "not a pipeir lowered-program JSON file" in err
+
+
+# ---- overlap ----------------------------------------------------------------------------------
+
+def test_overlap_bounds_receives_posted_ahead() -> None:
+    for k in (1, 2, 3):
+        low = compile_schedule(pipeir.library.get("1f1b", 4, 8), f"overlap{{max_posted={k}}}")
+        for prog in low.programs:
+            outstanding = peak = 0
+            for ins in prog:
+                for c in (ins.posts if isinstance(ins, Batch) else (ins,)):
+                    outstanding += isinstance(c, IRecv)
+                peak = max(peak, outstanding)
+                outstanding -= isinstance(ins, WaitRecv)
+            assert peak <= k
+
+
+def test_overlap_waits_right_before_the_consumer_and_batches_posts() -> None:
+    low = compile_schedule(pipeir.library.get("1f1b", 2, 4), "overlap")
+    for prog in low.programs:
+        for i, ins in enumerate(prog):
+            if isinstance(ins, WaitRecv):
+                nxt = next(x for x in prog[i + 1:] if isinstance(x, COMPUTE)
+                           or x.mnemonic == "load")
+                assert getattr(nxt, "mb", None) == ins.mb
+    assert any(isinstance(i, Batch) for i in low.program(0))
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ((), "nothing to do: give -o DIR and/or --emit"),
+    (("--passes", "overlapp", "--emit", "lowered"), "unknown pass 'overlapp'"),
+    (("--max-posted", "-2", "--emit", "lowered"), "--max-posted must be a non-negative"),
+    (("-o", "/nonexistent/x/y"), "directory /nonexistent/x does not exist"),
+])
+def test_compile_rejects_bad_input(cli, args: tuple[str, ...], message: str) -> None:
+    code, _, err = cli("compile", EXAMPLES / "1f1b.sched", *args)
+    assert code == 2
+    assert message in err and "Traceback" not in err

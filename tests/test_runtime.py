@@ -1,0 +1,223 @@
+"""The runtime trains for real: pipelined parameters equal single-process training.
+
+Multi-process tests are few and batched: one group of processes runs many compiled schedules
+one after another (`launch` takes a list of jobs), with explicit timeouts.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pipeir
+from pipeir.backend.codegen import rank_source
+from pipeir.backend.driver import compile_schedule
+from pipeir.models import resolve
+from pipeir.runtime.launch import RunResult, free_port, launch
+from pipeir.runtime.reference import train_reference
+from pipeir.runtime.worker import Job
+from pipeir.schedule import Schedule
+from pipeir.testing import configs, schedules
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+TIMEOUT = 60.0
+
+
+def _job(schedule: Schedule, passes: str | None, steps: int, model: str = "mlp") -> Job:
+    low = compile_schedule(schedule, passes)
+    return Job(low, tuple(rank_source(low, r) for r in range(low.ranks)), model, steps,
+               collect=True)
+
+
+def _assert_matches_reference(jobs: list[Job], result: RunResult) -> None:
+    """Parameters after the last step and gradients of the last step allclose (rtol 1e-5) to
+    single-process training. Gradients are compared too because one SGD step changes large
+    weights too little for a wrong gradient to show in the parameters alone."""
+    for j, job in enumerate(jobs):
+        low = job.lowered
+        want, want_grads = train_reference(resolve(job.model), low.stages, low.microbatches,
+                                           low.accumulate, job.steps)
+        what = f"job {j} {low.name} overlap={low.overlap} accumulate={low.accumulate}"
+        assert sorted(result.params[j]) == list(range(low.stages)), f"{what}: stages missing"
+        for s in range(low.stages):
+            for mine, ref, kind in ((result.params[j][s], want[s], "parameter"),
+                                    (result.grads[j][s], want_grads[s], "gradient")):
+                assert sorted(mine) == sorted(ref), f"{what}: stage {s} {kind}s differ"
+                for k, r in ref.items():
+                    torch.testing.assert_close(
+                        torch.from_numpy(mine[k]), r, rtol=1e-5, atol=1e-8,
+                        msg=lambda m, w=f"{what}: stage {s} {kind} {k}": f"{w}: {m}")
+
+
+def _lib(name: str, p: int, m: int, **kw: int) -> Schedule:
+    return pipeir.library.get(name, p, m, **kw)
+
+
+def _example(name: str, **overrides: int) -> Schedule:
+    return pipeir.parse(EXAMPLES / name, overrides=overrides)
+
+
+def test_two_ranks_every_schedule_kind_matches_single_process() -> None:
+    jobs = [
+        _job(_lib("gpipe", 2, 4), None, 1),
+        _job(_lib("1f1b", 2, 4), None, 1),
+        _job(_lib("gpipe", 2, 4), None, 3),
+        _job(_lib("1f1b", 2, 4), None, 3),
+        _job(_lib("1f1b", 2, 4), "overlap", 3),
+        _job(_lib("interleaved-1f1b", 2, 4, v=2), None, 3),
+        _job(_lib("interleaved-1f1b", 2, 4, v=2), "overlap{max_posted=1}", 3),
+        _job(_example("defer-w.sched", ranks=2, microbatches=4), None, 3),  # split I/W
+        _job(_example("defer-w.sched", ranks=2, microbatches=4, lag=2), "overlap", 3),
+        _job(_lib("1f1b", 2, 4), "split-backward", 2),  # I/W from the pass
+        _job(_lib("interleaved-1f1b", 2, 4, v=2), "split-backward{mode=h2},overlap", 2),
+        _job(_example("1f1b.sched", ranks=2, microbatches=4, accumulate=2), None, 2),
+        _job(_example("1f1b.sched", ranks=2, microbatches=2, accumulate=2), "overlap", 2),
+        _job(_example("vshape.sched", ranks=2, microbatches=2), None, 2),  # local hand-offs
+        # uneven micro-batches (16 samples in 3) through a transformer: per-mb shape plans
+        _job(_lib("1f1b", 2, 3), "overlap", 2, model="transformer"),
+    ]
+    result = launch(jobs, 2, timeout_s=TIMEOUT)
+    _assert_matches_reference(jobs, result)
+    losses = [result.steps[(0, 0)].loss]
+    assert losses[0] is not None and losses[0] > 0
+
+
+def test_four_ranks_match_single_process() -> None:
+    jobs = [
+        _job(_lib("1f1b", 4, 8), "overlap", 2),
+        _job(_lib("interleaved-1f1b", 4, 8, v=2), None, 2),
+        _job(_example("defer-w.sched", ranks=4, microbatches=4), "overlap{max_posted=2}", 2),
+    ]
+    result = launch(jobs, 4, timeout_s=TIMEOUT)
+    _assert_matches_reference(jobs, result)
+
+
+@st.composite
+def _same_rank_schedules(draw: st.DrawFn) -> list[Schedule]:
+    p = draw(st.integers(2, 3))
+    cfg = configs(min_ranks=p, max_ranks=p, max_microbatches=4, max_chunks=2,
+                  placements=("loop", "vshape", "random"))
+    return draw(st.lists(schedules(cfg), min_size=3, max_size=3))
+
+
+@settings(max_examples=2, deadline=None)
+@given(_same_rank_schedules(), st.lists(st.booleans(), min_size=3, max_size=3))
+def test_random_schedules_train_like_single_process(group: list[Schedule],
+                                                    overlap: list[bool]) -> None:
+    jobs = [_job(s, "overlap" if o else None, 2) for s, o in zip(group, overlap)]
+    result = launch(jobs, group[0].config.ranks, timeout_s=TIMEOUT)
+    _assert_matches_reference(jobs, result)
+
+
+# ---- `pipeirc run` -----------------------------------------------------------------------------
+
+def test_run_trains_and_reports_bubble_and_trace(cli, tmp_path: Path) -> None:
+    trace = tmp_path / "t.json"
+    code, out, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "4",
+                         "--steps", "3", "--passes", "overlap", "--trace", trace)
+    assert code == 0, err
+    losses = [float(line.split()[3]) for line in out.splitlines() if line.startswith("step ")]
+    assert len(losses) == 3 and losses[-1] < losses[0]  # it trains
+    assert "rank  measured  simulated" in out
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith(("0 ", "1 "))]
+    assert len(rows) == 2 and all(r[1].endswith("%") for r in rows)
+    import json
+
+    events = json.loads(trace.read_text())["traceEvents"]
+    names = {e["name"] for e in events if e["ph"] == "X"}
+    assert {"F0", "B3"} <= names  # measured ops, named like `simulate --trace`
+    assert {e["ph"] for e in events} >= {"X", "M", "s", "f"}
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--model", "nosuchmodel"), "--model 'nosuchmodel': cannot import nosuchmodel"),
+    (("--model", "missing.py"), "no such file missing.py"),
+    (("--model", "pipeir.models.mlp:nope"), "has no function 'nope'"),
+    (("--nproc", "3"), "--nproc 3: the schedule runs on 2 ranks"),
+    (("--steps", "0"), "--steps must be at least 1"),
+    (("--microbatches", "65"),
+     "--model mlp: a batch of 64 samples cannot be split into 65 micro-batches"),
+    (("--passes", "overlap{max_posted=-1}"), "max_posted must be a non-negative integer"),
+    (("--trace", "/nonexistent/dir/t.json"), "directory /nonexistent/dir does not exist"),
+])
+def test_run_rejects_bad_input(cli, args: tuple[str, ...], message: str) -> None:
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                         *args)
+    assert code == 2
+    assert message in err
+    assert "Traceback" not in err
+
+
+FAILING_MODEL = '''
+import os, signal, time
+import torch
+from torch import nn
+from pipeir.models import ModelSpec
+from pipeir.models.mlp import spec as mlp
+
+class Bomb(nn.Module):
+    """Stage 1 fails on its third forward (step 2, micro-batch 0)."""
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.calls = inner, 0
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 3:
+            {action}
+        return self.inner(x)
+
+def spec():
+    base = mlp()
+    def stage(s, n):
+        m = base.stage(s, n)
+        return Bomb(m) if s == 1 else m
+    return ModelSpec(stage=stage, loss=base.loss, batch=base.batch)
+'''
+
+
+@pytest.mark.parametrize(("action", "expected"), [
+    ("raise RuntimeError('shape mismatch in my layer')",
+     "rank 1 failed at instruction #2 `forward stage=1 mb=0` (F(1,0), "),
+    ("os.kill(os.getpid(), signal.SIGKILL)",
+     "rank 1 died (killed by signal 9) at instruction #2 `forward stage=1 mb=0` (F(1,0), "),
+    # a hang: rank 0's send times out after --timeout; the message says where rank 1 was
+    ("time.sleep(60)",
+     "rank 1 was at instruction #2 `forward stage=1 mb=0` (F(1,0), "),
+])
+def test_a_failing_rank_stops_every_rank_with_one_clear_message(
+        cli, tmp_path: Path, action: str, expected: str) -> None:
+    model = tmp_path / "bomb.py"
+    model.write_text(FAILING_MODEL.replace("{action}", action))
+    t0 = time.monotonic()
+    code, out, err = cli("run", EXAMPLES / "1f1b.sched", "--set", "ranks=2", "--set",
+                         "microbatches=2", "--model", f"{model}:spec", "--steps", "5",
+                         "--timeout", "3")
+    assert time.monotonic() - t0 < 30
+    assert code == 1
+    assert expected in err
+    assert "1f1b.sched:13" in err  # the .sched line of F(1,0)
+    assert "stopped all 2 ranks" in err
+    assert "Traceback" not in err
+    assert "step    1/5" in out and "step    2/5" not in out
+
+
+def test_generated_program_runs_under_torchrun(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    from pipeir.cli import main
+
+    assert main(["compile", str(EXAMPLES / "1f1b.sched"), "--set", "ranks=2", "--set",
+                 "microbatches=2", "--overlap", "-o", str(tmp_path / "gen")]) == 0
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port()), str(tmp_path / "gen" / "main.py"),
+         "--steps", "2", "--model", "transformer"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "step 2/2  loss " in proc.stdout
