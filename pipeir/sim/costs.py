@@ -19,6 +19,8 @@ Costs are written as *settings*, one dotted name per value, the same in a `.sche
                                 its F until its backward frees them (enables peak_bytes)
 ``stage.S.memory_bytes``        the same for stage S
 ``unit``                        the time unit, for display only (e.g. "ms"; default none)
+``lengths``, ``length_cost``,   per-micro-batch costs from sequence lengths
+``length_ref``                  (see `pipeir.sim.lengths`)
 ==============================  ==========================================================
 
 The most specific setting wins: stage+micro-batch, then micro-batch, then stage, then the
@@ -63,7 +65,8 @@ OP_KINDS = KINDS
 COMM_KEYS = ("latency", "bandwidth")
 SIZE_KEYS = ("activation_bytes", "memory_bytes")
 META_KEYS = ("version", "meta", "unit")
-TOP_KEYS = (*OP_KINDS, *COMM_KEYS, *SIZE_KEYS, *META_KEYS)
+LENGTH_KEYS = ("lengths", "length_cost", "length_ref")  # see pipeir.sim.lengths
+TOP_KEYS = (*OP_KINDS, *COMM_KEYS, *SIZE_KEYS, *META_KEYS, *LENGTH_KEYS)
 
 _Level = dict[str, float]  # kind (or size key) -> value, as written at one level
 
@@ -129,11 +132,14 @@ class CostModel:
 
     # ---- constructors -------------------------------------------------------------------
     @classmethod
-    def uniform(cls, F: float = 1.0, B: float = 2.0, I: float | None = None,  # noqa: E741
+    def uniform(cls, F: float = 1.0, B: float | None = None, I: float | None = None,  # noqa: E741
                 W: float | None = None) -> CostModel:
-        """The same time for every op of a kind, and free communication."""
-        if I is not None and W is not None:
-            return cls(F=F, I=I, W=W)
+        """The same time for every op of a kind, and free communication. B defaults to I + W
+        when both are given, else to 2."""
+        if B is None:
+            if I is not None and W is not None:
+                return cls(F=F, I=I, W=W)
+            B = 2.0
         return cls(F=F, B=B, I=I, W=W)
 
     @classmethod
@@ -145,7 +151,11 @@ class CostModel:
         for k, v in settings.items():
             items[k] = v if isinstance(v, tuple) and len(v) == 2 and \
                 (v[1] is None or isinstance(v[1], Span)) else (v, None)
-        return _build(items, where=where)
+        from pipeir.sim.lengths import split_length_settings, with_lengths
+
+        items, lengths = split_length_settings(items, where)
+        model = _build(items, where=where)
+        return with_lengths(model, lengths) if lengths is not None else model
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostModel:

@@ -5,36 +5,17 @@ from __future__ import annotations
 
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
+from pipeir.sim import CostModel, simulate
 
 IDLE = "."
 
 
 def unit_steps(schedule: Schedule) -> dict[Op, int]:
     """The step at which each op runs if every op takes one step and starts as early as its
-    rank's program order and its data dependencies allow. The schedule must be deadlock-free."""
-    g = schedule.graph
-    step: dict[Op, int] = {}
-    rank_free = [0] * schedule.config.ranks
-    cursor = [0] * schedule.config.ranks
-    progs = schedule.programs
-    pending = sum(len(p) for p in progs)
-    while pending:
-        progressed = False
-        for r, prog in enumerate(progs):
-            while cursor[r] < len(prog):
-                op = prog[cursor[r]]
-                preds = [p for p in g.predecessors(op) if schedule.rank_of(p) != r]
-                if any(p not in step for p in preds):
-                    break
-                start = max([rank_free[r], *(step[p] + 1 for p in preds)])
-                step[op] = start
-                rank_free[r] = start + 1
-                cursor[r] += 1
-                pending -= 1
-                progressed = True
-        if not progressed:
-            raise ValueError("schedule deadlocks; verify it first")
-    return step
+    rank's program order and its data dependencies allow: the simulator with unit costs and
+    free communication. A deadlocking schedule raises VerifyError (check "deadlock")."""
+    result = simulate(schedule, CostModel.uniform(F=1.0, B=1.0, I=1.0, W=1.0))
+    return {op: round(t) for op, t in result.start.items()}
 
 
 def label(op: Op, schedule: Schedule) -> str:
