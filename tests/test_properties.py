@@ -146,6 +146,7 @@ def test_a_cycle_across_ranks_names_both_ranks(data: st.DataObject) -> None:
     assert err.message.startswith("deadlock: rank ")
 
 
+@pytest.mark.filterwarnings("ignore::hypothesis.errors.NonInteractiveExampleWarning")
 def test_mutation_helpers_reject_bad_arguments() -> None:
     with pytest.raises(ValueError, match="unknown mutation kind 'swap'"):
         expected_check("swap")
