@@ -31,6 +31,7 @@ BUILTINS: Final[dict[str, str]] = {
     "merge-backward": "pipeir.passes.merge_backward:MergeBackward",
     "verify": "pipeir.passes.verify:Verify",
     "overlap": "pipeir.passes.overlap:Overlap",
+    "reorder": "pipeir.passes.reorder:Reorder",
 }
 
 

@@ -60,4 +60,6 @@ def _value(v: Any) -> str:
         return "[" + ", ".join(_value(x) for x in v) + "]"
     if isinstance(v, float):
         return repr(v)
+    if isinstance(v, str):  # e.g. unit = "ms": a bare name would not re-parse
+        return f'"{v}"'
     return str(v)

@@ -63,8 +63,12 @@ def run(args: argparse.Namespace) -> int:
         instruments.append(DumpDir(args.dump_dir, write_atomic))
     if args.time_passes:
         instruments.append(TimePasses(sys.stderr))
-    out = PassManager(pipeline, verify_each=args.verify_each, instruments=instruments).run(
-        elab.schedule)
+    from pipeir.passes.reorder import using_costs  # cost-driven passes read the costs block
+    from pipeir.sim import CostModel
+
+    with using_costs(CostModel.from_settings(elab.costs)):
+        out = PassManager(pipeline, verify_each=args.verify_each, instruments=instruments).run(
+            elab.schedule)
     costs = {k: v for k, (v, _) in elab.costs.items()}
     if out.config.stages != elab.schedule.config.stages:
         # per-stage costs describe the input's stages, which the pipeline changed

@@ -1,0 +1,96 @@
+"""pipeirc tune: search library schedules, chunks, micro-batch counts and passes in the
+simulator for the fastest step within a memory limit; print the ranking, write the best."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from pipeir.cli.common import write_atomic
+from pipeir.diagnostics import Span, UsageError
+
+ORDER = 110
+NAME = "tune"
+HELP = "find the fastest schedule for a cost file (ranked table; writes the best as .sched)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--costs", required=True, metavar="FILE",
+                   help="JSON or TOML cost file (what `pipeirc profile` writes)")
+    p.add_argument("--ranks", type=int, metavar="P",
+                   help="pipeline ranks (default: the stages the cost file describes)")
+    p.add_argument("--microbatches", metavar="M[,M2..]",
+                   help="micro-batch counts to try; the costs describe a micro-batch of the "
+                        "first, the others split the same global batch (default: 2P,4P)")
+    p.add_argument("--memory-limit", type=float, metavar="K",
+                   help="most activations a rank may hold, in micro-batches of the first "
+                        "count (1F1B needs P)")
+    p.add_argument("--lengths", metavar="L,L,...",
+                   help="one sequence length per micro-batch (see `length_cost` in the cost "
+                        "file); turns on the reorder pass")
+    p.add_argument("--max-v", type=int, default=8, metavar="V",
+                   help="largest chunks per rank for interleaving (powers of 2; default 8)")
+    p.add_argument("--comm", choices=("both", "overlapped", "blocking"), default="both",
+                   help="overlapped = with the backend's overlap pass (default: both)")
+    p.add_argument("--top", type=int, default=None, metavar="N", help="print only N rows")
+    p.add_argument("-o", "--output", metavar="OUT", help="write the best schedule to OUT")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeir.printer import print_schedule
+    from pipeir.sim import CostModel
+    from pipeir.sim.costs import read_cost_file
+    from pipeir.sim.lengths import check_count, parse_lengths, split_length_settings
+    from pipeir.tune import infer_ranks, search, table
+    from pipeir.verify import verify
+
+    settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
+    if args.lengths:
+        settings["lengths"] = (parse_lengths(args.lengths), None)
+    _, spec = split_length_settings(settings, where=args.costs)
+    costs = CostModel.from_settings(settings)
+    ranks = args.ranks if args.ranks is not None else infer_ranks(costs)
+    if ranks is None:
+        raise UsageError(f"{args.costs} has no per-stage costs to tell the number of stages; "
+                         "give --ranks P")
+    if args.max_v < 1:
+        raise UsageError(f"--max-v {args.max_v}: need at least 1")
+    if args.top is not None and args.top < 1:
+        raise UsageError(f"--top {args.top}: need at least 1")
+    if args.microbatches:
+        mbs = _ints("--microbatches", args.microbatches)
+    elif spec is not None:
+        mbs = [len(spec.lengths)]
+    else:
+        mbs = [2 * ranks, 4 * ranks]
+    for m in mbs:
+        check_count(spec, m)
+    comms = ("overlapped", "blocking") if args.comm == "both" else (args.comm,)
+    result = search(costs, ranks, mbs, memory_limit=args.memory_limit, max_v=args.max_v,
+                    comms=comms)
+    best = result.best
+    print(table(result, args.top), end="")
+    if result.over_limit:
+        print(f"({len(result.over_limit)} candidates over --memory-limit "
+              f"{args.memory_limit:g} left out)")
+    print(f"best: {best.family}" + (f" v={best.v}" if best.v > 1 else "")
+          + f", {best.microbatches} micro-batches" + (f", {best.passes}" if best.passes else "")
+          + f", {'overlapped' if best.overlap else 'blocking'} communication: "
+          f"step {best.step_time:.6g}{' ' + best.costs.unit if best.costs.unit else ''}")
+    if args.output:
+        verify(best.schedule)
+        write_atomic(args.output, print_schedule(best.schedule, best.costs.settings()))
+        hint = "" if best.overlap else " --comm blocking"
+        print(f"wrote {args.output} (pipeirc simulate {args.output}{hint})")
+    return 0
+
+
+def _ints(flag: str, text: str) -> list[int]:
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise UsageError(f"{flag} {text}: expected positive integers separated by commas, "
+                             f"got '{part}'")
+        out.append(int(part))
+    return out

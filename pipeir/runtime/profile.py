@@ -1,0 +1,225 @@
+"""The measuring half of `pipeirc profile`: time each stage's F, B, I and W, size what crosses
+each stage boundary and what each stage keeps for its backward, and time point-to-point
+transfers between two gloo ranks. Produces the settings of a cost file (pipeir.sim.costs).
+
+NOTE (how, and why so). Compute is measured in this one process, stage by stage, on the first
+micro-batch of step 0's batch split into `microbatches`: the pipeline runs the same modules
+on the same shapes, and one process avoids ranks competing for the CPU while being timed.
+Each figure is the median of `iters` runs after `warmup` runs. B is a full backward; I and
+W are the two `torch.autograd.grad` calls the runtime makes for split backwards (so I + W is
+slightly more than B: the graph is walked twice, as it is at run time). Stage 0's I is zero:
+its input needs no gradient. Activation memory is the bytes autograd saves for backward,
+counted with saved-tensor hooks. Transfers: rank 0 and rank 1 of a fresh gloo group
+ping-pong a small and a large message; latency is half the fastest small round trip,
+bandwidth the extra bytes over the extra time (fastest of a few: the usual microbenchmark
+figure, least disturbed by other load).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pipeir.models.spec import ModelSpec, build_stage
+from pipeir.runtime.worker import split_batch
+
+SMALL_BYTES = 64
+LARGE_BYTES = 16 * 2**20
+
+
+@dataclass(frozen=True)
+class StageTimes:
+    F: float  # ms; the last stage's F includes the loss
+    B: float
+    I: float  # noqa: E741
+    W: float
+    activation_bytes: float  # the output crossing to the next stage
+    memory_bytes: float  # what autograd keeps from F until the backward
+
+
+def _median_ms(fn: Callable[[], Any], warmup: int, iters: int) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def profile_stages(spec: ModelSpec, stages: int, microbatches: int, warmup: int = 2,
+                   iters: int = 5) -> list[StageTimes]:
+    """Per-stage op times and sizes for one micro-batch (see the module NOTE).
+
+    Runs with one intra-op thread: a pipeline rank is one process per core, and OpenMP
+    threads spinning against each other on a shared CPU make timings 1000x noisier.
+    """
+    xs, ys = split_batch(spec.batch(0), microbatches)
+    x, y = xs[0], ys[0]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        out: list[StageTimes] = []
+        for s in range(stages):
+            times, x = _profile_stage(spec, s, stages, x, y, warmup, iters)
+            out.append(times)
+        return out
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _profile_stage(spec: ModelSpec, s: int, stages: int, x: torch.Tensor, y: torch.Tensor,
+                   warmup: int, iters: int) -> tuple[StageTimes, torch.Tensor]:
+    """Stage s's times on input `x`, and its output (the next stage's input)."""
+    module = build_stage(spec, s, stages)
+    params = [p for p in module.parameters() if p.requires_grad]
+    needs_grad = s > 0 and x.is_floating_point()
+    last = s == stages - 1
+
+    def fresh() -> tuple[torch.Tensor, torch.Tensor]:
+        inp = x.detach().requires_grad_(needs_grad)
+        o = module(inp)
+        return inp, spec.loss(o, y) if last else o
+
+    saved = [0]
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved[0] += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _, o = fresh()
+    grad = None if last else torch.ones_like(o)
+    f = _median_ms(fresh, warmup, iters)
+    b = _timed_after(fresh, lambda i, o: torch.autograd.backward(o, grad), warmup, iters)
+    i_t = 0.0
+    if needs_grad:
+        i_t = _timed_after(fresh, lambda i, o: torch.autograd.grad(
+            o, [i], grad, retain_graph=True), warmup, iters)
+    w = 0.0
+    if params:
+        w = _timed_after(fresh, lambda i, o: torch.autograd.grad(
+            o, params, grad, allow_unused=True), warmup, iters)
+    for p in module.parameters():
+        p.grad = None
+    act = 0.0 if last else float(o.numel() * o.element_size())
+    return StageTimes(f, b, i_t, w, act, float(saved[0])), o.detach()
+
+
+def _timed_after(setup: Callable[[], tuple[torch.Tensor, torch.Tensor]],
+                 fn: Callable[[torch.Tensor, torch.Tensor], Any], warmup: int,
+                 iters: int) -> float:
+    """Median ms of `fn(*setup())`, the setup (a fresh forward) not timed."""
+    times = []
+    for k in range(warmup + iters):
+        args = setup()
+        t0 = time.perf_counter()
+        fn(*args)
+        if k >= warmup:
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+def measure_link(timeout_s: float = 60.0, rounds: int = 10) -> tuple[float, float | None]:
+    """(latency in ms, bandwidth in bytes per ms or None when too fast to tell) between two
+    fresh gloo ranks on this host; each figure is the fastest of `rounds` round trips."""
+    import multiprocessing as mp
+
+    from pipeir.runtime.launch import free_port
+
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    init = f"tcp://127.0.0.1:{free_port()}"
+    procs = [ctx.Process(target=_link_worker, args=(r, init, rounds, timeout_s, q), daemon=True)
+             for r in range(2)]
+    for p in procs:
+        p.start()
+    try:
+        got = q.get(timeout=timeout_s)
+    except Exception:
+        raise RuntimeError(f"the transfer measurement did not finish in {timeout_s:g} s") \
+            from None
+    finally:
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    if isinstance(got, str):
+        raise RuntimeError(f"the transfer measurement failed: {got}")
+    small, large = got
+    latency = small / 2
+    extra = large / 2 - latency
+    # a link faster than the timer can tell is reported as unlimited bandwidth
+    return latency, (LARGE_BYTES - SMALL_BYTES) / extra if extra > 0 else None
+
+
+def _link_worker(rank: int, init: str, rounds: int, timeout_s: float, q: Any) -> None:
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
+                                timeout=timedelta(seconds=timeout_s))
+        result = []
+        for size in (SMALL_BYTES, LARGE_BYTES):
+            t = torch.zeros(size // 4, dtype=torch.float32)
+            times = []
+            for k in range(rounds + 2):
+                t0 = time.perf_counter()
+                if rank == 0:
+                    dist.send(t, 1)
+                    dist.recv(t, 1)
+                else:
+                    dist.recv(t, 0)
+                    dist.send(t, 0)
+                if k >= 2:
+                    times.append((time.perf_counter() - t0) * 1e3)
+            result.append(min(times))
+        if rank == 0:
+            q.put(tuple(result))
+        dist.destroy_process_group()
+    except Exception as e:  # reported to the parent, which raises it as a clear error
+        if rank == 0:
+            q.put(f"{type(e).__name__}: {e}")
+
+
+def cost_settings(stages: list[StageTimes], link: tuple[float, float | None] | None,
+                  meta: dict[str, Any]) -> dict[str, Any]:
+    """A cost file's contents (the JSON object) from the measurements."""
+    out: dict[str, Any] = {"version": 1, "unit": "ms", "meta": meta}
+    out["F"] = statistics.median(s.F for s in stages)
+    out["I"] = statistics.median(s.I for s in stages)
+    out["W"] = statistics.median(s.W for s in stages)
+    out["B"] = statistics.median(s.B for s in stages)
+    if link is not None:
+        out["latency"] = link[0]
+        if link[1] is not None:
+            out["bandwidth"] = link[1]
+    acts = [s.activation_bytes for s in stages[:-1]]
+    out["activation_bytes"] = max(acts, default=0.0)
+    out["memory_bytes"] = max(s.memory_bytes for s in stages)
+    out["stage"] = {str(k): {"F": s.F, "B": s.B, "I": s.I, "W": s.W,
+                             **({"activation_bytes": s.activation_bytes}
+                                if k < len(stages) - 1 else {}),
+                             "memory_bytes": s.memory_bytes}
+                    for k, s in enumerate(stages)}
+    return out
+
+
+def verdict(settings: dict[str, Any]) -> tuple[str, float]:
+    """("compute-bound" | "balanced" | "communication-bound", transfer / compute per op)."""
+    compute = float(settings["F"])
+    bandwidth = settings.get("bandwidth")
+    transfer = float(settings.get("latency", 0.0)) + (
+        float(settings["activation_bytes"]) / bandwidth if bandwidth else 0.0)
+    ratio = transfer / compute if compute > 0 else float("inf")
+    kind = ("compute-bound" if ratio < 0.1 else "communication-bound" if ratio > 0.5
+            else "balanced")
+    return kind, ratio

@@ -1,0 +1,185 @@
+"""Per-micro-batch costs from sequence lengths, and lognormal lengths for benchmarks.
+
+Micro-batches of packed variable-length sequences differ in cost. Rather than writing
+``mb.M.F`` for every micro-batch, a cost file (or a `.sched` costs block, or ``--set``) says
+
+==================  ===============================================================
+``lengths``         one length per micro-batch, in micro-batch order: ``[512, 128, ...]``
+``length_cost``     coefficients ``[a, b, c]`` of the cost shape a + b·len + c·len²
+                    (1 to 3 numbers; default ``[0, 1]``: cost proportional to length)
+``length_ref``      the length the plain per-kind and per-stage costs were measured at
+                    (default: the mean of `lengths`)
+==================  ===============================================================
+
+and every op of micro-batch m costs its kind-and-stage cost times
+``shape(lengths[m]) / shape(length_ref)``. The ratio form is deliberate: `pipeirc profile`
+measures absolute times at one sequence length, and the coefficients only say how cost grows
+with length (linear layers: b; attention: c), so the two compose without the user rescaling
+anything. Costs given directly (``mb.M.K``, ``stage.S.mb.M.K``) win over derived ones.
+
+Transfer sizes are not scaled: the simulator's activation bytes are per stage boundary, so a
+long micro-batch's message costs what an average one does (a known simplification).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from pipeir.diagnostics import Span, UsageError
+from pipeir.ops import KINDS, Op
+
+#: The settings this module reads out of a cost file before the cost model sees it.
+LENGTH_KEYS: Final = ("lengths", "length_cost", "length_ref")
+
+_Items = dict[str, tuple[Any, Span | None]]
+
+
+@dataclass(frozen=True)
+class LengthCost:
+    """Micro-batch lengths and the cost shape a + b·len + c·len² that turns them into costs."""
+
+    lengths: tuple[float, ...]
+    coeffs: tuple[float, float, float] = (0.0, 1.0, 0.0)
+    ref: float | None = None
+
+    def __post_init__(self) -> None:
+        if not self.lengths:
+            raise ValueError("lengths must list at least one micro-batch")
+        if any(not _finite(x) or x <= 0 for x in self.lengths):
+            raise ValueError("every length must be a positive number")
+        if any(not _finite(x) or x < 0 for x in self.coeffs) or not any(self.coeffs):
+            raise ValueError("length_cost coefficients must be non-negative and not all zero")
+        if self.ref is not None and (not _finite(self.ref) or self.ref <= 0):
+            raise ValueError("length_ref must be a positive number")
+
+    @property
+    def reference(self) -> float:
+        """The length the plain costs describe (given, or the mean length)."""
+        return self.ref if self.ref is not None else sum(self.lengths) / len(self.lengths)
+
+    def shape(self, length: float) -> float:
+        a, b, c = self.coeffs
+        return a + b * length + c * length * length
+
+    def factors(self) -> list[float]:
+        """Each micro-batch's cost relative to one of the reference length."""
+        base = self.shape(self.reference)
+        return [self.shape(x) / base for x in self.lengths]
+
+
+def with_lengths(model: Any, spec: LengthCost) -> Any:
+    """`model` (a CostModel) with per-micro-batch costs derived from `spec`; costs the
+    model already gives per micro-batch are kept."""
+    from pipeir.sim.costs import CostModel
+
+    assert isinstance(model, CostModel)
+    factors = spec.factors()
+    mb = {m: dict(level) for m, level in model.mb.items()}
+    stage_mb = {k: dict(level) for k, level in model.stage_mb.items()}
+    for m, f in enumerate(factors):
+        level = mb.setdefault(m, {})
+        for k in KINDS:
+            level.setdefault(k, model.cost(Op(k, -1, -1)) * f)
+        given = model.mb.get(m) or {}
+        for s, slevel in model.stage.items():
+            sl = stage_mb.setdefault((s, m), {})
+            for k in KINDS:
+                # NOTE: only what the stage level itself decides (an explicit mb.M.K still
+                # wins, and a B derived from I + W stays derived)
+                if k not in given and (k in slevel or (k == "B" and "I" in slevel
+                                                      and "W" in slevel)):
+                    sl.setdefault(k, model.cost(Op(k, s, -1)) * f)
+    return CostModel(F=model.F, B=model.B, I=model.I, W=model.W, latency=model.latency,
+                     bandwidth=model.bandwidth, activation_bytes=model.activation_bytes,
+                     memory_bytes=model.memory_bytes, stage=model.stage, mb=mb,
+                     stage_mb={k: v for k, v in stage_mb.items() if v}, unit=model.unit)
+
+
+def split_length_settings(items: Mapping[str, tuple[Any, Span | None]],
+                          where: str | None = None) -> tuple[_Items, LengthCost | None]:
+    """Take `lengths`, `length_cost` and `length_ref` out of cost settings (name -> (value,
+    span)); returns the other settings and the length spec, or None when no lengths are set."""
+    rest = {k: v for k, v in items.items() if k not in LENGTH_KEYS}
+    got = {k: items[k] for k in LENGTH_KEYS if k in items}
+    if not got:
+        return rest, None
+    if "lengths" not in got:
+        name = next(iter(got))
+        raise UsageError(f"{_at(where, got[name][1])}'{name}' needs 'lengths' (one length per "
+                         "micro-batch, e.g. lengths = [512, 128, 2048])", got[name][1])
+    lengths = _numbers("lengths", *got["lengths"], where)
+    coeffs: tuple[float, float, float] = (0.0, 1.0, 0.0)
+    if "length_cost" in got:
+        c = _numbers("length_cost", *got["length_cost"], where)
+        if len(c) > 3:
+            raise UsageError(f"{_at(where, got['length_cost'][1])}'length_cost' takes 1 to 3 "
+                             f"coefficients [a, b, c] (a + b*len + c*len^2), got {len(c)}",
+                             got["length_cost"][1])
+        coeffs = (c[0] if c else 0.0, c[1] if len(c) > 1 else 0.0,
+                  c[2] if len(c) > 2 else 0.0)
+    ref = None
+    if "length_ref" in got:
+        value, span = got["length_ref"]
+        ref = _numbers("length_ref", (value,), span, where)[0]
+    try:
+        return rest, LengthCost(tuple(lengths), coeffs, ref)
+    except ValueError as e:
+        span = got["lengths"][1]
+        raise UsageError(f"{_at(where, span)}{e}", span) from None
+
+
+def parse_lengths(text: str, flag: str = "--lengths") -> tuple[float, ...]:
+    """`--lengths 512,128,2048`: positive numbers separated by commas."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            x = float(part)
+        except ValueError:
+            raise UsageError(f"{flag} {text}: expected positive numbers separated by commas, "
+                             f"got '{part}'") from None
+        if not _finite(x) or x <= 0:
+            raise UsageError(f"{flag} {text}: lengths must be positive, got '{part}'")
+        out.append(x)
+    return tuple(out)
+
+
+def check_count(spec: LengthCost | None, microbatches: int) -> None:
+    """A UsageError unless there is one length per micro-batch of the schedule."""
+    if spec is not None and len(spec.lengths) != microbatches:
+        raise UsageError(f"lengths gives {len(spec.lengths)} micro-batch lengths but the "
+                         f"schedule has {microbatches} micro-batches; give one per micro-batch")
+
+
+def lognormal_lengths(n: int, seed: int, median: float = 512.0, sigma: float = 0.8,
+                      lo: int = 16, hi: int = 8192) -> list[int]:
+    """`n` sequence lengths drawn from a lognormal (the usual shape of packed-document
+    lengths), clipped to [lo, hi]; the same `seed` gives the same lengths."""
+    rnd = random.Random(seed)
+    mu = math.log(median)
+    return [int(min(hi, max(lo, round(rnd.lognormvariate(mu, sigma))))) for _ in range(n)]
+
+
+def _numbers(name: str, value: Any, span: Span | None, where: str | None) -> list[float]:
+    items = list(value) if isinstance(value, tuple | list) else [value]
+    if not items or any(isinstance(x, bool) or not isinstance(x, int | float) or not _finite(x)
+                        for x in items):
+        raise UsageError(f"{_at(where, span)}'{name}' must be a number or a list of numbers, "
+                         f"got {value!r}", span)
+    return [float(x) for x in items]
+
+
+def _finite(x: float) -> bool:
+    return isinstance(x, int | float) and math.isfinite(x)
+
+
+def _at(where: str | None, span: Span | None) -> str:
+    return f"{where}: " if where is not None and span is None else ""
+
+
+__all__ = ["LENGTH_KEYS", "LengthCost", "check_count", "lognormal_lengths", "parse_lengths",
+           "split_length_settings", "with_lengths"]

@@ -1,0 +1,221 @@
+"""Find the fastest schedule for a model on a machine: search library schedules × chunks per
+rank × micro-batch counts × passes in the simulator, under a memory limit.
+
+The cost model describes the model cut into `ranks` stages, one micro-batch of a step split
+into the first micro-batch count given (`microbatches[0]`, the reference). Two rescalings make
+candidates comparable:
+
+* Interleaving with v chunks per rank cuts every stage into v virtual stages: virtual stage s'
+  is the s' % v-th chunk of physical stage s' // v, and costs 1/v of its time and activation
+  memory; its output crosses a link like the stage's did (same bytes, same latency), which is
+  why interleaving multiplies the messages, and the latency paid, by v.
+* Another micro-batch count M splits the *same global batch*: op times, activation bytes and
+  memory scale by M_ref / M, latency does not. More micro-batches shrink the bubble and pay
+  more messages. With per-micro-batch costs (lengths), only the reference count is searched.
+
+Memory is told in units of one reference micro-batch's activations on one stage (what
+`peak act` counts for 1F1B), so it compares across v and M; `memory_limit` is in those units.
+The `overlap` backend pass corresponds to the simulator's comm model: "overlapped" with the
+pass, "blocking" without (see pipeir.sim.engine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeir import library
+from pipeir.diagnostics import PipeirError, UsageError
+from pipeir.ops import KINDS
+from pipeir.schedule import Schedule
+from pipeir.sim import CostModel, simulate
+
+SPLITS = (None, "h1", "h2")
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One point of the search space, and what the simulator says about it."""
+
+    schedule: Schedule
+    costs: CostModel
+    family: str
+    v: int
+    microbatches: int
+    passes: str  # the pass pipeline applied to the library schedule ("" for none)
+    comm: str
+    step_time: float
+    bubble: float
+    peak_memory: float  # in reference micro-batch activations per stage, max over ranks
+    peak_bytes: float | None
+    messages: int
+
+    @property
+    def overlap(self) -> bool:
+        return self.comm == "overlapped"
+
+    def sort_key(self) -> tuple[float, int, float, str]:
+        return (self.step_time, self.messages, self.peak_memory, self.label)
+
+    @property
+    def label(self) -> str:
+        return f"{self.family} v={self.v} m={self.microbatches} {self.passes} {self.comm}"
+
+
+@dataclass(frozen=True)
+class TuneResult:
+    ranked: list[Candidate]  # within the memory limit, fastest first
+    over_limit: list[Candidate]
+
+    @property
+    def best(self) -> Candidate:
+        return self.ranked[0]
+
+
+def infer_ranks(costs: CostModel) -> int | None:
+    """The number of stages a cost file describes, when it has per-stage costs."""
+    keys = [*costs.stage, *(s for s, _ in costs.stage_mb)]
+    return max(keys) + 1 if keys else None
+
+
+def rescale(costs: CostModel, ranks: int, v: int, scale: float = 1.0) -> CostModel:
+    """`costs` for `ranks * v` virtual stages (chunk s' of physical stage s' // v), every time
+    and size scaled by `scale` (another micro-batch count, same global batch)."""
+    base = costs.settings()
+    t = scale / v
+
+    def times(level: dict[str, float] | object) -> dict[str, float]:
+        assert isinstance(level, dict)
+        out = {}
+        for k, x in level.items():
+            if k in KINDS:
+                out[k] = x * t
+            elif k == "activation_bytes":
+                out[k] = x * scale
+            elif k == "memory_bytes":
+                out[k] = x * t
+        return out
+
+    stage = {s: times(dict(costs.stage[s // v])) for s in range(ranks * v)
+             if s // v in costs.stage}
+    stage_mb = {(s, m): times(dict(level)) for (p, m), level in costs.stage_mb.items()
+                for s in range(p * v, p * v + v)}
+    mb = {m: times(dict(level)) for m, level in costs.mb.items()}
+    memory = costs.memory_bytes
+    return CostModel(F=float(base["F"]) * t, B=float(base["B"]) * t, I=float(base["I"]) * t,
+                     W=float(base["W"]) * t, latency=costs.latency, bandwidth=costs.bandwidth,
+                     activation_bytes=costs.activation_bytes * scale,
+                     memory_bytes=None if memory is None else memory * t,
+                     stage=stage, mb=mb, stage_mb=stage_mb, unit=costs.unit)
+
+
+def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
+           memory_limit: float | None = None, max_v: int = 8,
+           comms: Sequence[str] = ("overlapped", "blocking"),
+           splits: Sequence[str | None] = SPLITS, reorder: bool | None = None) -> TuneResult:
+    """Simulate every candidate; rank those within `memory_limit` by predicted step time
+    (then fewer messages, then less memory). `reorder` (default: when micro-batches differ
+    in cost) adds the `reorder` pass to every candidate."""
+    if ranks < 1:
+        raise UsageError(f"--ranks {ranks}: need at least 1 rank")
+    if not microbatches or min(microbatches) < 1:
+        raise UsageError("--microbatches: need positive micro-batch counts")
+    known = infer_ranks(costs)
+    if known is not None and known > ranks:
+        raise UsageError(f"the costs describe {known} stages (stage.{known - 1}.* is set) but "
+                         f"--ranks is {ranks}; tune searches one model stage per rank")
+    varied = bool(costs.mb or costs.stage_mb)
+    if varied and len(set(microbatches)) > 1:
+        raise UsageError("the costs give per-micro-batch times (lengths or mb.M.K), which fix "
+                         "the number of micro-batches; give one --microbatches value")
+    do_reorder = varied if reorder is None else reorder
+    ref = microbatches[0]
+    ranked: list[Candidate] = []
+    over: list[Candidate] = []
+    for m in dict.fromkeys(microbatches):
+        for family, v in _families(ranks, m, max_v):
+            try:
+                base = library.get(family, ranks=ranks, microbatches=m,
+                                   **({"v": v} if family == "interleaved-1f1b" else {}))
+            except PipeirError:
+                continue  # e.g. interleaved 1F1B needs m to be a multiple of its rounds
+            chunk_costs = rescale(costs, ranks, v, ref / m)
+            for split in splits:
+                for comm in comms:
+                    cand = _evaluate(base, chunk_costs, family, v, m, split, comm,
+                                     do_reorder, ref / m)
+                    fits = memory_limit is None or cand.peak_memory <= memory_limit + 1e-9
+                    (ranked if fits else over).append(cand)
+    ranked.sort(key=Candidate.sort_key)
+    over.sort(key=Candidate.sort_key)
+    if not ranked:
+        least = min((c.peak_memory for c in over), default=0.0)
+        raise UsageError(f"no schedule fits --memory-limit {memory_limit:g}: the least "
+                         f"memory any candidate needs is {least:g} micro-batch activations "
+                         "per stage")
+    return TuneResult(ranked, over)
+
+
+def _families(ranks: int, m: int, max_v: int) -> list[tuple[str, int]]:
+    out = [("gpipe", 1), ("1f1b", 1)]
+    v = 2
+    while v <= max_v and ranks > 1:
+        out.append(("interleaved-1f1b", v))
+        v *= 2
+    return out
+
+
+def _evaluate(base: Schedule, costs: CostModel, family: str, v: int, m: int,
+              split: str | None, comm: str, reorder: bool, scale: float) -> Candidate:
+    from pipeir.passes.split_backward import SplitBackward
+
+    s = base
+    passes = []
+    if split is not None:
+        s = SplitBackward(mode=split).run(s)  # type: ignore[arg-type]
+        passes.append(f"split-backward{{mode={split}}}")
+    if reorder:
+        from pipeir.passes.reorder import plan_order, relabel
+
+        # bounded by evaluations, not time: the table must not depend on machine load
+        plan = plan_order(s, costs, comm=comm, budget_s=float("inf"), evals=100)
+        if plan.improved:
+            s = relabel(s, plan.order)
+        passes.append("reorder")
+    r = simulate(s, costs, comm=comm)
+    peak_units = max(r.peak_activations, default=0) * scale / v
+    return Candidate(schedule=s, costs=costs, family=family, v=v, microbatches=m,
+                     passes=",".join(passes), comm=comm, step_time=r.makespan,
+                     bubble=r.bubble, peak_memory=peak_units,
+                     peak_bytes=None if r.peak_bytes is None else max(r.peak_bytes, default=0.0),
+                     messages=len(r.transfers))
+
+
+def table(result: TuneResult, top: int | None = None) -> str:
+    """The ranked candidates as an aligned text table (the best first)."""
+    unit = result.best.costs.unit
+    head = ["#", "schedule", "v", "m", "passes", "overlap",
+            f"step{f' ({unit})' if unit else ''}", "bubble", "peak mem", "messages"]
+    with_bytes = result.best.peak_bytes is not None
+    if with_bytes:
+        head.append("peak bytes")
+    rows = [head]
+    for i, c in enumerate(result.ranked[:top] if top else result.ranked, 1):
+        row = [str(i), c.family, str(c.v), str(c.microbatches), c.passes or "-",
+               "yes" if c.overlap else "no", f"{c.step_time:.6g}", f"{c.bubble:.1%}",
+               f"{c.peak_memory:.3g}", str(c.messages)]
+        if with_bytes:
+            row.append(_bytes(c.peak_bytes or 0.0))
+        rows.append(row)
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    left = {1, 4}
+    return "\n".join("  ".join(cell.ljust(w) if i in left else cell.rjust(w)
+                               for i, (cell, w) in enumerate(zip(row, widths))).rstrip()
+                     for row in rows) + "\n"
+
+
+def _bytes(b: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= size:
+            return f"{b / size:.2f} {unit}"
+    return f"{b:.0f} B"

@@ -1,0 +1,124 @@
+"""pipeirc tune: interleaving when compute dominates, not when communication does; the file it
+writes verifies and is the fastest row of the table it printed; the memory limit holds."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import pipeir
+from pipeir.sim import CostModel, simulate
+from pipeir.tune import rescale, search
+from pipeir.verify import verify
+
+REPO = Path(__file__).parent.parent
+COMPUTE = REPO / "examples" / "costs" / "compute-bound.toml"
+COMM = REPO / "examples" / "costs" / "comm-bound.toml"
+
+
+def rows(out: str) -> list[list[str]]:
+    """The table's data rows, split on runs of two or more spaces."""
+    return [re.split(r"\s{2,}", line.strip()) for line in out.splitlines()
+            if re.match(r"^\s*\d+\s", line)]
+
+
+def check_written(path: Path, out: str, comm: str = "overlapped") -> float:
+    """The written file verifies and simulates, with its own costs, to the table's minimum."""
+    elab = pipeir.load(path)
+    verify(elab.schedule)
+    got = simulate(elab.schedule, CostModel.from_settings(elab.costs), comm=comm).makespan
+    steps = [float(r[6]) for r in rows(out)]
+    assert got == pytest.approx(min(steps), rel=1e-5)
+    assert float(rows(out)[0][6]) == min(steps)
+    return got
+
+
+def test_compute_bound_picks_interleaving_or_zero_bubble(cli, tmp_path: Path) -> None:
+    out_file = tmp_path / "best.sched"
+    code, out, err = cli("tune", "--costs", str(COMPUTE), "-o", str(out_file))
+    assert code == 0, err
+    best = rows(out)[0]
+    assert best[1] == "interleaved-1f1b" or "split-backward" in best[4]
+    check_written(out_file, out)
+
+
+def test_comm_bound_does_not_pick_high_v(cli, tmp_path: Path) -> None:
+    out_file = tmp_path / "best.sched"
+    code, out, err = cli("tune", "--costs", str(COMM), "-o", str(out_file))
+    assert code == 0, err
+    table = rows(out)
+    assert int(table[0][2]) <= 2
+    high = [float(r[6]) for r in table if int(r[2]) >= 4]
+    assert high and min(high) > float(table[0][6])  # high v was tried and lost
+    check_written(out_file, out)
+
+
+def test_memory_limit_holds_and_too_small_a_limit_is_an_error(cli, tmp_path: Path) -> None:
+    code, out, _ = cli("tune", "--costs", str(COMM), "--memory-limit", "4")
+    assert code == 0
+    assert all(float(r[8]) <= 4 for r in rows(out))
+    assert "over --memory-limit 4 left out" in out
+    code, _, err = cli("tune", "--costs", str(COMM), "--memory-limit", "0.1")
+    assert code == 2 and "no schedule fits --memory-limit 0.1" in err
+
+
+def test_lengths_turn_on_reorder_and_fix_the_microbatch_count(cli, tmp_path: Path) -> None:
+    out_file = tmp_path / "best.sched"
+    lengths = "2048,128,256,1024,64,512,4096,300"
+    code, out, err = cli("tune", "--costs", str(COMPUTE), "--lengths", lengths, "--max-v", "2",
+                         "--comm", "overlapped", "-o", str(out_file))
+    assert code == 0, err
+    assert all("reorder" in r[4] and r[3] == "8" for r in rows(out))
+    check_written(out_file, out)
+    code, _, err = cli("tune", "--costs", str(COMPUTE), "--lengths", lengths,
+                       "--microbatches", "16")
+    assert code == 2 and "8 micro-batch lengths but the schedule has 16" in err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--microbatches", "8,x"], "--microbatches 8,x: expected positive integers"),
+    (["--ranks", "2"], "the costs describe 4 stages"),
+    (["--max-v", "0"], "--max-v 0: need at least 1"),
+    (["--lengths", "5,-1"], "lengths must be positive"),
+])
+def test_bad_usage(cli, extra: list[str], message: str) -> None:
+    code, _, err = cli("tune", "--costs", str(COMPUTE), *extra)
+    assert code == 2 and message in err and "Traceback" not in err
+
+
+def test_ranks_are_needed_without_per_stage_costs(cli, tmp_path: Path) -> None:
+    f = tmp_path / "flat.json"
+    f.write_text('{"F": 1, "B": 2}')
+    code, _, err = cli("tune", "--costs", str(f))
+    assert code == 2 and "give --ranks P" in err
+    code, out, _ = cli("tune", "--costs", str(f), "--ranks", "2", "--max-v", "2")
+    assert code == 0 and rows(out)
+
+
+def test_rescale_cuts_stages_into_chunks() -> None:
+    c = CostModel.from_settings({"F": 2.0, "B": 4.0, "stage.1.F": 6.0, "memory_bytes": 8.0,
+                                 "activation_bytes": 10.0})
+    r = rescale(c, ranks=2, v=2, scale=0.5)
+    from pipeir.ops import Op
+
+    assert r.cost(Op("F", 0, 0)) == 0.5 and r.cost(Op("F", 2, 0)) == 1.5
+    assert r.cost(Op("F", 3, 0)) == 1.5 and r.cost(Op("B", 3, 0)) == 1.0
+    assert r.activation_memory(1) == 2.0 and r.boundary_bytes(0) == 5.0
+
+
+@settings(max_examples=8, deadline=None)
+@given(F=st.floats(0.1, 5), I=st.floats(0.1, 5), W=st.floats(0.1, 5),
+       latency=st.sampled_from([0.0, 0.01, 1.0]), ranks=st.integers(1, 3))
+def test_search_ranks_by_simulated_step(F: float, I: float, W: float,  # noqa: E741
+                                        latency: float, ranks: int) -> None:
+    costs = CostModel(F=F, I=I, W=W, latency=latency)
+    result = search(costs, ranks, [2 * ranks, 4 * ranks], max_v=2)
+    times = [c.step_time for c in result.ranked]
+    assert times == sorted(times)
+    best = result.best
+    verify(best.schedule)
+    assert simulate(best.schedule, best.costs, best.comm).makespan == best.step_time
