@@ -1,7 +1,9 @@
 """pipeirc bubble: analytic and simulated bubble side by side, to check one against the other.
 
-Simulations use uniform costs (F = 1, B = 2) and free communication; interleaved schedules
-use chunks of cost 1/v, the assumption under the closed form (p - 1) / (v m + p - 1).
+Simulations use uniform costs (F = 1, B = 2, so I = W = 1 for zero-bubble schedules) and
+free communication; schedules with a chunks parameter v use chunks of cost 1/v, the
+assumption under the closed form (p - 1) / (v m + p - 1). ZB-V and DualPipeV run two chunks
+per rank at full cost each (the bubble fraction does not depend on the scale).
 """
 
 from __future__ import annotations
@@ -14,13 +16,17 @@ from pipeir.diagnostics import EXIT_INVALID, EXIT_OK, PipeirError, UsageError
 from pipeir.sim import CostModel, simulate
 from pipeir.sim.analytic import analytic
 
+#: The library schedules in the default table, classic first.
+_DEFAULT = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v",
+            "dualpipe-v")
+
 ORDER = 60
 NAME = "bubble"
 HELP = "table of analytic vs simulated bubble for library schedules (uniform costs)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--schedule", default="gpipe,1f1b,interleaved-1f1b", metavar="NAMES",
+    p.add_argument("--schedule", default=",".join(_DEFAULT), metavar="NAMES",
                    help="comma-separated library schedules (default: %(default)s)")
     p.add_argument("--ranks", default="4,8", metavar="P,...", help="default: %(default)s")
     p.add_argument("--microbatches", default="8,16,32", metavar="M,...",

@@ -42,6 +42,22 @@ def run(args: argparse.Namespace) -> int:
         args.files = [f for f in args.files if not f.endswith(".json")]
         if not args.files and args.schedule is None:
             return status
+    csvs = [f for f in args.files if f.endswith(".csv")]
+    if csvs:  # torch.distributed.pipelining schedules (see pipeir.frontend.torch_csv)
+        from pipeir.frontend.torch_csv import check_csv
+
+        for f in csvs:
+            try:
+                lines = check_csv(f, memory_limit=args.memory_limit)
+            except VerifyError as e:
+                print(e.render(), file=sys.stderr)
+                status = EXIT_INVALID
+                continue
+            if not args.quiet:
+                print("\n".join(lines))
+        args.files = [f for f in args.files if not f.endswith(".csv")]
+        if not args.files and args.schedule is None:
+            return status
     labels = args.files or [f"--schedule {args.schedule}"]
     for where, elab in zip(labels, load_schedules(args)):
         s = elab.schedule

@@ -29,6 +29,27 @@ def interleaved_bubble(p: int, m: int, v: int) -> float:
     return (p - 1) / (v * m + p - 1)
 
 
+def zb_idle(name: str, p: int, F: float = 1.0, I: float = 1.0,  # noqa: E741
+            W: float = 1.0) -> float | None:
+    """The zero-bubble papers' *bubble time*: the idle time of a rank between its first op and
+    its last (Qi et al., 2024, Table 1; `1f1b` for comparison), or None for other schedules.
+
+    1F1B (p-1)(F+I+W); ZB-H1 (p-1)(F+I-W); ZB-H2 (p-1)(F+I-2W), zero when F = I = W (the
+    parallelogram; it needs m >= 2p - 1); ZB-V zero when F = I = W (each chunk costing F, I,
+    W) and m >= 2p - 1. The paper derives them for comparable F, I and W (W no larger than
+    F) and free communication; tests/test_zero_bubble.py checks them against the simulator.
+    """
+    if name == "1f1b":
+        return (p - 1) * (F + I + W)
+    if name == "zb-h1":
+        return (p - 1) * (F + I - W)
+    if name == "zb-h2":
+        return (p - 1) * max(0.0, F + I - 2 * W)
+    if name == "zb-v" and F == I == W:
+        return 0.0
+    return None
+
+
 def analytic(name: str, p: int, m: int, v: int = 1) -> Analytic:
     """The closed form for library schedule `name` (canonical name, e.g. "1f1b")."""
     if name == "gpipe":
@@ -40,4 +61,25 @@ def analytic(name: str, p: int, m: int, v: int = 1) -> Analytic:
             return Analytic(None, None, "the closed form for interleaved 1F1B needs m a "
                                         "multiple of p")
         return Analytic(interleaved_bubble(p, m, v), None)
+    if name == "looped-bfs":
+        if m < p:
+            return Analytic(None, None, "the closed form for looped BFS needs m >= p")
+        # GPipe over v*m chunk-micro-batches of cost 1/v: the same bubble as interleaved 1F1B,
+        # but every rank holds all v*m activations
+        return Analytic(interleaved_bubble(p, m, v), v * m)
+    # NOTE: the zero-bubble figures below assume F = I = W = 1 and B = 2 (bubble.py's costs).
+    # A step then lasts m(F+I+W) plus the ramp the last rank waits through, (p-1)(F+I-W) for
+    # ZB-H1 and (p-1)F for ZB-H2 (its ranks have no gap from first op to last).
+    if name == "zb-h1":
+        return Analytic((p - 1) / (3 * m + p - 1), min(p, m))
+    if name == "zb-h2":
+        if m < 2 * p - 1:
+            return Analytic(None, None, "ZB-H2's parallelogram needs m >= 2p - 1")
+        return Analytic((p - 1) / (3 * m + p - 1), 2 * p - 1)
+    if name == "zb-v":
+        if m < 2 * p - 1:
+            return Analytic(None, None, "ZB-V's closed form needs m >= 2p - 1")
+        # two chunks of F = I = W = 1 per rank, no gap on any rank: only the ramp, (p-1)F;
+        # peak 2p chunk activations (p stages' worth, 1F1B's rank 0)
+        return Analytic((p - 1) / (6 * m + p - 1), 2 * p)
     return Analytic(None, None, f"no closed form for '{name}'")

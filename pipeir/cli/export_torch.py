@@ -1,0 +1,41 @@
+"""pipeirc export-torch: a schedule as the CSV torch.distributed.pipelining loads."""
+
+from __future__ import annotations
+
+import argparse
+
+from pipeir.backend.torch_export import FORMATS, dumps_csv
+from pipeir.cli.common import add_schedule_args, load_one, write_atomic
+from pipeir.diagnostics import EXIT_OK
+
+ORDER = 130
+NAME = "export-torch"
+HELP = "write a schedule as a torch.distributed.pipelining CSV (_PipelineScheduleRuntime._load_csv)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_schedule_args(p)
+    p.add_argument("-o", "--output", metavar="OUT.csv", help="write to OUT instead of stdout")
+    p.add_argument("--format", choices=FORMATS, default="compute_only",
+                   help="compute_only (torch adds communication when it loads the file) or "
+                        "compute_comms (SEND/RECV placed as torch's _add_send_recv places them); "
+                        "default: %(default)s")
+
+
+def run(args: argparse.Namespace) -> int:
+    if isinstance(args.files, str) and args.files.endswith(".csv"):
+        from pipeir.frontend.torch_csv import load_csv
+
+        if args.schedule is not None:
+            from pipeir.diagnostics import UsageError
+
+            raise UsageError("give either FILE or --schedule, not both")
+        schedule = load_csv(args.files).schedule
+    else:
+        schedule = load_one(args).schedule
+    text = dumps_csv(schedule, args.format)
+    if args.output:
+        write_atomic(args.output, text)
+    else:
+        print(text, end="")
+    return EXIT_OK
