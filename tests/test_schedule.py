@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import networkx as nx
 
 import pipeir
@@ -20,4 +22,4 @@ def test_fast_graph_equals_public_api_graph() -> None:
     assert set(s.data_edges()) == want
     assert nx.is_directed_acyclic_graph(s.graph)
     assert s.graph.number_of_edges() == len(want | {
-        (a, b) for prog in s.programs for a, b in zip(prog, prog[1:])})
+        (a, b) for prog in s.programs for a, b in pairwise(prog)})
