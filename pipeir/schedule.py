@@ -57,6 +57,20 @@ def _predecessors(op: Op, lookup: Callable[[str, int, int], Op | None],
     return [p for p in found if p is not None]
 
 
+def pair_waits(schedule: Schedule) -> list[tuple[Op, Op, Op]]:
+    """What overlapped pairs add to the dependencies: `(p, first, second)` for every input `p`
+    of a pair's second op, which the pair's first op must also wait for, since the two start
+    together. (Everything the first op consumes the second may wait for anyway: it runs next.)
+    """
+    out = []
+    g = schedule.graph
+    for first, second in schedule.pairs:
+        for p, attrs in g._pred[second].items():
+            if p != first and attrs["kind"] & EdgeKind.DATA:
+                out.append((p, first, second))
+    return out
+
+
 class Schedule:
     """A pipeline schedule: which rank runs which op, in what order.
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pipeir._gc import paused_gc
 from pipeir.diagnostics import Diagnostic, Note, Span, VerifyError
 from pipeir.ops import Op
-from pipeir.schedule import EdgeKind, Schedule
+from pipeir.schedule import EdgeKind, Schedule, pair_waits
 
 MAX_LISTED = 8  # diagnostics listed per failing check before "... and N more"
 
@@ -133,18 +133,23 @@ def _program_span(schedule: Schedule, rank: int) -> Span | None:
 
 
 def check_deadlock(schedule: Schedule) -> list[Diagnostic]:
-    """The union of data and program-order edges is acyclic, i.e. every rank can run its
-    program to the end. On failure, explain one waiting cycle across ranks."""
+    """The union of data and program-order edges (and the waits of overlapped pairs) is
+    acyclic, i.e. every rank can run its program to the end. On failure, explain one waiting
+    cycle across ranks."""
     g = schedule.graph
     pred = g._pred  # NOTE: networkx's adjacency dicts; read-only, for speed on large graphs
     succ = g._succ
     indeg = {op: len(p) for op, p in pred.items()}
+    extra: dict[Op, list[Op]] = {}
+    for p, first, _ in pair_waits(schedule):
+        extra.setdefault(p, []).append(first)
+        indeg[first] += 1
     ready = deque(op for op, d in indeg.items() if d == 0)
     done = 0
     while ready:
         op = ready.popleft()
         done += 1
-        for nxt in succ[op]:
+        for nxt in (*succ[op], *extra.get(op, ())):
             indeg[nxt] -= 1
             if indeg[nxt] == 0:
                 ready.append(nxt)
@@ -163,16 +168,26 @@ def _explain_deadlock(schedule: Schedule, stuck: set[Op]) -> Diagnostic:
                 heads[r] = op
                 break
 
+    partner_needs: dict[Op, list[tuple[Op, Op]]] = {}
+    for p, first, second in pair_waits(schedule):
+        partner_needs.setdefault(first, []).append((p, second))
+
     def waits_for(op: Op) -> Op:
         for p in g.predecessors(op):
             if p in stuck and g.edges[p, op]["kind"] & EdgeKind.DATA:
                 found: Op = p
                 return found
+        for p, _ in partner_needs.get(op, ()):
+            if p in stuck:
+                return p
         raise AssertionError(f"{op} is blocked but waits for nothing")  # pragma: no cover
 
     def where(op: Op) -> str:
         span = schedule.span_of(op)
-        return f" (line {span.line})" if span is not None else ""
+        pair = schedule.pair_of(op)
+        together = f", overlapped with {pair}" if pair is not None else ""
+        return f" (line {span.line}{together})" if span is not None else \
+            (f" (overlapped with {pair})" if pair is not None else "")
 
     rank = min(heads)
     chain: list[tuple[int, Op, Op]] = []  # (rank, its blocked head, the op it waits for)
@@ -198,8 +213,9 @@ def _explain_deadlock(schedule: Schedule, stuck: set[Op]) -> Diagnostic:
     for i, (r, head, need) in enumerate(cycle):
         nr = schedule.rank_of(need)
         nxt_head = cycle[(i + 1) % len(cycle)][1]
-        parts.append(f"rank {r} waits at {head}{where(head)} for {need} on rank {nr}, "
-                     f"which comes after {nxt_head} there")
+        then = "which is itself waiting there" if need == nxt_head else \
+            f"which comes after {nxt_head} there"
+        parts.append(f"rank {r} waits at {head}{where(head)} for {need} on rank {nr}, {then}")
     notes = tuple(Note(f"rank {r} is stuck here, at {head}", schedule.span_of(head))
                   for r, head, _ in cycle)
     return Diagnostic("deadlock: " + "; ".join(parts), schedule.span_of(cycle[0][1]), notes)

@@ -18,7 +18,7 @@ CASES = sorted(p.stem for p in ERRORS.glob("*.sched"))
 
 # The exit code each case must give (1: the schedule is wrong; 2: the file is).
 INVALID = {"deadlock", "deadlock_self", "duplicate", "mb_range", "memory", "missing",
-           "stage_range", "wrong_rank"}
+           "overlap_deadlock", "stage_range", "wrong_rank"}
 
 
 @pytest.mark.parametrize("case", CASES)

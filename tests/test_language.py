@@ -247,3 +247,17 @@ def test_overlap_pair_must_be_independent_ops() -> None:
     with pytest.raises(pipeir.UsageError, match="pairs two ops"):
         pipeir.parse("pipeline { ranks = 1  microbatches = 1 }\n"
                      "schedule s { def g(a, b) { } rank r { overlap { F(0,0) g(0, 0) } } }")
+
+
+def test_overlap_pair_starts_when_both_inputs_are_there() -> None:
+    s = pipeir.parse("pipeline { ranks = 2  microbatches = 2 }\nschedule s {\n"
+                     "rank 0 { F(0,0) F(0,1) overlap { B(0,0) B(0,1) } }\n"
+                     "rank 1 { F(1,0) F(1,1) B(1,0) B(1,1) } }")
+    pipeir.verify(s)
+    for comm in ("overlapped", "blocking"):
+        r = pipeir.simulate(s, pipeir.CostModel(latency=0.5), comm=comm)
+        # B(0,0) alone could start when B(1,0)'s gradient arrives; paired, it also waits for
+        # B(1,1)'s, and B(0,1) follows it back to back
+        assert r.start[B(0, 0)] >= r.end[B(1, 1)] + 0.5
+        assert r.start[B(0, 1)] == r.end[B(0, 0)]
+        assert len(r.transfers) == 4  # the pair adds no message

@@ -25,7 +25,7 @@ from typing import Final
 from pipeir._gc import paused_gc
 from pipeir.diagnostics import UsageError, VerifyError
 from pipeir.ops import Op
-from pipeir.schedule import Schedule
+from pipeir.schedule import Schedule, pair_waits
 from pipeir.sim.costs import CostModel
 from pipeir.sim.result import SimResult, Transfer
 from pipeir.verify import check_deadlock
@@ -67,6 +67,14 @@ def _simulate(schedule: Schedule, costs: CostModel, blocking: bool) -> SimResult
     for i, ps in enumerate(preds):
         for j in ps:
             succs[j].append(i)
+    # An overlapped pair starts once both its ops' inputs are there: the first op also waits
+    # for the arrival of what the second consumes (the transfer itself is the second's).
+    joins: dict[int, list[tuple[int, int]]] = {}
+    join_succs: dict[int, list[int]] = {}
+    for p, first, second in pair_waits(schedule):
+        j, i, k = idx[p], idx[first], idx[second]
+        joins.setdefault(i, []).append((j, k))
+        join_succs.setdefault(j, []).append(i)
     n_bound = max(0, config.stages - 1)
     # transfer time and size per stage boundary b (between stage b and b + 1)
     size = [costs.boundary_bytes(b) for b in range(n_bound)]
@@ -78,7 +86,7 @@ def _simulate(schedule: Schedule, costs: CostModel, blocking: bool) -> SimResult
     why = [-1] * n  # the predecessor that decided the op's start
     arrive: dict[tuple[int, int], float] = {}  # blocking model: when a send's data arrives
     sent: list[tuple[int, int, float, float, float]] = []
-    indeg = [len(ps) for ps in preds]
+    indeg = [len(ps) + len(joins.get(i, ())) for i, ps in enumerate(preds)]
     ready = [i for i in range(n) if not indeg[i]]
     done = 0
     while ready:
@@ -98,11 +106,22 @@ def _simulate(schedule: Schedule, costs: CostModel, blocking: bool) -> SimResult
                 sent.append((j, i, x - h, x, 0.0 if sj == si else size[sj if sj < si else si]))
             if x > t or cause < 0:
                 t, cause = x, j
+        for j, k in joins.get(i, ()):
+            sj, sk = stage[j], stage[k]
+            h = 0.0 if rank[j] == rank[k] or sj == sk else hop[sj if sj < sk else sk]
+            x = release[j] if rank[j] == r else (arrive.get((j, k), end[j] + h) if blocking
+                                                 else end[j] + h)
+            if x > t:
+                t, cause = x, j
         e = t + dur[i]
         start[i] = t
         end[i] = e
         why[i] = cause
         rel = e
+        for q in join_succs.get(i, ()):
+            indeg[q] -= 1
+            if not indeg[q]:
+                ready.append(q)
         for q in succs[i]:
             if blocking and rank[q] != r:
                 sq = stage[q]
