@@ -28,6 +28,7 @@ from pipeir.diagnostics import Note, Span, UsageError
 from pipeir.ops import Op
 from pipeir.passes.base import OptionError, Pass
 from pipeir.schedule import Schedule, data_predecessors
+from pipeir.verify import memory_report
 
 Placement = Literal["loop", "vshape"]
 
@@ -64,6 +65,8 @@ class Interleave(Pass):
                 f"of {rounds}", None,
                 (Note(f"m = {' or '.join(map(str, _admissible_near(c.microbatches, c.ranks)))}"
                       f" would work (any m <= {c.ranks}, or a multiple of the rounds)"),))
+        if self.v == 1 and self.placement == "loop":
+            return schedule  # one chunk per rank: Megatron runs plain 1F1B
         try:
             config = PipelineConfig.make(
                 c.ranks, c.microbatches, c.ranks * self.v, self.placement,
@@ -87,7 +90,18 @@ class Interleave(Pass):
                 warm[r] += 1
         spans = {op: schedule.span_of(Op(op.kind, r, op.mb))  # a chunk's op comes from the
                  for r, prog in enumerate(programs) for op in prog}  # rank's op on that mb
-        return Schedule.from_programs(config, programs, schedule.name, spans)
+        out = Schedule.from_programs(config, programs, schedule.name, spans)
+        if config.memory_limit is not None:
+            peaks = memory_report(out).peak_activations
+            worst = max(range(c.ranks), key=peaks.__getitem__)
+            if peaks[worst] > config.memory_limit:
+                raise UsageError(
+                    f"interleave{{v={self.v}}}: the interleaved order holds {peaks[worst]} "
+                    f"chunk activations on rank {worst}, more than memory_limit x v = "
+                    f"{c.memory_limit} x {self.v} = {config.memory_limit}", None,
+                    (Note(f"raise memory_limit to {-(-peaks[worst] // self.v)} or use a "
+                          "smaller v"),))
+        return out
 
     def _program(self, config: PipelineConfig, r: int, warm: int, per_round: int) -> list[Op]:
         """Rank r's depth-first order: `warm` forwards, F/B pairs, the remaining backwards."""

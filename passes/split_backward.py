@@ -125,6 +125,8 @@ def list_schedule(schedule: Schedule) -> list[list[Op]]:
     c = schedule.config
     peaks = memory_report(schedule).peak_activations
     limit = [max(peaks[r], 2 * max(peaks) - 1) for r in range(c.ranks)]
+    if c.memory_limit is not None:  # a verified input peaks within it, so the proof holds
+        limit = [min(c.memory_limit, x) for x in limit]
     fwd = [deque(op for op in prog if op.kind == "F") for prog in schedule.programs]
     bwd = [deque(_backwards(prog)) for prog in schedule.programs]
     pending: list[deque[Op]] = [deque() for _ in range(c.ranks)]

@@ -101,8 +101,24 @@ def test_interleave_vshape_and_gpipe(p: int, m: int, v: int) -> None:
 
 
 def test_interleave_scales_the_memory_limit() -> None:
-    s = pipeir.library.get("1f1b", 2, 4, memory_limit=2)
-    assert Interleave(v=3).run(s).config.memory_limit == 6
+    s = pipeir.library.get("1f1b", 2, 4, memory_limit=4)
+    out = Interleave(v=3).run(s)
+    assert out.config.memory_limit == 12
+    assert max(pipeir.verify(out).peak_activations) <= 12
+    with pytest.raises(pipeir.UsageError, match="more than memory_limit x v = 2 x 3 = 6") as e:
+        Interleave(v=3).run(pipeir.library.get("1f1b", 2, 4, memory_limit=2))
+    assert "raise memory_limit to 3" in e.value.render()
+
+
+def test_interleave_v1_is_plain_1f1b() -> None:
+    s = pipeir.library.get("1f1b", 4, 8)
+    assert Interleave(v=1).run(s) == s == pipeir.library.get("interleaved-1f1b", 4, 8, v=1)
+
+
+def test_split_backward_h2_respects_the_memory_limit() -> None:
+    s = pipeir.library.get("1f1b", 4, 8, memory_limit=4)
+    out = SplitBackward("h2").run(s)
+    assert max(pipeir.verify(out).peak_activations) <= 4
 
 
 # ---- split-backward: the published numbers ---------------------------------------------------
