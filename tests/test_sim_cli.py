@@ -311,3 +311,17 @@ def test_bubble_markdown(cli: Cli) -> None:
 def test_bubble_bad_input(cli: Cli, args: tuple[str, ...], expected: str) -> None:
     code, _, err = cli("bubble", *args)
     assert code == 2 and expected in err
+
+
+@pytest.mark.parametrize(("name", "text", "where"), [
+    ("k1.toml", 'F = 1\n[stage.1]\nF = "x"\n', ":3:1: error: cost 'stage.1.F' must be a number"),
+    ("k2.json", '{"F": 1, "stage": {"1": {"F": -2}}}\n', ":1:26: error: cost 'stage.1.F'"),
+])
+def test_cost_file_errors_point_at_the_nested_key(cli, tmp_path, name: str, text: str,
+                                                  where: str) -> None:
+    f = tmp_path / name
+    f.write_text(text)
+    code, out, err = cli("simulate", "--schedule", "1f1b", "--ranks", "2", "--microbatches",
+                         "2", "--costs", f)
+    assert code == 2 and out == ""
+    assert err.startswith(f"{f}{where}")

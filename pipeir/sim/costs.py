@@ -424,18 +424,23 @@ def _flatten(data: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
 
 
 def _find_key(src: Source, name: str) -> Span | None:
-    """Best effort: the line that writes the last part of a dotted name, for messages."""
-    last = name.rsplit(".", 1)[-1]
-    pats = [re.compile(r'"' + re.escape(name) + r'"\s*:'),
-            re.compile(r'"' + re.escape(last) + r'"\s*:'),
-            re.compile(r'^\s*"?' + re.escape(name) + r'"?\s*=', re.M),
-            re.compile(r'^\s*"?' + re.escape(last) + r'"?\s*=', re.M)]
-    for pat in pats:
-        m = pat.search(src.text)
-        if m is not None:
-            start = m.start() + len(m.group(0)) - len(m.group(0).lstrip())
-            line = src.text.count("\n", 0, start) + 1
-            col = start - (src.text.rfind("\n", 0, start) + 1) + 1
-            key_len = len(m.group(0).strip().rstrip(":=").strip())
-            return Span(src, line, col, line, col + key_len)
-    return None
+    """Best effort: where a dotted name's last part is written, found by looking for each part
+    after the previous one (`[stage.1]` then `F =`; `"stage": {"1": {"F": ...`); None rather
+    than a wrong line when the parts cannot be found in order."""
+    parts = name.split(".")
+    pos = 0
+    for part in parts[:-1]:
+        m = re.compile(r'(?<![\w-])"?' + re.escape(part) + r'"?(?![\w-])').search(src.text, pos)
+        if m is None:
+            return None
+        pos = m.end()
+    last = re.escape(parts[-1])
+    m = re.compile(r'(?<![\w-])("' + last + r'"\s*:|' + last + r'\s*=|"' + last + r'"\s*=)'
+                   ).search(src.text, pos)
+    if m is None:
+        return None
+    start = m.start()
+    line = src.text.count("\n", 0, start) + 1
+    col = start - (src.text.rfind("\n", 0, start) + 1) + 1
+    key_len = len(m.group(0).rstrip(":= \t"))
+    return Span(src, line, col, line, col + key_len)
