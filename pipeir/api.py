@@ -24,7 +24,7 @@ def read_source(path: str | os.PathLike[str]) -> Source:
     except OSError as e:
         raise UsageError(f"{p}: cannot read: {e.strerror}") from None
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8-sig")  # a byte-order mark is not part of the program
     except UnicodeDecodeError as e:
         raise UsageError(f"{p}: not UTF-8 text (bad byte at offset {e.start})") from None
     if "\x00" in text:

@@ -3,6 +3,7 @@ equal schedule. Deterministic, so it can be diffed and golden-tested."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from typing import Any
 
@@ -31,7 +32,7 @@ def print_schedule(schedule: Schedule, costs: Mapping[str, Any] | None = None) -
         out.extend(f"    {k} = {_value(v)}" for k, v in sorted(costs.items()))
         out.append("}")
     out.append("")
-    out.append(f"schedule {schedule.name} {{")
+    out.append(f"schedule {_identifier(schedule.name)} {{")
     for r, prog in enumerate(schedule.programs):
         out.append(f"    rank {r} {{")
         line = "       "
@@ -63,3 +64,9 @@ def _value(v: Any) -> str:
     if isinstance(v, str):  # e.g. unit = "ms": a bare name would not re-parse
         return f'"{v}"'
     return str(v)
+
+
+def _identifier(name: str) -> str:
+    """A schedule name the grammar accepts (Python-built schedules may be named anything)."""
+    ident = re.sub(r"\W", "_", name, flags=re.ASCII) or "schedule"
+    return f"s_{ident}" if ident[0].isdigit() else ident

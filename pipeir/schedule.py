@@ -78,10 +78,13 @@ class Schedule:
     `pipeir.parse`, or from the library with `pipeir.library.get`.
     """
 
-    def __init__(self, config: PipelineConfig, graph: nx.DiGraph, name: str = "schedule"):
+    def __init__(self, config: PipelineConfig, graph: nx.DiGraph, name: str = "schedule",
+                 span: Span | None = None):
         self.config = config
         self.graph = graph
         self.name = name
+        #: where the schedule is defined, for errors that no single op can carry
+        self.span = span
         self._programs: tuple[tuple[Op, ...], ...] | None = None
 
     # ---- construction -------------------------------------------------------------------
@@ -127,7 +130,9 @@ class Schedule:
                         out.append(item)
                 kept.append(out)
             programs = kept
-        return Schedule.from_programs(config or self.config, programs, name or self.name, spans)
+        made = Schedule.from_programs(config or self.config, programs, name or self.name, spans)
+        made.span = self.span
+        return made
 
     # ---- views ------------------------------------------------------------------------------
     @property
@@ -207,7 +212,9 @@ class ScheduleBuilder:
     (Op(kind='F', stage=0, mb=0), Op(kind='B', stage=0, mb=0))
     """
 
-    def __init__(self, config: PipelineConfig, name: str = "schedule"):
+    def __init__(self, config: PipelineConfig, name: str = "schedule",
+                 span: Span | None = None):
+        self.span = span
         self.config = config
         self.name = name
         self._programs: list[list[Op]] = [[] for _ in range(config.ranks)]
@@ -263,7 +270,7 @@ class ScheduleBuilder:
         for a, b in self._pairs:
             g._node[a]["pair_next"] = b
             g._node[b]["pair_prev"] = a
-        return Schedule(self.config, g, self.name)
+        return Schedule(self.config, g, self.name, self.span)
 
 
 def _digraph(where: dict[Op, tuple[int, int, Span | None]],

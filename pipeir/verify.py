@@ -12,7 +12,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from pipeir._gc import paused_gc
-from pipeir.diagnostics import Diagnostic, Note, Span, VerifyError
+from pipeir.diagnostics import Diagnostic, Note, Span, UsageError, VerifyError
 from pipeir.ops import Op
 from pipeir.schedule import EdgeKind, Schedule, pair_waits
 
@@ -32,6 +32,8 @@ def verify(schedule: Schedule, memory_limit: int | None = None) -> VerifyReport:
 
     `memory_limit` overrides the pipeline's own `memory_limit` when given.
     """
+    if memory_limit is not None and (type(memory_limit) is not int or memory_limit < 1):
+        raise UsageError(f"memory_limit must be a positive integer, got {memory_limit!r}")
     with paused_gc():
         _raise("range", check_ranges(schedule))
         _raise("placement", check_placement(schedule))
@@ -129,7 +131,7 @@ def _program_span(schedule: Schedule, rank: int) -> Span | None:
         span = schedule.span_of(op)
         if span is not None:
             return span
-    return None
+    return schedule.span
 
 
 def check_deadlock(schedule: Schedule) -> list[Diagnostic]:

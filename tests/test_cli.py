@@ -63,6 +63,15 @@ def test_check_many_files_exit_code_is_worst(cli: Cli) -> None:
     assert "deadlock" in err
 
 
+def test_check_reports_every_file_even_after_a_bad_one(cli: Cli, tmp_path: Path) -> None:
+    empty = tmp_path / "empty.sched"
+    empty.write_text("# nothing here\n")
+    code, out, err = cli("check", empty, "examples/1f1b.sched", "tests/errors/deadlock.sched")
+    assert code == 2  # the worst of: usage error (2), invalid (1), ok (0)
+    assert out.startswith("examples/1f1b.sched: ok: ")
+    assert err.startswith(f"{empty}:1:1: error: no schedule") and "deadlock" in err
+
+
 def test_check_library_schedule_and_set(cli: Cli) -> None:
     code, out, _ = cli("check", "--schedule", "interleaved-1f1b", "--ranks", "4",
                        "--microbatches", "8", "--v", "2")
@@ -81,6 +90,10 @@ def test_check_library_schedule_and_set(cli: Cli) -> None:
     (("check", "examples/1f1b.sched", "--set", "rnaks=2"), "did you mean 'ranks'"),
     (("check", "examples/1f1b.sched", "--set", "ranks"), "expected NAME=VALUE"),
     (("check", "examples/1f1b.sched", "--set", "ranks=0"), "ranks must be a positive"),
+    (("check", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--set", "ranks=3"),
+     "disagree"),
+    (("check", "examples/1f1b.sched", "--memory-limit", "0"), "expected a positive integer"),
+    (("check", "pipeir/library/gpipe.sched", "--set", "ranks=2"), "microbatches"),
     (("check", "no/such/file.sched"), "no such file"),
     (("check", "examples"), "is a directory"),
     (("show", "--schedule", "1f1", "--ranks", "2", "--microbatches", "2"), "did you mean"),

@@ -104,7 +104,7 @@ def _library_seeds() -> dict[str, str]:
     prefix = {"interleaved-1f1b.sched": "pipeline { ranks = 2 microbatches = 4 }\n"}
     for entry in files("pipeir.library").iterdir():
         if entry.name.endswith(".sched"):
-            head = prefix.get(entry.name, "pipeline { ranks = 3 microbatches = 4 }\n")
+            head = prefix.get(entry.name, "pipeline { ranks = 3 microbatches = 6 }\n")
             out[f"library/{entry.name}"] = head + entry.read_text(encoding="utf-8")
     return out
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
@@ -261,3 +262,39 @@ def test_overlap_pair_starts_when_both_inputs_are_there() -> None:
         assert r.start[B(0, 0)] >= r.end[B(1, 1)] + 0.5
         assert r.start[B(0, 1)] == r.end[B(0, 0)]
         assert len(r.transfers) == 4  # the pair adds no message
+
+
+def test_schedule_parameters_cannot_shadow_pipeline_settings() -> None:
+    with pytest.raises(pipeir.UsageError, match="cannot be called 'ranks'"):
+        pipeir.parse(HEAD + "schedule s(ranks = 3) { rank r { } }")
+
+
+def test_byte_order_mark_is_ignored(tmp_path: Path) -> None:
+    f = tmp_path / "bom.sched"
+    f.write_bytes(b"\xef\xbb\xbf" + (HEAD + "schedule = gpipe").encode())
+    assert pipeir.parse(f) == pipeir.library.get("gpipe", 2, 3)
+
+
+def test_runaway_function_recursion_points_at_the_call() -> None:
+    with pytest.raises(pipeir.UsageError, match="functions nest deeper") as e:
+        pipeir.parse(HEAD + "schedule s {\n def f(x) = f(x)\n rank r { let y = f(1) } }")
+    assert e.value.diagnostics[0].span is not None
+
+
+def test_printer_names_are_identifiers() -> None:
+    s = pipeir.library.get("gpipe", 2, 2)
+    odd = pipeir.Schedule.from_programs(s.config, s.programs, name="1-my sched")
+    assert pipeir.parse(pipeir.print_schedule(odd)) == s
+    assert "schedule s_1_my_sched {" in pipeir.print_schedule(odd)
+
+
+def test_empty_programs_are_reported_at_the_schedule() -> None:
+    with pytest.raises(pipeir.VerifyError) as e:
+        pipeir.verify(pipeir.parse(HEAD + "schedule empty { rank r { } }"))
+    span = e.value.diagnostics[0].span
+    assert span is not None and (span.line, span.col) == (2, 10)
+
+
+def test_verify_rejects_a_nonsense_memory_limit() -> None:
+    with pytest.raises(pipeir.UsageError, match="memory_limit must be a positive integer"):
+        pipeir.verify(pipeir.library.get("1f1b", 2, 2), memory_limit=0)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import copy
 
-from pipeir.cli.common import add_schedule_args, load_schedules
-from pipeir.diagnostics import EXIT_INVALID, EXIT_OK, VerifyError
+from pipeir.cli.common import add_schedule_args, load_schedules, positive_int
+from pipeir.diagnostics import EXIT_OK, PipeirError, UsageError
 from pipeir.verify import verify
 
 ORDER = 10
@@ -15,7 +16,7 @@ HELP = "verify schedules: every op once, on its rank, no deadlock, within memory
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_schedule_args(p, many=True)
-    p.add_argument("--memory-limit", type=int, metavar="K",
+    p.add_argument("--memory-limit", type=positive_int, metavar="K",
                    help="most in-flight activations per rank (overrides the file's)")
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     p.add_argument("--lowered", action="store_true",
@@ -24,63 +25,45 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Check each input on its own, so one bad file does not hide the verdict on the others;
+    the exit code is the worst one (2 usage > 1 invalid > 0)."""
     import sys
 
     status = EXIT_OK
-    if args.lowered:  # lowered programs (`compile -o DIR` writes DIR/lowered.json)
+    for f in args.files or [None]:
+        try:
+            lines = _check_one(args, f)
+        except PipeirError as e:
+            print(e.render(), file=sys.stderr)
+            status = max(status, e.exit_code)
+            continue
+        if not args.quiet:
+            print("\n".join(lines))
+    return status
+
+
+def _check_one(args: argparse.Namespace, f: str | None) -> list[str]:
+    if f is not None and f.endswith(".json"):  # `compile -o DIR` writes DIR/lowered.json
+        if not args.lowered:
+            raise UsageError(f"{f}: a .json file is a lowered program; check it with --lowered")
         from pipeir.backend.commcheck import check_json
 
-        for f in [f for f in args.files if f.endswith(".json")]:
-            try:
-                line = check_json(f)
-            except VerifyError as e:
-                print(e.render(), file=sys.stderr)
-                status = EXIT_INVALID
-                continue
-            if not args.quiet:
-                print(line)
-        args.files = [f for f in args.files if not f.endswith(".json")]
-        if not args.files and args.schedule is None:
-            return status
-    csvs = [f for f in args.files if f.endswith(".csv")]
-    if csvs:  # torch.distributed.pipelining schedules (see pipeir.frontend.torch_csv)
+        return [check_json(f)]
+    if f is not None and f.endswith(".csv"):  # torch.distributed.pipelining schedules
         from pipeir.frontend.torch_csv import check_csv
 
-        for f in csvs:
-            try:
-                lines = check_csv(f, memory_limit=args.memory_limit)
-            except VerifyError as e:
-                print(e.render(), file=sys.stderr)
-                status = EXIT_INVALID
-                continue
-            if not args.quiet:
-                print("\n".join(lines))
-        args.files = [f for f in args.files if not f.endswith(".csv")]
-        if not args.files and args.schedule is None:
-            return status
-    labels = args.files or [f"--schedule {args.schedule}"]
-    for where, elab in zip(labels, load_schedules(args)):
-        s = elab.schedule
-        try:
-            report = verify(s, memory_limit=args.memory_limit)
-        except VerifyError as e:
-            print(e.render(), file=sys.stderr)
-            status = EXIT_INVALID
-            continue
-        if args.lowered:
-            from pipeir.backend.commcheck import check_schedule
+        return list(check_csv(f, memory_limit=args.memory_limit))
+    one = copy.copy(args)
+    one.files = [f] if f is not None else []
+    s = load_schedules(one)[0].schedule
+    where = f if f is not None else f"--schedule {args.schedule}"
+    report = verify(s, memory_limit=args.memory_limit)
+    c = s.config
+    lines = [f"{where}: ok: {s.name}: {c.ranks} ranks, {c.stages} stages, "
+             f"{c.microbatches} micro-batches, {len(s)} ops; peak in-flight "
+             f"activations per rank: {' '.join(map(str, report.peak_activations))}"]
+    if args.lowered:
+        from pipeir.backend.commcheck import check_schedule
 
-            try:
-                lowered_line = check_schedule(s)
-            except VerifyError as e:
-                print(e.render(), file=sys.stderr)
-                status = EXIT_INVALID
-                continue
-        if not args.quiet:
-            c = s.config
-            print(f"{where}: ok: {s.name}: {c.ranks} ranks, {c.stages} stages, "
-                  f"{c.microbatches} micro-batches, {len(s)} ops; peak in-flight "
-                  f"activations per rank: {' '.join(map(str, report.peak_activations))}")
-            if args.lowered:
-                print(f"{where}: {lowered_line}")
-    return status
+        lines.append(f"{where}: {check_schedule(s)}")
+    return lines

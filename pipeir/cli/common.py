@@ -26,6 +26,17 @@ def add_schedule_args(p: argparse.ArgumentParser, *, many: bool = False) -> None
                    dest="overrides", help="override a pipeline setting or schedule parameter")
 
 
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
 def _overrides(args: argparse.Namespace) -> dict[str, Value]:
     out: dict[str, Value] = {}
     for text in args.overrides:
@@ -53,6 +64,10 @@ def load_schedules(args: argparse.Namespace) -> list[Elaborated]:
             if "v" not in library.params(name):
                 raise UsageError(f"--v: library schedule '{name}' has no chunks parameter v")
             kw["v"] = args.v
+        for flag in ("ranks", "microbatches", "v"):
+            if flag in overrides and getattr(args, flag) is not None:
+                raise UsageError(f"--set {flag}=... and --{flag} disagree about who decides; "
+                                 "give one of them")
         overrides.update(ranks=args.ranks, microbatches=args.microbatches)
         from pipeir.frontend.elaborate import elaborate
 

@@ -543,14 +543,17 @@ _ARITH: Final[dict[str, Callable[[Any, Any], Any]]] = {
 def _invoke(fn: _Closure, args: list[Any], ctx: _Ctx | None, span: Span) -> Any:
     env = dict(fn.env)
     env.update(zip(fn.params, args))
-    if fn.expr is not None:
-        return fn.expr(env)
-    assert fn.body is not None and ctx is not None
+    if ctx is None:  # constant contexts (settings): the nesting guard bounds recursion there
+        return fn.expr(env) if fn.expr is not None else None
     ctx.depth += 1
     if ctx.depth > MAX_DEPTH:
-        raise UsageError(f"macros nest deeper than {MAX_DEPTH} calls; is a recursion "
+        what = "functions" if fn.expr is not None else "macros"
+        raise UsageError(f"{what} nest deeper than {MAX_DEPTH} calls; is a recursion "
                          "missing its base case?", span)
     try:
+        if fn.expr is not None:
+            return fn.expr(env)
+        assert fn.body is not None
         fn.body(env, ctx)
     finally:
         ctx.depth -= 1
@@ -615,7 +618,7 @@ def _elaborate(module: ast.Module, overrides: Mapping[str, Value] | None,
         use_span = u.span
     else:
         if not defs:
-            span = module.span if module.items else None
+            span = module.span
             raise UsageError("no schedule: define one with 'schedule NAME { ... }' or use one "
                              "from the library with 'schedule = NAME'", span)
         if len(defs) > 1:
@@ -648,6 +651,9 @@ def _elaborate(module: ast.Module, overrides: Mapping[str, Value] | None,
     # 3. schedule parameters
     penv: Env = {}
     for pname, p in params.items():
+        if pname in PIPELINE_KEYS:
+            raise UsageError(f"a schedule parameter cannot be called '{pname}': that is a "
+                             "pipeline setting", p.span)
         if pname in overrides:
             penv[pname] = overrides[pname]
         elif pname in kwargs:
@@ -682,7 +688,7 @@ def _elaborate(module: ast.Module, overrides: Mapping[str, Value] | None,
                  "stages": config.stages, **penv}
     for n in genv:
         gscope.define(n, _Binding("value", None), sdef.span)
-    ctx = _Ctx(ScheduleBuilder(config, sdef.name), config)
+    ctx = _Ctx(ScheduleBuilder(config, sdef.name, sdef.name_span), config)
     genv["__ctx__"] = ctx
     try:
         for item in def_module.items:
@@ -842,6 +848,8 @@ def parse_override(text: str) -> tuple[str, Value]:
 
 
 def _literal(raw: str, where: str) -> Value:
+    if raw in ("true", "false"):
+        return raw == "true"
     if raw.startswith("[") and raw.endswith("]"):
         inner = raw[1:-1].strip()
         return tuple(_literal(x.strip(), where) for x in inner.split(",")) if inner else ()
