@@ -19,8 +19,8 @@ KINDS: Final[tuple[Kind, ...]] = ("F", "B", "I", "W")
 KIND_NAMES: Final[dict[str, str]] = {
     "F": "forward",
     "B": "backward",
-    "I": "input-grad backward",
-    "W": "weight-grad backward",
+    "I": "input-grad",
+    "W": "weight-grad",
 }
 
 
@@ -43,10 +43,6 @@ class Op:
 
     def __str__(self) -> str:
         return f"{self.kind}({self.stage},{self.mb})"
-
-    @property
-    def is_backward(self) -> bool:
-        return self.kind != "F"
 
 
 def F(stage: int, mb: int) -> Op:

@@ -9,6 +9,7 @@ every op present, a memory count needs every op's partner).
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from pipeir._gc import paused_gc
@@ -223,20 +224,31 @@ def _explain_deadlock(schedule: Schedule, stuck: set[Op]) -> Diagnostic:
     return Diagnostic("deadlock: " + "; ".join(parts), schedule.span_of(cycle[0][1]), notes)
 
 
+def live_activations(program: Iterable[Op], size: Callable[[Op], float] | None = None
+                     ) -> Iterator[tuple[Op, float]]:
+    """(op, activations in flight after it) along a rank's program: +size at F(s,mb), -size
+    when its last backward (B, or W) has run; I frees nothing (W still needs the inputs).
+    The one place this rule lives; `size` defaults to one unit per (stage, micro-batch)."""
+    live = 0.0
+    for op in program:
+        k = op.kind
+        if k == "F":
+            live += 1 if size is None else size(op)
+        elif k == "B" or k == "W":
+            live -= 1 if size is None else size(op)
+        yield op, live
+
+
 def memory_report(schedule: Schedule) -> VerifyReport:
-    """Peak in-flight activations per rank: +1 at F(s,mb), -1 when its last backward
-    (B, or W) has run. Depends only on program order, not on timing."""
+    """Peak in-flight activations per rank (see `live_activations`). Depends only on program
+    order, not on timing."""
     peaks, at = [], []
     for prog in schedule.programs:
-        live = peak = 0
+        peak = 0
         peak_op: Op | None = None
-        for op in prog:
-            if op.kind == "F":
-                live += 1
-                if live > peak:
-                    peak, peak_op = live, op
-            elif op.kind in ("B", "W"):
-                live -= 1
+        for op, live in live_activations(prog):
+            if live > peak:
+                peak, peak_op = int(live), op
         peaks.append(peak)
         at.append(peak_op)
     return VerifyReport(tuple(peaks), tuple(at))
@@ -248,15 +260,11 @@ def check_memory(schedule: Schedule, report: VerifyReport, limit: int | None) ->
         return []
     out = []
     for r, prog in enumerate(schedule.programs):
-        if report.peak_activations[r] <= limit:
+        peak = report.peak_activations[r]
+        if peak <= limit:
             continue
-        live = 0
-        for op in prog:
-            live += 1 if op.kind == "F" else -1 if op.kind in ("B", "W") else 0
-            if live > limit:
-                out.append(Diagnostic(
-                    f"memory limit exceeded on rank {r}: {op} makes {live} activations in "
-                    f"flight (memory_limit = {limit}; this rank peaks at "
-                    f"{report.peak_activations[r]})", schedule.span_of(op)))
-                break
+        op, live = next((op, live) for op, live in live_activations(prog) if live > limit)
+        out.append(Diagnostic(
+            f"memory limit exceeded on rank {r}: {op} makes {int(live)} activations in "
+            f"flight (memory_limit = {limit}; this rank peaks at {peak})", schedule.span_of(op)))
     return out

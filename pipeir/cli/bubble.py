@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     for raw in args.schedule.split(","):
         name = library.canonical_name(raw.strip())
         if name is None:
-            raise library._unknown(raw.strip())
+            raise library.unknown_schedule(raw.strip())
         names.append(name)
     ranks = _ints("ranks", args.ranks)
     mbs = _ints("microbatches", args.microbatches)

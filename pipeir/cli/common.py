@@ -58,7 +58,7 @@ def load_schedules(args: argparse.Namespace) -> list[Elaborated]:
 
         name = library.canonical_name(args.schedule)
         if name is None:
-            raise library._unknown(args.schedule)
+            raise library.unknown_schedule(args.schedule)
         kw: dict[str, Value] = {}
         if args.v is not None:
             if "v" not in library.params(name):

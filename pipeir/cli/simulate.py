@@ -16,8 +16,7 @@ from pipeir.sim import COMM_MODELS, CostModel, SimResult, simulate
 from pipeir.sim.costs import TOP_KEYS, read_cost_file
 from pipeir.verify import verify
 
-COST_NAMES = ("F, B, I, W, latency, bandwidth, activation_bytes, memory_bytes, unit, "
-              "stage.S.K, mb.M.K, stage.S.mb.M.K")
+COST_NAMES = ", ".join((*TOP_KEYS, "stage.S.K", "mb.M.K", "stage.S.mb.M.K"))
 
 ORDER = 40
 NAME = "simulate"

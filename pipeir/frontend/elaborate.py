@@ -199,7 +199,7 @@ class _Compiler:
 
     def _binop(self, e: ast.BinOp, scope: _Scope) -> ExprFn:
         lf, rf = self.expr(e.left, scope), self.expr(e.right, scope)
-        op, lspan, rspan, ospan = e.op, e.left.span, e.right.span, e.op_span
+        op, lspan, rspan = e.op, e.left.span, e.right.span
         if op in ("and", "or"):
             def logic(env: Env) -> bool:
                 a = lf(env)
@@ -233,7 +233,6 @@ class _Compiler:
             if b == 0 and op in ("//", "%", "/"):
                 raise UsageError("division by zero", rspan)
             return fn(a, b)
-        del ospan
         return arith
 
     def _call(self, e: ast.Call, scope: _Scope) -> ExprFn:

@@ -47,16 +47,8 @@ def _load(canonical: str) -> tuple[ast.Module, ast.ScheduleDef]:
     return module, defs[0]
 
 
-def resolve(name: str) -> tuple[ast.Module, ast.ScheduleDef] | None:
-    """The module and definition of library schedule `name`, or None."""
-    key = _norm(name)
-    for canonical in _files():
-        if _norm(canonical) == key or _norm(_load(canonical)[1].name) == key:
-            return _load(canonical)
-    return None
-
-
 def canonical_name(name: str) -> str | None:
+    """The library's name for `name` (by file or definition name), or None."""
     key = _norm(name)
     for canonical in _files():
         if _norm(canonical) == key or _norm(_load(canonical)[1].name) == key:
@@ -64,19 +56,17 @@ def canonical_name(name: str) -> str | None:
     return None
 
 
-def source_text(name: str) -> str:
-    """The `.sched` source of a library schedule."""
+def resolve(name: str) -> tuple[ast.Module, ast.ScheduleDef] | None:
+    """The module and definition of library schedule `name`, or None."""
     canonical = canonical_name(name)
-    if canonical is None:
-        raise _unknown(name)
-    return files(__name__).joinpath(_files()[canonical]).read_text(encoding="utf-8")
+    return None if canonical is None else _load(canonical)
 
 
 def params(name: str) -> tuple[str, ...]:
     """The parameters a library schedule takes (besides ranks and microbatches)."""
     found = resolve(name)
     if found is None:
-        raise _unknown(name)
+        raise unknown_schedule(name)
     return tuple(p.name for p in found[1].params)
 
 
@@ -88,7 +78,7 @@ def get(name: str, ranks: int, microbatches: int, **kwargs: Any) -> Schedule:
     """
     found = resolve(name)
     if found is None:
-        raise _unknown(name)
+        raise unknown_schedule(name)
     module, sdef = found
     pnames = {p.name for p in sdef.params}
     sched_kw: dict[str, Value] = {k: v for k, v in kwargs.items() if k in pnames}
@@ -100,6 +90,7 @@ def get(name: str, ranks: int, microbatches: int, **kwargs: Any) -> Schedule:
     return elaborate(module, overrides=overrides, use=(sdef.name, sched_kw)).schedule
 
 
-def _unknown(name: str) -> UsageError:
+def unknown_schedule(name: str) -> UsageError:
+    """The error for a name the library does not have, with a "did you mean"."""
     return UsageError(f"unknown library schedule '{name}'; the library has "
                       f"{', '.join(names())}", None, did_you_mean(name, names()))

@@ -28,7 +28,7 @@ from pipeir.ops import Op
 from pipeir.schedule import Schedule, pair_waits
 from pipeir.sim.costs import CostModel
 from pipeir.sim.result import SimResult, Transfer
-from pipeir.verify import check_deadlock
+from pipeir.verify import check_deadlock, live_activations, memory_report
 
 #: The communication models `simulate` understands; the first is the default.
 COMM_MODELS: Final = ("overlapped", "blocking")
@@ -150,7 +150,7 @@ def _result(schedule: Schedule, costs: CostModel, comm: str, ops: list[Op], rank
         busy[r] += end[i] - start[i]
         sending[r] += release[i] - end[i]
     start_of = dict(zip(ops, start))
-    peaks, peak_time = _peaks(schedule.programs, start_of)
+    peaks, peak_time = _peaks(schedule, start_of)
     peak_bytes = _peak_bytes(schedule.programs, costs) if costs.knows_memory else None
     sent.sort(key=_by_start)
     transfers = [Transfer(ops[j], ops[i], rank[j], rank[i], s, e, b) for j, i, s, e, b in sent]
@@ -165,40 +165,19 @@ def _by_start(t: tuple[int, int, float, float, float]) -> tuple[float, int]:
     return t[2], t[0]
 
 
-def _peaks(progs: tuple[tuple[Op, ...], ...], start: dict[Op, float]
+def _peaks(schedule: Schedule, start: dict[Op, float]
            ) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """In-flight activations per rank, counted as `pipeir.verify` does (program order)."""
-    peaks: list[int] = []
-    when: list[float] = []
-    for prog in progs:
-        live = peak = 0
-        at = 0.0
-        for op in prog:
-            k = op.kind
-            if k == "F":
-                live += 1
-                if live > peak:
-                    peak, at = live, start[op]
-            elif k == "B" or k == "W":
-                live -= 1
-        peaks.append(peak)
-        when.append(at)
-    return tuple(peaks), tuple(when)
+    """In-flight activations per rank, counted as `pipeir.verify` does, and when each peaks."""
+    report = memory_report(schedule)
+    return report.peak_activations, tuple(0.0 if op is None else start[op]
+                                          for op in report.peak_at)
 
 
 def _peak_bytes(progs: tuple[tuple[Op, ...], ...], costs: CostModel) -> tuple[float, ...]:
-    out = []
-    for prog in progs:
-        live = peak = 0.0
-        for op in prog:
-            size = costs.activation_memory(op.stage) or 0.0
-            if op.kind == "F":
-                live += size
-                peak = max(peak, live)
-            elif op.kind in ("B", "W"):
-                live -= size
-        out.append(peak)
-    return tuple(out)
+    def size(op: Op) -> float:
+        return costs.activation_memory(op.stage) or 0.0
+    return tuple(max((live for _, live in live_activations(prog, size)), default=0.0)
+                 for prog in progs)
 
 
 def _critical_path(ops: list[Op], release: list[float], why: list[int]) -> list[Op]:

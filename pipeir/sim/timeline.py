@@ -8,7 +8,7 @@ colour, each kind gets its own background as well.
 
 from __future__ import annotations
 
-from pipeir.ops import Op
+from pipeir.ops import KIND_NAMES, KINDS, Op
 from pipeir.sim.result import SimResult
 
 IDLE = "."
@@ -96,9 +96,8 @@ def _axis(result: SimResult, width: int) -> str:
 
 
 def _legend(result: SimResult, color: bool) -> str:
-    kinds = sorted({op.kind for op in result.start}, key="FBIW".index)
-    names = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad"}
-    parts = [f"{_paint(k, color)} {names[k]}" for k in kinds]
+    kinds = sorted({op.kind for op in result.start}, key=KINDS.index)
+    parts = [f"{_paint(k, color)} {KIND_NAMES[k]}" for k in kinds]
     parts.append(f"{_paint(IDLE, color)} idle")
     if result.comm == "blocking":
         parts.append(f"{_paint(SEND, color)} sending")
