@@ -325,3 +325,20 @@ def test_cost_file_errors_point_at_the_nested_key(cli, tmp_path, name: str, text
                          "2", "--costs", f)
     assert code == 2 and out == ""
     assert err.startswith(f"{f}{where}")
+
+
+def test_costs_for_missing_stages_warn_with_their_location(cli, tmp_path) -> None:
+    f = tmp_path / "c9.sched"
+    f.write_text("pipeline { ranks = 2  microbatches = 2 }\ncosts { stage.9.F = 1 }\n"
+                 "schedule = 1f1b\n")
+    code, out, err = cli("simulate", f)
+    assert code == 0 and out.startswith("one_f_one_b")
+    assert err.startswith(f"{f}:2:9: warning: cost 'stage.9.F' names stage 9")
+
+
+def test_two_costs_blocks_are_an_error(cli, tmp_path) -> None:
+    f = tmp_path / "c2.sched"
+    f.write_text("pipeline { ranks = 2  microbatches = 2 }\ncosts { F = 1 }\ncosts { B = 1 }\n"
+                 "schedule = 1f1b\n")
+    code, _, err = cli("simulate", f)
+    assert code == 2 and err.startswith(f"{f}:3:1: error: a file can have only one 'costs'")

@@ -10,7 +10,8 @@ import sys
 from typing import Any
 
 from pipeir.cli.common import add_schedule_args, load_one, write_atomic
-from pipeir.diagnostics import Span, UsageError, did_you_mean
+from pipeir.config import PipelineConfig
+from pipeir.diagnostics import Diagnostic, Span, UsageError, did_you_mean
 from pipeir.frontend.elaborate import parse_override
 from pipeir.sim import COMM_MODELS, CostModel, SimResult, simulate
 from pipeir.sim.costs import TOP_KEYS, read_cost_file
@@ -66,7 +67,24 @@ def simulate_args(args: argparse.Namespace) -> SimResult:
     CostModel.from_settings(cost_sets, where="--set")  # so --set errors name --set
     costs = CostModel.from_settings({**settings, **cost_sets})
     verify(elab.schedule)
+    _warn_unused(elab.schedule.config, {**settings, **cost_sets})
     return simulate(elab.schedule, costs, comm=args.comm)
+
+
+def _warn_unused(config: PipelineConfig, settings: dict[str, tuple[Any, Span | None]]) -> None:
+    """A cost for a stage or micro-batch the pipeline does not have changes nothing: usually a
+    typo, sometimes a sweep (`--set microbatches=4` on a file with per-micro-batch costs)."""
+    for name, (_, span) in settings.items():
+        parts = name.split(".")
+        for key, count in (("stage", config.stages), ("mb", config.microbatches)):
+            if key in parts[:-1]:
+                i = parts.index(key)
+                idx = parts[i + 1] if i + 1 < len(parts) else ""
+                if idx.isdigit() and int(idx) >= count:
+                    d = Diagnostic(f"cost '{name}' names {key} {idx}, but the pipeline has "
+                                   f"{count} ({key} 0..{count - 1}); it is ignored", span,
+                                   severity="warning")
+                    print(d.render(), file=sys.stderr)
 
 
 def _with_cost_names(e: UsageError, sets: list[str]) -> UsageError:

@@ -828,6 +828,7 @@ def _make_config(env: Env, spans: dict[str, Span | None],
 def _costs(module: ast.Module, genv: Env, comp: _Compiler, scope: _Scope
            ) -> dict[str, tuple[Any, Span | None]]:
     out: dict[str, tuple[Any, Span | None]] = {}
+    _single(module, ast.CostsBlock, "costs")
     for item in module.items:
         if isinstance(item, ast.CostsBlock):
             for st in item.settings:
