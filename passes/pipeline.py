@@ -210,7 +210,7 @@ def build_pass(cls: type[Pass], raw: Mapping[str, tuple[str, Span | None]],
         return cls(**values)
     except UsageError as e:  # the pass's own validation (see base.OptionError)
         option = getattr(e, "option", None)
-        where = raw[option][1] if option in raw else span
+        where = raw[option][1] if isinstance(option, str) and option in raw else span
         raise UsageError(e.message, where, e.diagnostics[0].notes) from None
 
 
