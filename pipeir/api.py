@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
-from pipeir.diagnostics import Source, UsageError
+from pipeir.diagnostics import Source
 from pipeir.frontend.elaborate import Elaborated, Value, elaborate
 from pipeir.frontend.parser import parse_source
 from pipeir.schedule import Schedule
@@ -14,22 +13,7 @@ from pipeir.schedule import Schedule
 
 def read_source(path: str | os.PathLike[str]) -> Source:
     """Read a `.sched` file; unreadable or non-UTF-8 files are usage errors, not tracebacks."""
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise UsageError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise UsageError(f"{p}: is a directory, not a .sched file") from None
-    except OSError as e:
-        raise UsageError(f"{p}: cannot read: {e.strerror}") from None
-    try:
-        text = data.decode("utf-8-sig")  # a byte-order mark is not part of the program
-    except UnicodeDecodeError as e:
-        raise UsageError(f"{p}: not UTF-8 text (bad byte at offset {e.start})") from None
-    if "\x00" in text:
-        raise UsageError(f"{p}: binary file (contains NUL bytes), not a .sched file")
-    return Source(str(path), text)
+    return Source.read(path, ".sched file")
 
 
 def _source(src: str | os.PathLike[str]) -> Source:

@@ -8,8 +8,10 @@ Library code raises `PipeirError`; nothing user-facing is ever a bare traceback.
 from __future__ import annotations
 
 import difflib
+import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 Severity = Literal["error", "warning", "note"]
@@ -26,6 +28,29 @@ class Source:
 
     name: str
     text: str
+
+    @classmethod
+    def read(cls, path: str | os.PathLike[str], kind: str = ".sched file") -> Source:
+        """Read a user's text file (`kind` names it in messages): a missing, unreadable,
+        binary or non-UTF-8 file is a UsageError, never a traceback. A UTF-8 byte-order mark
+        is dropped."""
+        p = Path(path)
+        try:
+            data = p.read_bytes()
+        except FileNotFoundError:
+            raise UsageError(f"{p}: no such {kind}") from None
+        except IsADirectoryError:
+            raise UsageError(f"{p}: is a directory, not a {kind}") from None
+        except OSError as e:
+            raise UsageError(f"{p}: cannot read: {e.strerror}") from None
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            raise UsageError(f"{p}: not UTF-8 text (bad byte at offset {e.start}); "
+                             f"expected a {kind}") from None
+        if "\x00" in text:
+            raise UsageError(f"{p}: binary file (contains NUL bytes), not a {kind}")
+        return cls(str(path), text)
 
     def line(self, lineno: int) -> str:
         lines = self.text.splitlines()

@@ -94,7 +94,7 @@ def test_check_library_schedule_and_set(cli: Cli) -> None:
      "disagree"),
     (("check", "examples/1f1b.sched", "--memory-limit", "0"), "expected a positive integer"),
     (("check", "pipeir/library/gpipe.sched", "--set", "ranks=2"), "microbatches"),
-    (("check", "no/such/file.sched"), "no such file"),
+    (("check", "no/such/file.sched"), "no such .sched file"),
     (("check", "examples"), "is a directory"),
     (("show", "--schedule", "1f1", "--ranks", "2", "--microbatches", "2"), "did you mean"),
     (("print", "examples/1f1b.sched", "-o", "no/such/dir/out.sched"), "does not exist"),

@@ -402,7 +402,7 @@ def test_exported_schedule_trains_under_torch_runtime(tmp_path: Path, name: str,
 
 
 def test_load_csv_reports_unreadable_files(tmp_path: Path) -> None:
-    with pytest.raises(pipeir.UsageError, match="no such file"):
+    with pytest.raises(pipeir.UsageError, match="no such torch schedule CSV"):
         load_csv(tmp_path / "nope.csv")
     with pytest.raises(pipeir.UsageError, match="is a directory"):
         load_csv(tmp_path)

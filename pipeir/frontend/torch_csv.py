@@ -138,15 +138,7 @@ class Imported:
 def load_csv(path: str | os.PathLike[str], microbatches: int | None = None,
              format: str = "auto") -> Imported:
     """Read a torch schedule CSV (`format`: auto, compute_only or compute_comms)."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise UsageError(f"{p}: is a directory, not a CSV file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"{p}: cannot read as UTF-8 text: {e}") from None
+    text = Source.read(path, "torch schedule CSV").text
     return loads_csv(text, name=str(path), microbatches=microbatches, format=format)
 
 

@@ -368,17 +368,7 @@ def read_cost_file(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Span | 
     """A JSON or TOML cost file as dotted settings, each with the span of its key when it can
     be found in the text (so errors point at the line)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError(f"{p}: no such cost file") from None
-    except IsADirectoryError:
-        raise UsageError(f"{p}: is a directory, not a cost file") from None
-    except UnicodeDecodeError:
-        raise UsageError(f"{p}: not UTF-8 text; a cost file is JSON or TOML") from None
-    except OSError as e:
-        raise UsageError(f"{p}: cannot read: {e.strerror}") from None
-    src = Source(str(p), text)
+    src = Source.read(p, "cost file (JSON or TOML)")
     data = _parse_json(src) if p.suffix.lower() == ".json" else _parse_toml(src)
     if not isinstance(data, dict):
         raise UsageError("a cost file must be a JSON object or a TOML table, "
