@@ -10,6 +10,10 @@ alternate A/B (pipeir, pipeir+overlap, torch, then again), and each system's med
 over all measured steps (first steps of a run dropped as warm-up) is compared. A step's time
 runs from the previous step's end to its own end (latest rank), the same for both systems.
 
+ops: per built-in model and stage (4 stages), median times of F, B, I and W as the runtime
+runs them (I and W split as in `pipeir.runtime.splitgrad`), and of the previous W that took
+parameter gradients over the whole kept graph (about a full backward).
+
 sleep: every forward sleeps F ms and every backward B ms instead of computing, so four ranks do
 not fight over two cores; the measured bubble (pipeir's instruction timestamps) is compared
 with the simulator's prediction for the same costs.
@@ -31,7 +35,12 @@ from pipeir.backend.codegen import rank_source
 from pipeir.backend.driver import compile_schedule
 from pipeir.models import ModelSpec
 from pipeir.runtime.launch import free_port, launch
-from pipeir.runtime.measure import expand_rounds, measured_result
+from pipeir.runtime.measure import (
+    calibrated_prediction,
+    expand_rounds,
+    measured_result,
+    transfer_latency,
+)
 from pipeir.runtime.worker import Job
 from pipeir.sim import CostModel, simulate
 
@@ -178,25 +187,96 @@ def mode_real(world: int, m: int, steps: int, rounds: int, warm: int) -> None:
 
 
 def mode_sleep(world: int, m: int, steps: int) -> None:
+    """Measured bubble against the simulator with the nominal costs (sleep times, free comm)
+    and calibrated as `pipeirc run` does (measured op times, measured transfer time, the
+    program's comm model)."""
     print(f"synthetic compute: F sleeps {SLEEP_F * 1e3:.0f} ms, B {SLEEP_B * 1e3:.0f} ms; "
-          f"{world} ranks, m={m}, {steps} steps")
+          f"{world} ranks, m={m}, {steps} steps (first dropped)")
     for kind in ("1f1b", "interleaved"):
         sched = _schedule(kind, world, m)
         for overlap in (False, True):
             _, res, low = run_pipeir(kind, world, m, steps, overlap, f"{HERE}:sleep_spec")
             exp = expand_rounds(sched)
-            bubbles = [measured_result(low, exp, {r: res.times[(0, r, s)]  # type: ignore[attr-defined]
-                                                  for r in range(world)}).bubble
-                       for s in range(1, steps)]
-            measured = statistics.median(bubbles)
-            predicted = simulate(sched, CostModel(F=SLEEP_F, B=SLEEP_B)).bubble
+            times = [{r: res.times[(0, r, s)] for r in range(world)}  # type: ignore[attr-defined]
+                     for s in range(1, steps)]
+            measured_steps = [measured_result(low, exp, t) for t in times]  # type: ignore[arg-type]
+            measured = statistics.median(x.bubble for x in measured_steps)
+            nominal = simulate(sched, CostModel(F=SLEEP_F, B=SLEEP_B)).bubble
+            latency = transfer_latency(low, times)  # type: ignore[arg-type]
+            calibrated = calibrated_prediction(low, measured_steps, latency).bubble  # type: ignore[arg-type]
             print(f"  {kind:<12} overlap={overlap!s:<5} measured bubble {measured:6.1%}  "
-                  f"simulated {predicted:6.1%}  (measured/simulated {measured / predicted:.2f})")
+                  f"simulated {nominal:6.1%} (x{measured / nominal:.2f})  calibrated "
+                  f"{calibrated:6.1%} (x{measured / calibrated:.2f}, "
+                  f"{latency * 1e3:.2f} ms/transfer)")
+
+
+def _median_ms(fn: object, iters: int) -> float:
+    assert callable(fn)
+    times = []
+    for _ in range(iters):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def _stage_times(sp: ModelSpec, mod: nn.Module, inp: torch.Tensor, y: torch.Tensor,
+                 last: bool, iters: int) -> tuple[float, ...]:
+    """(F, B, I, W, old W) in ms; every backward runs on the graph of a fresh forward."""
+    from pipeir.runtime import splitgrad
+
+    def fwd() -> tuple[torch.Tensor, torch.Tensor]:
+        i = inp.detach().requires_grad_(inp.is_floating_point())
+        out = mod(i)
+        return i, (sp.loss(out, y) if last else out)
+
+    grad = None if last else torch.ones_like(fwd()[1])
+    params = list(mod.parameters())
+
+    def timed(run: object, split: bool = False) -> float:
+        assert callable(run)
+        times = []
+        for _ in range(iters):
+            i, o = fwd()
+            arg = splitgrad.backward_input(o, grad, i)[1] if split else (i, o)
+            t0 = time.perf_counter()
+            run(arg)
+            times.append(time.perf_counter() - t0)
+            mod.zero_grad(set_to_none=True)
+        return statistics.median(times) * 1e3
+
+    return (_median_ms(fwd, iters),
+            timed(lambda io: torch.autograd.backward(io[1], grad)),
+            timed(lambda io: splitgrad.backward_input(io[1], grad, io[0])),
+            timed(splitgrad.backward_weight, split=True),
+            timed(lambda io: torch.autograd.grad(io[1], params, grad, allow_unused=True)))
+
+
+def mode_ops(stages: int, iters: int) -> None:
+    from pipeir.models import build_stage, resolve
+    from pipeir.runtime.worker import split_batch
+
+    torch.set_num_threads(1)
+    print(f"op times (ms, median of {iters}), {stages} stages; micro-batch = 1/8 of the "
+          "batch, or the whole batch for bench-mlp")
+    for model, name, parts in (("mlp", "mlp", 8), ("transformer", "transformer", 8),
+                               (f"{HERE}:spec", "bench-mlp", 1)):
+        sp = resolve(model)
+        x, y = (t[0] for t in split_batch(sp.batch(0), parts))
+        h = x
+        for s in range(stages):
+            mod = build_stage(sp, s, stages)
+            inp = h.detach().requires_grad_(h.is_floating_point())
+            f, b, i, w, w_old = _stage_times(sp, mod, inp, y, s == stages - 1, iters)
+            print(f"  {name:<12} stage {s}  F {f:6.3f}  B {b:6.3f}  I {i:6.3f}  W {w:6.3f}  "
+                  f"I+W {i + w:6.3f} ({(i + w) / b:.2f} B)   old W {w_old:6.3f}")
+            with torch.no_grad():
+                h = mod(inp)
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mode", choices=("real", "sleep", "both"), default="both")
+    p.add_argument("--mode", choices=("real", "sleep", "ops", "both"), default="both")
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
@@ -205,7 +285,9 @@ def main(argv: list[str]) -> int:
     if args.mode in ("real", "both"):
         mode_real(args.ranks, args.microbatches, args.steps, args.rounds, warm=2)
     if args.mode in ("sleep", "both"):
-        mode_sleep(args.ranks, args.microbatches, 4)
+        mode_sleep(args.ranks, args.microbatches, 9)
+    if args.mode == "ops":
+        mode_ops(args.ranks, 200)
     return 0
 
 

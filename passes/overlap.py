@@ -1,11 +1,12 @@
 """`overlap{max_posted=K}`: asynchronous communication on lowered programs.
 
-- every blocking receive becomes an `irecv` posted early and a `wait-recv` right before the
-  instruction that consumes it. Receives are posted earliest consumer first, keeping each
-  peer's receives in their original order (so per-peer FIFO matching is unchanged), at most K
-  ahead of their waits (K = 0: no bound, all posted at the start of the step). Only when two
-  receives from one peer are consumed in the opposite order of their sends can K be exceeded,
-  since per-peer posting order cannot change;
+- every receive (a blocking `recv`, or the `irecv` and `wait-recv` of the default lowering)
+  becomes an `irecv` posted early and a `wait-recv` right before the instruction that consumes
+  it (before the whole pair when the consumer is half of an overlapped pair). Receives are
+  posted earliest consumer first, keeping each peer's receives in their original order (so
+  per-peer FIFO matching is unchanged), at most K ahead of their waits (K = 0: no bound, all
+  posted at the start of the step). Only when two receives from one peer are consumed in the
+  opposite order of their sends can K be exceeded, since per-peer posting order cannot change;
 - every blocking send becomes an `isend` where it was, waited at the end of the step (send
   buffers are never reused within a step, so nothing needs them sooner);
 - posts to the same peer at the same point become one `batch` (`batch_isend_irecv`).
@@ -69,12 +70,12 @@ class Overlap(Pass):
         return lowered.with_programs([self._rank(p) for p in lowered.programs], overlap=True)
 
     def _rank(self, prog: Sequence[Instr]) -> list[Instr]:
-        recvs = [i for i in prog if isinstance(i, Recv)]
+        recvs = [i for i in prog if isinstance(i, (Recv, IRecv))]
         consumer = {r.key: _consumer_index(prog, r) for r in recvs}
         limit = self.max_posted or len(recvs)
         out: list[Instr] = []
         # Not yet posted, per peer in original order (per-peer FIFO must not change).
-        queues: dict[int, list[Recv]] = {}
+        queues: dict[int, list[Recv | IRecv]] = {}
         for r in recvs:
             queues.setdefault(r.peer, []).append(r)
         outstanding: set[tuple[str, int, int]] = set()
@@ -94,7 +95,7 @@ class Overlap(Pass):
             while need is not None and need not in outstanding:
                 post_next()  # only when a peer's FIFO order differs from consumer order
 
-        waits_at: dict[int, list[Recv]] = {}
+        waits_at: dict[int, list[Recv | IRecv]] = {}
         for r in recvs:
             waits_at.setdefault(consumer[r.key], []).append(r)
         for i, ins in enumerate(prog):
@@ -107,7 +108,7 @@ class Overlap(Pass):
                 out.append(WaitRecv(r.tensor, r.stage, r.mb, r.peer, r.tag, op=r.op, at=r.at))
                 outstanding.discard(r.key)
                 post_upto(None)
-            if isinstance(ins, Recv):
+            if isinstance(ins, (Recv, IRecv, WaitRecv)):
                 continue
             if isinstance(ins, Send):
                 sends.append(ins)
@@ -121,14 +122,17 @@ class Overlap(Pass):
         return _batch(out)
 
 
-def _consumer_index(prog: Sequence[Instr], r: Recv) -> int:
-    """The index of the compute instruction that first uses what `r` receives."""
+def _consumer_index(prog: Sequence[Instr], r: Recv | IRecv) -> int:
+    """The index of the compute instruction that first uses what `r` receives (of the first
+    instruction of its overlapped pair, if it is in one)."""
     start = prog.index(r)
     stage = r.stage + 1 if r.tensor == "act" else r.stage - 1
     kinds = (Forward,) if r.tensor == "act" else (Backward, BackwardInput)
     for j in range(start + 1, len(prog)):
         ins = prog[j]
         if isinstance(ins, kinds) and ins.stage == stage and ins.mb == r.mb:
+            while j > 0 and prog[j].paired:
+                j -= 1
             return j
     return start + 1  # pragma: no cover - lowering always emits the consumer
 

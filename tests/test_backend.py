@@ -20,11 +20,13 @@ from pipeir.backend.lower import (
     Batch,
     Comm,
     Forward,
+    Instr,
     IRecv,
+    Load,
     Lowered,
-    Recv,
     Send,
     WaitRecv,
+    format_lowered,
     from_json,
     lower,
     to_json,
@@ -120,12 +122,32 @@ def test_lowering_keeps_program_order_and_is_proved(schedule, max_posted: int,
     report = check_comm(low)
     for r, prog in enumerate(schedule.programs):
         assert _compute_order(low, r) == [(op.kind, op.stage, op.mb) for op in prog]
-    sends = _transfers(low, (Send,) if not overlap else (Comm,))
     cross = sum(1 for a, b in schedule.data_edges()
                 if schedule.rank_of(a) != schedule.rank_of(b))
     assert report.total == cross
-    if not overlap:
-        assert len(sends) == len(_transfers(low, (Recv,))) == cross
+    if not overlap:  # blocking sends, receives posted ahead and waited before their consumer
+        for kind in (Send, IRecv, WaitRecv):
+            assert len(_transfers(low, (kind,))) == cross
+        for prog in low.programs:
+            _assert_a_receive_is_always_posted(prog)
+
+
+def _assert_a_receive_is_always_posted(prog: tuple[Instr, ...]) -> None:
+    """While the rank computes, every peer that will still send to it has a receive posted
+    (so a blocking send never waits for a receiver that is merely busy)."""
+    left: dict[int, int] = {}
+    for ins in prog:
+        if isinstance(ins, IRecv):
+            left[ins.peer] = left.get(ins.peer, 0) + 1
+    posted: dict[int, int] = dict.fromkeys(left, 0)
+    for k, ins in enumerate(prog):
+        if isinstance(ins, IRecv):
+            posted[ins.peer] += 1
+        elif isinstance(ins, WaitRecv):
+            posted[ins.peer] -= 1
+            left[ins.peer] -= 1
+        elif isinstance(ins, COMPUTE):
+            assert all(posted[q] >= 1 for q in left if left[q]), (k, ins, posted, left)
 
 
 def test_accumulate_repeats_the_rounds_with_later_microbatches() -> None:
@@ -144,24 +166,74 @@ def test_lowered_json_round_trips() -> None:
         assert from_json(json.loads(json.dumps(to_json(low)))) == low
 
 
+PAIRED = """
+pipeline {
+    ranks = 2
+    microbatches = 4
+}
+
+schedule paired_1f1b {
+    rank r {
+        let k = ranks - r
+        for i in 0 .. k { F(r, i) }
+        for i in 0 .. microbatches - k { overlap { F(r, i + k) B(r, i) } }
+        for i in microbatches - k .. microbatches { B(r, i) }
+    }
+}
+"""
+
+
+@pytest.mark.parametrize("passes", [None, "overlap", "overlap{max_posted=1}"])
+@pytest.mark.parametrize("schedule", ["paired", "dualpipe-v"])
+def test_overlapped_pairs_lower_back_to_back(schedule: str, passes: str | None) -> None:
+    s = (pipeir.parse(PAIRED) if schedule == "paired"
+         else pipeir.library.get("dualpipe-v", 4, 8))
+    low = compile_schedule(s, passes)
+    runs = 0
+    for r, prog in enumerate(low.programs):
+        for k, ins in enumerate(prog):
+            if ins.paired:  # only compute of the pair since its first instruction
+                assert isinstance(prog[k - 1], (*COMPUTE, Load)), (r, k, prog[k - 1])
+            elif k and prog[k - 1].paired:
+                runs += 1
+        first = {(op.kind, op.stage, op.mb) for op, _ in s.pairs if s.rank_of(op) == r}
+        starts = [prog[k] for k in range(1, len(prog)) if prog[k].paired
+                  and not prog[k - 1].paired]
+        assert len(starts) == len(first)
+    assert runs == len(s.pairs)
+    assert from_json(json.loads(json.dumps(to_json(low)))) == low
+    assert " paired " in format_lowered(low) or " paired\n" in format_lowered(low)
+
+
 # ---- the deadlock proof ------------------------------------------------------------------------
 
-def _swap(low: Lowered, rank: int, a: int, b: int) -> Lowered:
+def _move(low: Lowered, rank: int, src: int, dst: int) -> Lowered:
+    """`low` with rank's instruction #src moved to just after #dst."""
     prog = list(low.program(rank))
-    prog[a], prog[b] = prog[b], prog[a]
+    prog.insert(dst, prog.pop(src))
     progs = list(low.programs)
     progs[rank] = tuple(prog)
     return replace(low, programs=tuple(progs))
 
 
+def _late_post(low: Lowered) -> Lowered:
+    """Each rank posts its receive only after its own blocking send to the other: rank 0's
+    send of act 1 waits for rank 1, whose send of grad 0 waits for rank 0."""
+    for rank, tensor, mb in ((0, "grad", 0), (1, "act", 1)):
+        prog = low.program(rank)
+        post = next(i for i, x in enumerate(prog) if isinstance(x, IRecv) and x.mb == mb
+                    and x.tensor == tensor)
+        send = next(i for i, x in enumerate(prog) if isinstance(x, Send)
+                    and x.mb == 1 - mb)
+        low = _move(low, rank, post, send)
+    return low
+
+
 def test_misordered_blocking_programs_are_rejected_with_the_waiting_chain() -> None:
     low = lower(_small())
-    prog = low.program(1)
-    recv1 = next(i for i, x in enumerate(prog) if isinstance(x, Recv) and x.mb == 1)
-    send0 = next(i for i, x in enumerate(prog) if isinstance(x, Send) and x.mb == 0)
-    bad = _swap(low, 1, recv1, send0)  # rank 1 sends grad 0 before receiving act 1
+    check_comm(low)
     with pytest.raises(VerifyError) as e:
-        check_comm(bad)
+        check_comm(_late_post(low))
     assert e.value.check == "comm"
     text = e.value.render()
     assert "deadlock under rendezvous semantics: rank 0 -> rank 1 -> rank 0" in text
@@ -170,10 +242,11 @@ def test_misordered_blocking_programs_are_rejected_with_the_waiting_chain() -> N
 
 
 def test_fifo_mismatch_is_rejected() -> None:
-    low = lower(pipeir.library.get("gpipe", 2, 2))
+    low = Overlap().run_lowered(lower(pipeir.library.get("gpipe", 2, 2)))
     prog = list(low.program(1))
-    i0, i1 = [i for i, x in enumerate(prog) if isinstance(x, Recv) and x.tensor == "act"]
-    prog[i0], prog[i1] = replace(prog[i0], mb=1), replace(prog[i1], mb=0)
+    k = next(i for i, x in enumerate(prog) if isinstance(x, Batch))  # both receives, posted
+    a, b = prog[k].posts  # type: ignore[attr-defined]
+    prog[k] = replace(prog[k], posts=(replace(a, mb=b.mb), replace(b, mb=a.mb)))
     bad = replace(low, programs=(low.program(0), tuple(prog)))
     with pytest.raises(VerifyError, match="transfer #0 is sent as act of stage 0 mb 0 but "
                                           "received as act of stage 0 mb 1"):
@@ -195,10 +268,7 @@ def test_check_lowered_cli(cli, tmp_path: Path) -> None:
     low = lower(_small())
     good, bad = tmp_path / "good.json", tmp_path / "bad.json"
     good.write_text(json.dumps(to_json(low)))
-    prog = low.program(1)
-    recv1 = next(i for i, x in enumerate(prog) if isinstance(x, Recv) and x.mb == 1)
-    send0 = next(i for i, x in enumerate(prog) if isinstance(x, Send) and x.mb == 0)
-    bad.write_text(json.dumps(to_json(_swap(low, 1, recv1, send0))))
+    bad.write_text(json.dumps(to_json(_late_post(low))))
     code, out, err = cli("check", "--lowered", good)
     assert code == 0 and "good.json: lowered ok" in out
     code, out, err = cli("check", "--lowered", bad, good)

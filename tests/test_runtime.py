@@ -26,9 +26,10 @@ from pipeir.testing import configs, schedules
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 TIMEOUT = 60.0
+MLP = "pipeir.models.mlp:small"  # the built-in mlp at test size
 
 
-def _job(schedule: Schedule, passes: str | None, steps: int, model: str = "mlp") -> Job:
+def _job(schedule: Schedule, passes: str | None, steps: int, model: str = MLP) -> Job:
     low = compile_schedule(schedule, passes)
     return Job(low, tuple(rank_source(low, r) for r in range(low.ranks)), model, steps,
                collect=True)
@@ -62,6 +63,24 @@ def _example(name: str, **overrides: int) -> Schedule:
     return pipeir.parse(EXAMPLES / name, overrides=overrides)
 
 
+PAIRED_1F1B = """
+pipeline {
+    ranks = 2
+    microbatches = 4
+}
+
+# 1F1B whose steady state runs F(r, i + k) and B(r, i) as an overlapped pair
+schedule paired_1f1b {
+    rank r {
+        let k = ranks - r
+        for i in 0 .. k { F(r, i) }
+        for i in 0 .. microbatches - k { overlap { F(r, i + k) B(r, i) } }
+        for i in microbatches - k .. microbatches { B(r, i) }
+    }
+}
+"""
+
+
 def test_two_ranks_every_schedule_kind_matches_single_process() -> None:
     jobs = [
         _job(_lib("gpipe", 2, 4), None, 1),
@@ -80,7 +99,15 @@ def test_two_ranks_every_schedule_kind_matches_single_process() -> None:
         _job(_example("vshape.sched", ranks=2, microbatches=2), None, 2),  # local hand-offs
         # uneven micro-batches (16 samples in 3) through a transformer: per-mb shape plans
         _job(_lib("1f1b", 2, 3), "overlap", 2, model="transformer"),
+        # overlapped pairs, alone and with V placement (local hand-offs) and split I/W
+        _job(pipeir.parse(PAIRED_1F1B), None, 2),
+        _job(pipeir.parse(PAIRED_1F1B), "overlap{max_posted=1}", 2),
+        _job(_lib("dualpipe-v", 2, 4), None, 2),
+        _job(_lib("dualpipe-v", 2, 4), "overlap", 2, model="transformer"),
+        _job(_lib("zb-v", 2, 4), None, 2),
     ]
+    paired = [i for p in jobs[-5].lowered.programs for i in p if i.paired]
+    assert paired, "the paired schedule lowers with back-to-back pairs"
     result = launch(jobs, 2, timeout_s=TIMEOUT)
     _assert_matches_reference(jobs, result)
     losses = [result.steps[(0, 0)].loss]
@@ -95,6 +122,81 @@ def test_four_ranks_match_single_process() -> None:
     ]
     result = launch(jobs, 4, timeout_s=TIMEOUT)
     _assert_matches_reference(jobs, result)
+
+
+class _Tied(torch.nn.Module):
+    """The same Linear twice: one parameter reached from two places in the graph."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = torch.nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.lin(torch.tanh(self.lin(x))) + x
+
+
+def _watch(root: torch.autograd.graph.Node) -> tuple[list[object], list[object]]:
+    """Prehooks on every node under `root`: the list of nodes that run (appended to as they
+    run), and the hook handles."""
+    ran: list[object] = []
+    handles = []
+    todo, seen = [root], {root}
+    while todo:
+        node = todo.pop()
+        handles.append(node.register_prehook(lambda g, n=node: ran.append(n)))
+        for fn, _ in node.next_functions:
+            if fn is not None and fn not in seen:
+                seen.add(fn)
+                todo.append(fn)
+    return ran, handles
+
+
+@pytest.mark.parametrize("model", ["mlp", "transformer", "tied"])
+@pytest.mark.parametrize("stage", [1, 3])
+def test_split_backward_equals_full_backward_and_w_skips_the_input_path(
+        model: str, stage: int) -> None:
+    from pipeir.models import build_stage
+    from pipeir.runtime import splitgrad
+
+    torch.manual_seed(0)
+    if model == "tied":
+        mod: torch.nn.Module = _Tied()
+        x0 = torch.randn(4, 8)
+    else:
+        spec = resolve(MLP if model == "mlp" else model)
+        mod = build_stage(spec, stage, 4)
+        x0 = spec.batch(0)[0][:4]
+        with torch.no_grad():
+            for s in range(stage):
+                x0 = build_stage(spec, s, 4)(x0)
+
+    def run() -> tuple[torch.Tensor, torch.Tensor]:
+        x = x0.detach().requires_grad_()
+        return x, mod(x).square().mean()  # a scalar, like the last stage's loss
+
+    x, out = run()
+    out.backward()
+    want = {k: p.grad.clone() for k, p in mod.named_parameters()}
+    mod.zero_grad(set_to_none=True)
+    x2, out2 = run()
+    ran, handles = _watch(out2.grad_fn)
+    gx, work = splitgrad.backward_input(out2, None, x2)
+    torch.testing.assert_close(gx, x.grad)
+    assert all(p.grad is None for p in mod.parameters())  # I leaves the weights alone
+    in_i = set(ran)
+    ran.clear()
+    splitgrad.backward_weight(work)
+    for h in handles:
+        h.remove()
+    for k, p in mod.named_parameters():
+        torch.testing.assert_close(p.grad, want[k], msg=k)
+    assert ran
+    if model != "tied":  # (tied weights recompute the path between the two uses)
+        # W reruns a node that I ran only to take its side branch to the weights: none of
+        # the activation-gradient path (residual adds, activations, the loss) runs twice.
+        again = [n for n in ran if n in in_i]
+        assert all(any(fn is not None and fn not in in_i for fn, _ in n.next_functions)
+                   for n in again), [n.name() for n in again]
 
 
 @st.composite
@@ -128,10 +230,31 @@ def test_run_trains_and_reports_bubble_and_trace(cli, tmp_path: Path) -> None:
     assert len(rows) == 2 and all(r[1].endswith("%") for r in rows)
     import json
 
+    assert "ms per transfer (overlapped communication)" in out
     events = json.loads(trace.read_text())["traceEvents"]
     names = {e["name"] for e in events if e["ph"] == "X"}
     assert {"F0", "B3"} <= names  # measured ops, named like `simulate --trace`
     assert {e["ph"] for e in events} >= {"X", "M", "s", "f"}
+    steps = [e["args"]["step"] for e in events if e["ph"] == "X" and e["name"] == "F0"]
+    assert sorted(steps) == [1, 1, 2, 2, 3, 3]  # every step, on both ranks' stage
+    flows = [e["id"] for e in events if e["ph"] == "s"]
+    assert len(flows) == len(set(flows)) == 3 * 8  # 4 activations, 4 gradients a step
+    starts = sorted(e["ts"] for e in events if e["ph"] == "X" and e["name"] == "F0")
+    assert starts[0] >= 0 and starts[-1] > starts[0]  # one time line for all steps
+
+
+def test_run_progress_is_one_line_on_a_terminal(cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
+    code, out, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                         "--steps", "3", "--model", MLP)
+    assert code == 0, err
+    lines = out.split("\n")
+    progress = lines[1]  # after the "training ..." line: each step rewrites it in place
+    assert progress.count("\r") == 3 and progress.endswith("\x1b[K")
+    assert [p.split()[1] for p in progress.split("\r")[1:]] == ["1/3", "2/3", "3/3"]
+    assert lines[2] == "" and lines[3].startswith("median step time")
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -140,8 +263,8 @@ def test_run_trains_and_reports_bubble_and_trace(cli, tmp_path: Path) -> None:
     (("--model", "pipeir.models.mlp:nope"), "has no function 'nope'"),
     (("--nproc", "3"), "--nproc 3: the schedule runs on 2 ranks"),
     (("--steps", "0"), "--steps must be at least 1"),
-    (("--microbatches", "65"),
-     "--model mlp: a batch of 64 samples cannot be split into 65 micro-batches"),
+    (("--microbatches", "257"),
+     "--model mlp: a batch of 256 samples cannot be split into 257 micro-batches"),
     (("--passes", "overlap{max_posted=-1}"), "max_posted must be a non-negative integer"),
     (("--trace", "/nonexistent/dir/t.json"), "directory /nonexistent/dir does not exist"),
 ])
@@ -158,7 +281,7 @@ import os, signal, time
 import torch
 from torch import nn
 from pipeir.models import ModelSpec
-from pipeir.models.mlp import spec as mlp
+from pipeir.models.mlp import small as mlp
 
 class Bomb(nn.Module):
     """Stage 1 fails on its third forward (step 2, micro-batch 0)."""
@@ -182,12 +305,12 @@ def spec():
 
 @pytest.mark.parametrize(("action", "expected"), [
     ("raise RuntimeError('shape mismatch in my layer')",
-     "rank 1 failed at instruction #2 `forward stage=1 mb=0` (F(1,0), "),
+     "rank 1 failed at instruction #4 `forward stage=1 mb=0` (F(1,0), "),
     ("os.kill(os.getpid(), signal.SIGKILL)",
-     "rank 1 died (killed by signal 9) at instruction #2 `forward stage=1 mb=0` (F(1,0), "),
+     "rank 1 died (killed by signal 9) at instruction #4 `forward stage=1 mb=0` (F(1,0), "),
     # a hang: rank 0's send times out after --timeout; the message says where rank 1 was
     ("time.sleep(60)",
-     "rank 1 was at instruction #2 `forward stage=1 mb=0` (F(1,0), "),
+     "rank 1 was at instruction #4 `forward stage=1 mb=0` (F(1,0), "),
 ])
 def test_a_failing_rank_stops_every_rank_with_one_clear_message(
         cli, tmp_path: Path, action: str, expected: str) -> None:

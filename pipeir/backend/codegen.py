@@ -86,7 +86,8 @@ def rank_source(lowered: Lowered, rank: int) -> str:
     for ins in lowered.program(rank):
         here = " ".join(x for x in (ins.op, ins.at) if x)
         if here and here != origin and not isinstance(ins, WaitSend):
-            lines.append(f"    # {here}")
+            pair = " (overlapped pair: runs together with the op above)" if ins.paired else ""
+            lines.append(f"    # {here}{pair}")
             origin = here
         lines.extend("    " + line for line in _statement(ins, bind, handles).split("\n"))
     return "\n".join(lines) + "\n"
@@ -106,7 +107,7 @@ def _statement(ins: Instr, bind: object, handles: dict[tuple[str, str, int, int]
     if isinstance(ins, Comm):
         return f"ctx.{name}({_args(ins)})"
     args = ", ".join(_literal(getattr(ins, f.name)) for f in fields(ins)
-                     if f.name not in ("op", "at"))
+                     if f.name not in ("op", "at", "paired"))
     return f"ctx.{name}({args})"
 
 

@@ -32,8 +32,10 @@ class Block(nn.Module):
         n = x.shape[1]
         mask = torch.triu(torch.ones(n, n, dtype=torch.bool, device=x.device), diagonal=1)
         h = self.ln1(x)
-        x = x + self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
-        return x + self.mlp(self.ln2(x))
+        attended: torch.Tensor = self.attn(h, h, h, attn_mask=mask, need_weights=False)[0]
+        x = x + attended
+        out: torch.Tensor = x + self.mlp(self.ln2(x))
+        return out
 
 
 class Stage(nn.Module):

@@ -9,6 +9,7 @@ Tensor state, keyed by (stage, micro-batch):
   outputs   the stage output (for the last stage: the scaled loss)
   out_grads the gradient w.r.t. a stage output (received, or handed off locally)
   in_grads  the gradient w.r.t. a stage input, waiting to be sent or handed off
+  weight_work what an I left for its W (saved gradients at the weight-feeding nodes)
 Entries are popped as soon as the backward that needs them has run, which frees activations.
 
 NOTE (CUDA): compute runs on the current stream and point-to-point ops on a separate comm
@@ -28,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from pipeir.models.spec import ModelSpec
+from pipeir.runtime import splitgrad
 from pipeir.runtime.shapes import ShapePlan
 
 Key = tuple[int, int]
@@ -64,7 +66,8 @@ class Context:
         self.optimizer = spec.optimizer(params)
         self.on_instr = on_instr
         self.cuda = device.type == "cuda"
-        self.comm_stream = torch.cuda.Stream(device) if self.cuda else None
+        self.comm_stream = (torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+                            if self.cuda else None)
         self.pc = -1
         self.times: list[tuple[int, float, float]] = []
         self.loss_sum = 0.0
@@ -76,6 +79,7 @@ class Context:
         self.outputs: dict[Key, torch.Tensor] = {}
         self.out_grads: dict[Key, torch.Tensor] = {}
         self.in_grads: dict[Key, torch.Tensor] = {}
+        self.weight_work: dict[Key, splitgrad.WeightWork] = {}
         self.targets: dict[int, torch.Tensor] = {}
         self.sends: list[Handle] = []
 
@@ -141,25 +145,25 @@ class Context:
         self._leave(t0)
 
     def backward_input(self, stage: int, mb: int) -> None:
+        """I: the input gradient only; what W needs is kept in `weight_work` (see
+        `pipeir.runtime.splitgrad`), so W does not redo the activation-gradient path."""
         t0 = self._enter()
         key = (stage, mb)
+        x = self.inputs.pop(key)
+        gx, work = splitgrad.backward_input(self.outputs.pop(key), self.out_grads.pop(key, None),
+                                            x)
         if stage > 0:
-            (g,) = torch.autograd.grad(self.outputs[key], [self.inputs[key]],
-                                       self.out_grads.get(key), retain_graph=True)
-            self.in_grads[key] = g
+            if gx is None:
+                raise RuntimeError("the stage input got no gradient: does the stage use its "
+                                   "input?")
+            self.in_grads[key] = gx
+        self.weight_work[key] = work
         self._leave(t0)
 
     def backward_weight(self, stage: int, mb: int) -> None:
+        """W: parameter gradients from the gradients I saved; frees the activations."""
         t0 = self._enter()
-        key = (stage, mb)
-        out = self.outputs.pop(key)
-        params = [p for p in self.modules[stage].parameters() if p.requires_grad]
-        grads = torch.autograd.grad(out, params, self.out_grads.pop(key, None),
-                                    allow_unused=True)
-        for p, g in zip(params, grads):
-            if g is not None:
-                p.grad = g if p.grad is None else p.grad + g
-        self.inputs.pop(key)
+        splitgrad.backward_weight(self.weight_work.pop((stage, mb)))
         self._leave(t0)
 
     def handoff(self, tensor: str, stage: int, mb: int) -> None:

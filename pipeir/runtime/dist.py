@@ -25,9 +25,9 @@ def backend_for(device: torch.device) -> str:
 def init(rank: int, world: int, init_method: str, timeout_s: float,
          device: torch.device) -> None:
     """Join the process group; `timeout_s` bounds every collective and point-to-point op."""
-    kw = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend_for(device), init_method=init_method, rank=rank,
-                            world_size=world, timeout=timedelta(seconds=timeout_s), **kw)
+                            world_size=world, timeout=timedelta(seconds=timeout_s),
+                            device_id=device if device.type == "cuda" else None)
     # NCCL: the first call on a group must involve every rank before batched p2p may
     # involve a subset (batch_isend_irecv); a barrier is that call, and cheap on gloo.
     dist.barrier()

@@ -13,7 +13,8 @@ with k*m micro-batches so measured and predicted timelines cover the same work.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from statistics import mean
+from statistics import mean, median
+from typing import Any
 
 from pipeir.backend.lower import (
     Backward,
@@ -63,16 +64,18 @@ def _op_of(ins: Instr, schedule: Schedule) -> Op | None:
     return None
 
 
-def measured_result(lowered: Lowered, schedule: Schedule, times: Mapping[int, Times]
-                    ) -> SimResult:
-    """The measured step as a SimResult (seconds from the step's first compute instruction).
-    `schedule` must be `expand_rounds` of the compiled schedule."""
+def measured_result(lowered: Lowered, schedule: Schedule, times: Mapping[int, Times],
+                    t_zero: float | None = None) -> SimResult:
+    """The measured step as a SimResult (seconds from the step's first compute instruction,
+    or from `t_zero` to put several steps on one time line). `schedule` must be
+    `expand_rounds` of the compiled schedule."""
     # NOTE: the step is timed from the first compute instruction to the last one, on any
     # rank: a rank that enters the step early only to block on a receive (its peers still
     # finishing the previous step) would otherwise stretch the step back in time.
     spans = [(t0, t1) for r in times for pc, t0, t1 in times[r]
              if _op_of(lowered.program(r)[pc], schedule) is not None]
-    t_zero = min(t0 for t0, _ in spans)
+    first = min(t0 for t0, _ in spans)
+    t_zero = first if t_zero is None else t_zero
     t_end = max(t1 for _, t1 in spans)
     start: dict[Op, float] = {}
     end: dict[Op, float] = {}
@@ -93,7 +96,7 @@ def measured_result(lowered: Lowered, schedule: Schedule, times: Mapping[int, Ti
                     sent.setdefault(c.key, (r, t0 - t_zero))
                 elif isinstance(c, (Recv, WaitRecv)):
                     arrived[c.key] = (r, t1 - t_zero)
-    makespan = t_end - t_zero
+    makespan = t_end - first
     transfers = [_transfer(key, sent[key], arrived[key], schedule)
                  for key in sorted(sent) if key in arrived]
     return SimResult(schedule, CostModel(unit="s"), "measured", start, end, makespan,
@@ -113,13 +116,83 @@ def _transfer(key: tuple[str, int, int], src: tuple[int, float], dst: tuple[int,
     return Transfer(a, b, src[0], dst[0], src[1], max(src[1], dst[1]), 0.0)
 
 
-def calibrated_prediction(measured: SimResult) -> SimResult:
-    """The simulator's prediction with op costs set to the measured mean time per kind
-    (communication free), for the bubble printed beside the measured one."""
+def transfer_latency(lowered: Lowered, steps: Sequence[Mapping[int, Times]]) -> float:
+    """The measured time of one transfer (seconds), for the simulator's `latency`.
+
+    Blocking programs: the mean duration of a blocking send, the time the sender is occupied
+    (the simulator's blocking model charges exactly that). Asynchronous programs: from the
+    post of a send to the end of the receiver's wait, over the transfers whose receiver was
+    already waiting (so the time is the transfer's own, not a wait for the producer); the
+    median over all steps, or, when no receiver ever waited, of the part of each wait after
+    its send was posted."""
+    blocking: list[float] = []
+    strict: list[float] = []
+    loose: list[float] = []
+    for times in steps:
+        sent: dict[tuple[str, int, int], float] = {}
+        waits: dict[tuple[str, int, int], tuple[float, float]] = {}
+        for r in range(lowered.ranks):
+            prog = lowered.program(r)
+            for pc, t0, t1 in times.get(r, ()):
+                ins = prog[pc]
+                if isinstance(ins, Send):
+                    blocking.append(t1 - t0)
+                for c in (ins.posts if isinstance(ins, Batch) else (ins,)):
+                    if isinstance(c, (Send, ISend)):
+                        sent.setdefault(c.key, t0)
+                    elif isinstance(c, (Recv, WaitRecv)):
+                        waits[c.key] = (t0, t1)
+        for key, (w0, w1) in waits.items():
+            if key in sent:
+                (strict if w0 <= sent[key] else loose).append(w1 - max(w0, sent[key]))
+    if blocking:
+        return mean(blocking)
+    samples = strict or loose
+    return max(0.0, median(samples)) if samples else 0.0
+
+
+def calibrated_prediction(lowered: Lowered, measured: Sequence[SimResult],
+                          latency: float = 0.0) -> SimResult:
+    """The simulator's prediction for the measured steps: op costs set to the measured mean
+    time per stage and kind, `latency` per cross-rank transfer, and the communication model of
+    the program (`blocking` sends occupy the sender; with overlap they do not)."""
+    per_stage: dict[int, dict[str, list[float]]] = {}
     by_kind: dict[str, list[float]] = {}
-    for op, t0 in measured.start.items():
-        by_kind.setdefault(op.kind, []).append(measured.end[op] - t0)
+    for m in measured:
+        for op, t0 in m.start.items():
+            d = m.end[op] - t0
+            per_stage.setdefault(op.stage, {}).setdefault(op.kind, []).append(d)
+            by_kind.setdefault(op.kind, []).append(d)
     kw = {k: mean(v) for k, v in by_kind.items()}
     if "B" not in kw and not ("I" in kw and "W" in kw):
         kw.setdefault("B", 2 * kw.get("F", 1.0))
-    return simulate(measured.schedule, CostModel(unit="s", **kw))
+    stage = {s: {k: mean(v) for k, v in kinds.items()} for s, kinds in per_stage.items()}
+    costs = CostModel(F=kw.get("F", 1.0), B=kw.get("B"), I=kw.get("I"), W=kw.get("W"),
+                      latency=latency, stage=stage, unit="s")
+    return simulate(measured[-1].schedule, costs,
+                    comm="overlapped" if lowered.overlap else "blocking")
+
+
+def steps_trace(steps: Sequence[SimResult]) -> dict[str, Any]:
+    """One Chrome trace of several measured steps (built with a common `t_zero`): each step's
+    `chrome_trace`, with flow ids made unique and the step number in every slice's args."""
+    from pipeir.sim.trace import chrome_trace
+
+    events: list[dict[str, Any]] = []
+    seen: set[tuple[str, int, int]] = set()
+    out: dict[str, Any] = {}
+    for k, result in enumerate(steps):
+        out = chrome_trace(result)
+        for e in out["traceEvents"]:
+            if e["ph"] == "M":
+                key = (e["name"], e["pid"], e["tid"])
+                if key in seen:
+                    continue
+                seen.add(key)
+            if "id" in e:
+                e["id"] = k * 1_000_000 + e["id"]
+            if e["ph"] == "X":
+                e["args"] = {**e.get("args", {}), "step": k + 1}
+            events.append(e)
+    out["traceEvents"] = events
+    return out

@@ -1,0 +1,181 @@
+"""Split backward: the input-gradient half (I) and the weight-gradient half (W) of one stage's
+backward, each doing its own share of the work, so that I + W costs about one full backward.
+
+The idea is torch.distributed.pipelining's `stage_backward_input` / `stage_backward_weight`:
+I runs autograd only towards the stage input and, on the way, saves the gradient that reaches
+every *boundary node* (a node on the input path that also feeds a parameter through a *side
+branch* off that path, e.g. the `AddmmBackward` of a Linear); W restarts autograd at those
+nodes with the saved gradients and goes only towards the parameters.
+
+NOTE (why W makes one autograd call per group of boundary nodes): a single call from all
+boundary nodes at once would make autograd walk from a later boundary node down the input
+path to an earlier one (that path leads to the earlier node's parameters), recomputing the
+activation gradients I already computed. Starting at one node with only the parameters of its
+side branches as targets, autograd runs just that node's weight-gradient outputs and the side
+branches. That is exact when side branches are disjoint. When they share a node (tied weights:
+one parameter, or one tensor made from parameters, used in two places), the nodes that share
+are one group and run in one call that also reaches the later node's parameters through the
+input path; there, as in torch, a pre-hook pins every group node's incoming gradient to the
+value I saved, so nothing is counted twice (the input path between them is recomputed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch.autograd.graph import GradientEdge, Node
+
+Grads = tuple[torch.Tensor | None, ...]
+
+
+@dataclass
+class WeightWork:
+    """What I leaves for W: groups of boundary nodes, each with its parameters; the gradients
+    I saved per node (`full` holds the output and its gradient instead when nothing was split:
+    the input needed no gradient)."""
+
+    groups: list[tuple[list[Node], list[torch.Tensor]]]
+    saved: dict[Node, Grads]
+    full: tuple[torch.Tensor, torch.Tensor | None] | None = None
+
+
+def _node_of(t: torch.Tensor) -> Node | None:
+    """The grad_fn of `t`, or for a leaf the accumulator its gradient goes into."""
+    if t.grad_fn is not None:
+        return t.grad_fn
+    if not t.requires_grad:
+        return None
+    return t.view_as(t).grad_fn.next_functions[0][0]  # type: ignore[union-attr]
+
+
+def _graph(root: Node) -> list[Node]:
+    """Every node reachable from `root`, in discovery order."""
+    seen = {root}
+    order = [root]
+    for node in order:
+        for fn, _ in node.next_functions:
+            if fn is not None and fn not in seen:
+                seen.add(fn)
+                order.append(fn)
+    return order
+
+
+def _on_path(nodes: list[Node], target: Node) -> set[Node]:
+    """The nodes among `nodes` from which `target` is reachable (the input path)."""
+    parents: dict[Node, list[Node]] = {}
+    for node in nodes:
+        for fn, _ in node.next_functions:
+            if fn is not None:
+                parents.setdefault(fn, []).append(node)
+    hit = {target}
+    todo = [target]
+    while todo:
+        for parent in parents.get(todo.pop(), ()):
+            if parent not in hit:
+                hit.add(parent)
+                todo.append(parent)
+    return hit
+
+
+def _side(start: Sequence[Node]) -> tuple[set[Node], list[torch.Tensor]]:
+    """The nodes of the side branches from `start` and the parameters (leaves that need a
+    gradient, seen through their AccumulateGrad nodes) at their ends."""
+    seen = set(start)
+    todo = list(start)
+    params: list[torch.Tensor] = []
+    while todo:
+        node = todo.pop()
+        leaf = getattr(node, "variable", None)  # only AccumulateGrad nodes have one
+        if leaf is not None:
+            params.append(leaf)
+        for fn, _ in node.next_functions:
+            if fn is not None and fn not in seen:
+                seen.add(fn)
+                todo.append(fn)
+    return seen, params
+
+
+def _groups(boundary: list[tuple[Node, set[Node], list[torch.Tensor]]]
+            ) -> list[tuple[list[Node], list[torch.Tensor]]]:
+    """Boundary nodes whose side branches share a node, merged (in order); their parameters."""
+    groups: list[tuple[list[Node], set[Node], list[torch.Tensor]]] = []
+    for node, side, params in boundary:
+        nodes, merged, ps = [node], set(side), list(params)
+        for g in [g for g in groups if not g[1].isdisjoint(side)]:
+            groups.remove(g)
+            nodes, ps = g[0] + nodes, g[2] + ps
+            merged |= g[1]
+        groups.append((nodes, merged, ps))
+    return [(nodes, list({id(p): p for p in ps}.values())) for nodes, _, ps in groups]
+
+
+def backward_input(output: torch.Tensor, grad: torch.Tensor | None, x: torch.Tensor
+                   ) -> tuple[torch.Tensor | None, WeightWork]:
+    """The gradient w.r.t. the stage input `x` (None when x needs none) and the work W does;
+    the autograd graph stays alive (retained) until W has run."""
+    root = output.grad_fn
+    x_node = _node_of(x)
+    if root is None or x_node is None:
+        return None, WeightWork([], {}, (output, grad))
+    nodes = _graph(root)
+    on_path = _on_path(nodes, x_node)
+    boundary: list[tuple[Node, set[Node], list[torch.Tensor]]] = []
+    for node in nodes:
+        if node not in on_path or node is x_node:
+            continue
+        heads = [fn for fn, _ in node.next_functions if fn is not None and fn not in on_path]
+        side, params = _side(heads)
+        if params:
+            boundary.append((node, side, params))
+    saved: dict[Node, Grads] = {}
+    handles = [node.register_prehook(_saver(saved, node)) for node, _, _ in boundary]
+    try:
+        (gx,) = torch.autograd.grad(output, [x], grad, retain_graph=True)
+    finally:
+        for h in handles:
+            h.remove()
+    return gx, WeightWork(_groups(boundary), saved)
+
+
+def _saver(saved: dict[Node, Grads], node: Node) -> Callable[[Grads], None]:
+    def hook(grads: Grads) -> None:
+        saved[node] = grads
+    return hook
+
+
+def backward_weight(work: WeightWork) -> None:
+    """Accumulate the parameter gradients into `.grad` from what `backward_input` saved."""
+    if work.full is not None:
+        output, grad = work.full  # the input needs no gradient: W is the whole backward
+        if output.grad_fn is not None:
+            torch.autograd.backward(output, grad)
+        return
+    for nodes, params in work.groups:
+        edges: list[GradientEdge] = []
+        given: list[torch.Tensor] = []
+        for node in nodes:
+            for i, g in enumerate(work.saved.get(node, ())):
+                if g is not None:
+                    edges.append(GradientEdge(node, i))
+                    given.append(g)
+        if not edges:  # no gradient reached these nodes (an unused branch)
+            continue
+        pins = [node.register_prehook(_pin(work.saved[node])) for node in nodes
+                if len(nodes) > 1 and node in work.saved]
+        try:
+            grads = torch.autograd.grad(edges, params, given, retain_graph=True,
+                                        allow_unused=True)
+        finally:
+            for h in pins:
+                h.remove()
+        for p, g in zip(params, grads):
+            if g is not None:
+                p.grad = g if p.grad is None else p.grad + g
+
+
+def _pin(grads: Grads) -> Callable[[Grads], Grads]:
+    def hook(_: Grads) -> Grads:
+        return grads
+    return hook
