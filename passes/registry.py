@@ -13,11 +13,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import importlib.util
-import sys
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Final
 
+from pipeir._importing import import_file
 from pipeir.diagnostics import Note, UsageError, did_you_mean
 from pipeir.passes.base import Pass
 
@@ -100,23 +100,7 @@ def load_plugin(spec: str) -> type[Pass]:
         raise UsageError(f"--pass-plugin '{spec}': expected module:Class or file.py:Class")
     if not where.endswith(".py"):
         return load_target(spec)
-    path = Path(where)
-    if not path.is_file():
-        raise UsageError(f"--pass-plugin '{spec}': no such file {where}")
-    module_name = f"pipeir_plugin_{abs(hash(str(path.resolve())))}_{path.stem}"
-    module = sys.modules.get(module_name)
-    if module is None:
-        loader_spec = importlib.util.spec_from_file_location(module_name, path)
-        if loader_spec is None or loader_spec.loader is None:
-            raise UsageError(f"--pass-plugin '{spec}': cannot load {where}")
-        module = importlib.util.module_from_spec(loader_spec)
-        sys.modules[module_name] = module
-        try:
-            loader_spec.loader.exec_module(module)
-        except Exception as e:
-            del sys.modules[module_name]
-            raise UsageError(f"--pass-plugin '{spec}': {where} failed to import: "
-                             f"{type(e).__name__}: {e}") from None
+    module = import_file(Path(where), "pipeir_plugin", f"--pass-plugin '{spec}'")
     return _check_class(module, attr, spec, None)
 
 

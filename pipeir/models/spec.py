@@ -29,12 +29,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pipeir._importing import import_file
 from pipeir.diagnostics import UsageError
 
 if TYPE_CHECKING:
@@ -110,20 +110,4 @@ def resolve(ref: str) -> ModelSpec:
 
 
 def _load_file(ref: str, path: Path) -> Any:
-    if not path.is_file():
-        raise UsageError(f"--model '{ref}': no such file {path}")
-    name = f"pipeir_model_{abs(hash(str(path.resolve())))}"
-    if name in sys.modules:
-        return sys.modules[name]
-    loader_spec = importlib.util.spec_from_file_location(name, path)
-    if loader_spec is None or loader_spec.loader is None:
-        raise UsageError(f"--model '{ref}': cannot load {path}")
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[name] = module
-    try:
-        loader_spec.loader.exec_module(module)
-    except Exception as e:
-        del sys.modules[name]
-        raise UsageError(f"--model '{ref}': {path} failed to import: "
-                         f"{type(e).__name__}: {e}") from None
-    return module
+    return import_file(path, "pipeir_model", f"--model '{ref}'")

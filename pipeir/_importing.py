@@ -1,0 +1,36 @@
+"""Importing a user's Python file (a pass plugin, a model spec) by path."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from pipeir.diagnostics import UsageError
+
+
+def import_file(path: Path, prefix: str, label: str) -> ModuleType:
+    """Import `path` under a private module name derived from its absolute path (so two files
+    with the same stem do not collide, and every process picks the same name), registered in
+    sys.modules as dataclasses and pickling need. Errors start with `label` (e.g. "--model
+    'x.py'") and are UsageErrors, never tracebacks."""
+    if not path.is_file():
+        raise UsageError(f"{label}: no such file {path}")
+    digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
+    name = f"{prefix}_{digest}_{path.stem}" if path.stem.isidentifier() else f"{prefix}_{digest}"
+    module = sys.modules.get(name)
+    if module is not None:
+        return module
+    loader_spec = importlib.util.spec_from_file_location(name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise UsageError(f"{label}: cannot load {path}")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as e:
+        del sys.modules[name]
+        raise UsageError(f"{label}: {path} failed to import: {type(e).__name__}: {e}") from None
+    return module
