@@ -6,9 +6,9 @@ NOTE (how, and why so). Compute is measured in this one process, stage by stage,
 micro-batch of step 0's batch split into `microbatches`: the pipeline runs the same modules
 on the same shapes, and one process avoids ranks competing for the CPU while being timed.
 Each figure is the median of `iters` runs after `warmup` runs. B is a full backward; I and
-W are the two `torch.autograd.grad` calls the runtime makes for split backwards (so I + W is
-slightly more than B: the graph is walked twice, as it is at run time). Stage 0's I is zero:
-its input needs no gradient. Activation memory is the bytes autograd saves for backward,
+W are timed exactly as the runtime splits them (pipeir.runtime.splitgrad: I computes the
+input gradient and saves what W needs, so I + W is about B). Stage 0's I is zero: its input
+needs no gradient, and its W is the whole backward. Activation memory is the bytes autograd saves for backward,
 counted with saved-tensor hooks. Transfers: rank 0 and rank 1 of a fresh gloo group
 ping-pong a small and a large message; latency is half the fastest small round trip,
 bandwidth the extra bytes over the extra time (fastest of a few: the usual microbenchmark
@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from pipeir.models.spec import ModelSpec, build_stage
+from pipeir.runtime.splitgrad import backward_input, backward_weight
 from pipeir.runtime.worker import split_batch
 
 SMALL_BYTES = 64
@@ -98,14 +99,17 @@ def _profile_stage(spec: ModelSpec, s: int, stages: int, x: torch.Tensor, y: tor
     grad = None if last else torch.ones_like(o)
     f = _median_ms(fresh, warmup, iters)
     b = _timed_after(fresh, lambda i, o: torch.autograd.backward(o, grad), warmup, iters)
+    # I and W as the runtime computes them (pipeir.runtime.splitgrad): I saves what W needs,
+    # so W does not walk the activation-gradient path again
     i_t = 0.0
     if needs_grad:
-        i_t = _timed_after(fresh, lambda i, o: torch.autograd.grad(
-            o, [i], grad, retain_graph=True), warmup, iters)
+        i_t = _timed_after(fresh, lambda i, o: backward_input(o, grad, i), warmup, iters)
     w = 0.0
     if params:
-        w = _timed_after(fresh, lambda i, o: torch.autograd.grad(
-            o, params, grad, allow_unused=True), warmup, iters)
+        def after_input() -> tuple[Any, Any]:
+            i, o = fresh()
+            return backward_input(o, grad, i)[1], None
+        w = _timed_after(after_input, lambda work, _: backward_weight(work), warmup, iters)
     for p in module.parameters():
         p.grad = None
     act = 0.0 if last else float(o.numel() * o.element_size())
