@@ -326,7 +326,9 @@ def test_a_failing_rank_stops_every_rank_with_one_clear_message(
     assert "1f1b.sched:13" in err  # the .sched line of F(1,0)
     assert "stopped all 2 ranks" in err
     assert "Traceback" not in err
-    assert "step    1/5" in out and "step    2/5" not in out
+    assert "step    2/5" not in out
+    if "SIGKILL" not in action:  # a killed rank may take its last, unflushed step report along
+        assert "step    1/5" in out
 
 
 def test_generated_program_runs_under_torchrun(tmp_path: Path) -> None:

@@ -7,9 +7,10 @@ micro-batch of step 0's batch split into `microbatches`: the pipeline runs the s
 on the same shapes, and one process avoids ranks competing for the CPU while being timed.
 Each figure is the median of `iters` runs after `warmup` runs. B is a full backward; I and
 W are timed exactly as the runtime splits them (pipeir.runtime.splitgrad: I computes the
-input gradient and saves what W needs, so I + W is about B). Stage 0's I is zero: its input
-needs no gradient, and its W is the whole backward. Activation memory is the bytes autograd saves for backward,
-counted with saved-tensor hooks. Transfers: rank 0 and rank 1 of a fresh gloo group
+input gradient and saves what W needs, so I + W is about B). Stage 0's I is zero: its
+input needs no gradient, and its W is the whole backward. Activation memory is the bytes
+autograd saves for backward, counted with saved-tensor hooks. Transfers: rank 0 and rank 1
+of a fresh gloo group
 ping-pong a small and a large message; latency is half the fastest small round trip,
 bandwidth the extra bytes over the extra time (fastest of a few: the usual microbenchmark
 figure, least disturbed by other load).
@@ -116,10 +117,9 @@ def _profile_stage(spec: ModelSpec, s: int, stages: int, x: torch.Tensor, y: tor
     return StageTimes(f, b, i_t, w, act, float(saved[0])), o.detach()
 
 
-def _timed_after(setup: Callable[[], tuple[torch.Tensor, torch.Tensor]],
-                 fn: Callable[[torch.Tensor, torch.Tensor], Any], warmup: int,
-                 iters: int) -> float:
-    """Median ms of `fn(*setup())`, the setup (a fresh forward) not timed."""
+def _timed_after(setup: Callable[[], tuple[Any, Any]], fn: Callable[[Any, Any], Any],
+                 warmup: int, iters: int) -> float:
+    """Median ms of `fn(*setup())`, the setup (e.g. a fresh forward) not timed."""
     times = []
     for k in range(warmup + iters):
         args = setup()
