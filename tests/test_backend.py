@@ -166,21 +166,7 @@ def test_lowered_json_round_trips() -> None:
         assert from_json(json.loads(json.dumps(to_json(low)))) == low
 
 
-PAIRED = """
-pipeline {
-    ranks = 2
-    microbatches = 4
-}
-
-schedule paired_1f1b {
-    rank r {
-        let k = ranks - r
-        for i in 0 .. k { F(r, i) }
-        for i in 0 .. microbatches - k { overlap { F(r, i + k) B(r, i) } }
-        for i in microbatches - k .. microbatches { B(r, i) }
-    }
-}
-"""
+PAIRED = (Path(__file__).parent.parent / "examples" / "paired-1f1b.sched").read_text()
 
 
 @pytest.mark.parametrize("passes", [None, "overlap", "overlap{max_posted=1}"])

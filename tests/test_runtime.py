@@ -63,22 +63,7 @@ def _example(name: str, **overrides: int) -> Schedule:
     return pipeir.parse(EXAMPLES / name, overrides=overrides)
 
 
-PAIRED_1F1B = """
-pipeline {
-    ranks = 2
-    microbatches = 4
-}
-
-# 1F1B whose steady state runs F(r, i + k) and B(r, i) as an overlapped pair
-schedule paired_1f1b {
-    rank r {
-        let k = ranks - r
-        for i in 0 .. k { F(r, i) }
-        for i in 0 .. microbatches - k { overlap { F(r, i + k) B(r, i) } }
-        for i in microbatches - k .. microbatches { B(r, i) }
-    }
-}
-"""
+PAIRED_1F1B = (Path(__file__).parent.parent / "examples" / "paired-1f1b.sched").read_text()
 
 
 def test_two_ranks_every_schedule_kind_matches_single_process() -> None:
