@@ -140,7 +140,7 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
             except PipeirError:
                 continue  # e.g. interleaved 1F1B needs m to be a multiple of its rounds
             chunk_costs = rescale(costs, ranks, v, ref / m)
-            for split in splits:
+            for split in ([None] if family in PRESPLIT else splits):
                 for comm in comms:
                     cand = _evaluate(base, chunk_costs, family, v, m, split, comm,
                                      do_reorder, ref / m)
@@ -156,12 +156,18 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
     return TuneResult(ranked, over)
 
 
+#: Library schedules that already split their backwards (I + W): split-backward adds nothing.
+PRESPLIT = ("zb-v", "dualpipe-v")
+
+
 def _families(ranks: int, m: int, max_v: int) -> list[tuple[str, int]]:
     out = [("gpipe", 1), ("1f1b", 1)]
     v = 2
     while v <= max_v and ranks > 1:
         out.append(("interleaved-1f1b", v))
         v *= 2
+    if ranks > 1 and max_v >= 2:
+        out.extend((name, 2) for name in PRESPLIT)  # V placement, two chunks per rank
     return out
 
 

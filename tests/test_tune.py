@@ -122,3 +122,14 @@ def test_search_ranks_by_simulated_step(F: float, I: float, W: float,  # noqa: E
     best = result.best
     verify(best.schedule)
     assert simulate(best.schedule, best.costs, best.comm).makespan == best.step_time
+
+
+def test_tight_memory_picks_zb_v(cli, tmp_path: Path) -> None:
+    # zb-v holds 1F1B's memory in two half-size chunks and fills the bubble: under a memory
+    # limit that rules out interleaving, it wins on compute-bound costs
+    out_file = tmp_path / "best.sched"
+    code, out, err = cli("tune", "--costs", str(COMPUTE), "--memory-limit", "2", "-o",
+                         str(out_file))
+    assert code == 0, err
+    assert rows(out)[0][1] == "zb-v"
+    check_written(out_file, out)
