@@ -32,7 +32,6 @@ from torch import nn
 
 import pipeir
 from pipeir.backend.codegen import rank_source
-from pipeir.backend.driver import compile_schedule
 from pipeir.models import ModelSpec
 from pipeir.runtime.launch import free_port, launch
 from pipeir.runtime.measure import (
@@ -164,7 +163,7 @@ def _schedule(kind: str, world: int, m: int) -> pipeir.Schedule:
 
 def run_pipeir(kind: str, world: int, m: int, steps: int, overlap: bool,
                model: str = f"{HERE}:spec") -> tuple[list[float], object, object]:
-    low = compile_schedule(_schedule(kind, world, m), "overlap" if overlap else None)
+    low = pipeir.compile(_schedule(kind, world, m), "overlap" if overlap else "").lowered
     job = Job(low, tuple(rank_source(low, r) for r in range(world)), model, steps)
     res = launch([job], world, timeout_s=120)
     return [res.steps[(0, s)].time for s in range(steps)], res, low

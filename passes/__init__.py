@@ -12,16 +12,28 @@ through `pipeir.passes.registry`; import a pass class from its module for the Py
 e.g. `from pipeir.passes.interleave import Interleave`.
 """
 
-from pipeir.passes.base import OptionError, Pass
-from pipeir.passes.manager import DumpDir, Instrument, PassManager, PrintAfter, TimePasses
+from pipeir.passes.base import LoweredPass, OptionError, Pass, PassBase
+from pipeir.passes.context import PassContext
+from pipeir.passes.manager import (
+    Compiled,
+    DumpDir,
+    Instrument,
+    PassManager,
+    PrintAfter,
+    TimePasses,
+)
 from pipeir.passes.pipeline import Pipeline, parse_pipeline
 from pipeir.passes.registry import get, load_plugin, names
 
 __all__ = [
+    "Compiled",
     "DumpDir",
     "Instrument",
+    "LoweredPass",
     "OptionError",
     "Pass",
+    "PassBase",
+    "PassContext",
     "PassManager",
     "Pipeline",
     "PrintAfter",

@@ -16,8 +16,10 @@ from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from pipeir.diagnostics import UsageError
+from pipeir.passes.context import DEFAULT_CONTEXT, CommModel, PassContext
 
 if TYPE_CHECKING:
+    from pipeir.backend.lower import Lowered
     from pipeir.schedule import Schedule
 
 
@@ -31,24 +33,11 @@ class OptionError(UsageError):
 
 
 @dataclass(frozen=True)
-class Pass:
-    """Base class of every pass; subclasses are frozen dataclasses whose fields are options."""
+class PassBase:
+    """What every pass has, whatever it transforms: a name, a summary and its options."""
 
     name: ClassVar[str]  # kebab-case, e.g. "split-backward"
     summary: ClassVar[str]  # one line for `pipeirc passes`
-    #: "schedule": `run(Schedule) -> Schedule`; "lowered": works on lowered per-rank programs
-    #: (the backend runs those; the schedule pass manager skips them with a clear message).
-    level: ClassVar[str] = "schedule"
-    #: Properties the input must have / the output is guaranteed to have, e.g. "complete",
-    #: "verified", "split" (backwards are I + W), "merged" (backwards are B). Documentation
-    #: for users and for pipelines; the pass manager's verify-each is what enforces validity.
-    requires: ClassVar[tuple[str, ...]] = ()
-    guarantees: ClassVar[tuple[str, ...]] = ()
-
-    def run(self, schedule: Schedule) -> Schedule:
-        """Transform `schedule` into a new one. Subclasses at level "schedule" override this."""
-        raise NotImplementedError(f"pass '{self.name}' does not transform schedules "
-                                  f"(level {self.level})")
 
     def options(self) -> dict[str, Any]:
         """The option values of this instance, by field name."""
@@ -66,6 +55,28 @@ class Pass:
 
     def __str__(self) -> str:
         return self.spec()
+
+
+@dataclass(frozen=True)
+class Pass(PassBase):
+    """A pass over the schedule IR: `run(schedule, ctx) -> Schedule`."""
+
+    def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
+        """Transform `schedule` into a new one (`ctx`: the costs to plan against)."""
+        raise NotImplementedError(f"pass '{self.name}' does not define run()")
+
+
+@dataclass(frozen=True)
+class LoweredPass(PassBase):
+    """A pass over lowered per-rank instruction programs (the backend's level), such as
+    `overlap`: it runs after lowering, and `pipeir.backend.commcheck` proves its output."""
+
+    #: The communication model the programs run under after this pass (None: unchanged).
+    comm: ClassVar[CommModel | None] = None
+
+    def run(self, lowered: Lowered, ctx: PassContext = DEFAULT_CONTEXT) -> Lowered:
+        """Transform `lowered` into new programs."""
+        raise NotImplementedError(f"pass '{self.name}' does not define run()")
 
 
 def format_value(value: object) -> str:

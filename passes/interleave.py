@@ -27,7 +27,9 @@ from pipeir.config import ConfigError, PipelineConfig
 from pipeir.diagnostics import Note, Span, UsageError
 from pipeir.ops import Op
 from pipeir.passes.base import OptionError, Pass
-from pipeir.schedule import Schedule, data_predecessors
+from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
+from pipeir.schedule import Schedule
+from pipeir.sim.engine import Timing
 from pipeir.verify import memory_report
 
 Placement = Literal["loop", "vshape"]
@@ -40,8 +42,6 @@ class Interleave(Pass):
     name: ClassVar[str] = "interleave"
     summary: ClassVar[str] = ("virtual pipeline: v chunks per rank in Megatron's depth-first "
                               "order (1F1B becomes interleaved 1F1B)")
-    requires: ClassVar[tuple[str, ...]] = ("verified", "merged", "one-stage-per-rank")
-    guarantees: ClassVar[tuple[str, ...]] = ("verified", "merged")
 
     v: int = 2
     placement: Placement = "loop"
@@ -54,7 +54,7 @@ class Interleave(Pass):
             raise OptionError("placement", f"interleave: placement must be loop or vshape, "
                                            f"got {self.placement!r}")
 
-    def run(self, schedule: Schedule) -> Schedule:
+    def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
         c = schedule.config
         warmups = _shape(schedule)
         rounds = max(1, c.microbatches // c.ranks)
@@ -77,9 +77,14 @@ class Interleave(Pass):
         total = c.microbatches * self.v
         warm = [total if w == c.microbatches else min((self.v - 1) * per_round + 2 * w, total)
                 for w in warmups]
+        spans: dict[Op, Span | None] = {}
         while True:
             programs = [self._program(config, r, warm[r], per_round) for r in range(c.ranks)]
-            stuck = _stuck_at_backward(programs, config)
+            spans = {op: schedule.span_of(Op(op.kind, r, op.mb))  # a chunk's op comes from
+                     for r, prog in enumerate(programs) for op in prog}  # the rank's op
+            out = Schedule.from_programs(config, programs, schedule.name, spans)
+            heads = Timing(out, ctx.costs).stuck()
+            stuck = [r for r, k in enumerate(heads) if k is not None and programs[r][k].kind == "B"]
             if not stuck:
                 break
             # NOTE: Megatron's warm-up counts the round trip through a loop placement; in a V
@@ -88,9 +93,6 @@ class Interleave(Pass):
             # backward until the order runs; all-forwards-first always does, so this ends.
             for r in stuck:
                 warm[r] += 1
-        spans = {op: schedule.span_of(Op(op.kind, r, op.mb))  # a chunk's op comes from the
-                 for r, prog in enumerate(programs) for op in prog}  # rank's op on that mb
-        out = Schedule.from_programs(config, programs, schedule.name, spans)
         if config.memory_limit is not None:
             peaks = memory_report(out).peak_activations
             worst = max(range(c.ranks), key=peaks.__getitem__)
@@ -158,24 +160,6 @@ def _not_shaped(schedule: Schedule, rank: int, w: int, why: str, span: Span | No
         (Note(f"interleave accepts, per rank, w forwards, then forward/backward pairs, then w "
               f"backwards, micro-batches in order (here w = {w}); 1F1B and GPipe have that "
               "shape"),))
-
-
-def _stuck_at_backward(programs: list[list[Op]], config: PipelineConfig) -> list[int]:
-    """Run the programs in dependency order; the ranks left waiting at a backward."""
-    present = {op for prog in programs for op in prog}
-    done: set[Op] = set()
-    heads = [0] * len(programs)
-    progress = True
-    while progress:
-        progress = False
-        for r, prog in enumerate(programs):
-            while heads[r] < len(prog) and all(
-                    d in done for d in data_predecessors(prog[heads[r]], present, config.stages)):
-                done.add(prog[heads[r]])
-                heads[r] += 1
-                progress = True
-    return [r for r, prog in enumerate(programs)
-            if heads[r] < len(prog) and prog[heads[r]].kind == "B"]
 
 
 def _admissible_near(m: int, p: int) -> list[int]:

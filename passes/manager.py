@@ -1,23 +1,32 @@
-"""The pass manager: runs a pipeline, verifies after every pass, blames the pass that broke it.
+"""The pass manager: the one place passes run. It verifies after every pass and blames the
+pass that broke the schedule; `compile` goes on through lowering and the lowered-level passes
+to programs proved deadlock-free.
 
 Debugging output comes from instruments the caller attaches (print-after, dump-to-dir,
 timing), never from prints inside passes, so the library stays quiet and the CLI decides
-where text goes.
+where text goes. Costs reach the passes that need them through the `PassContext` handed to
+the manager, never through a global.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
+from typing import TYPE_CHECKING, TextIO
 
 from pipeir.diagnostics import Diagnostic, Note, PipeirError, UsageError, VerifyError
-from pipeir.passes.base import Pass
+from pipeir.files import write_atomic
+from pipeir.passes.base import LoweredPass, Pass, PassBase
+from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
 from pipeir.passes.pipeline import Pipeline
 from pipeir.printer import print_schedule
 from pipeir.schedule import Schedule
 from pipeir.verify import verify
+
+if TYPE_CHECKING:
+    from pipeir.backend.lower import Lowered
 
 
 class Instrument:
@@ -54,7 +63,7 @@ class DumpDir(Instrument):
     def __init__(self, directory: str | Path,
                  write: Callable[[Path, str], None] | None = None):
         self.directory = Path(directory)
-        self.write = write or _write_atomic
+        self.write = write or write_atomic
         if self.directory.exists() and not self.directory.is_dir():
             raise UsageError(f"--dump-dir {self.directory}: exists and is not a directory")
         self.directory.mkdir(parents=True, exist_ok=True)
@@ -93,25 +102,76 @@ class TimePasses(Instrument):
         return "\n".join(lines) + "\n"
 
 
+@dataclass(frozen=True)
+class Compiled:
+    """A schedule after its passes, and the per-rank programs it lowered to (after the
+    lowered-level passes, proved deadlock-free). Everything downstream (codegen, the runtime,
+    the `run` report, `tune`) reads the schedule that actually runs from here."""
+
+    schedule: Schedule
+    lowered: Lowered
+    context: PassContext
+
+
 class PassManager:
     """Run passes in order. With `verify_each` (the default) the input is verified first and
-    the output of every pass after it, so a failure names the pass that caused it."""
+    the output of every pass after it, so a failure names the pass that caused it.
 
-    def __init__(self, pipeline: Pipeline | Sequence[Pass], *, verify_each: bool = True,
+    `run` takes schedule-level passes only; `compile` takes a pipeline of schedule-level
+    passes followed by lowered-level ones (`overlap`) and lowers in between."""
+
+    def __init__(self, pipeline: Pipeline | Sequence[PassBase], *,
+                 context: PassContext = DEFAULT_CONTEXT, verify_each: bool = True,
                  instruments: Sequence[Instrument] = ()):
         self.pipeline = pipeline if isinstance(pipeline, Pipeline) else Pipeline.of(pipeline)
+        self.context = context
         self.verify_each = verify_each
         self.instruments = tuple(instruments)
 
     def run(self, schedule: Schedule) -> Schedule:
+        """The schedule after every pass of the pipeline (all schedule-level)."""
+        for p, span in zip(self.pipeline.passes, self.pipeline.spans):
+            if isinstance(p, LoweredPass):
+                raise UsageError(
+                    f"pass '{p.name}' works on lowered per-rank programs, not on schedules; "
+                    "give it to `pipeirc compile` or `pipeirc run --passes`", span)
+        return self._run_schedule(schedule, len(self.pipeline.passes))
+
+    def compile(self, schedule: Schedule) -> Compiled:
+        """Run the schedule-level passes, lower (placing communication by the context's
+        costs), run the lowered-level passes, and prove the programs deadlock-free."""
+        from pipeir.backend.commcheck import check_comm
+        from pipeir.backend.lower import lower
+
+        passes, spans = self.pipeline.passes, self.pipeline.spans
+        n = next((i for i, p in enumerate(passes) if isinstance(p, LoweredPass)), len(passes))
+        for i in range(n, len(passes)):
+            if not isinstance(passes[i], LoweredPass):
+                raise UsageError(f"pass '{passes[i].name}' works on schedules and cannot follow "
+                                 f"'{passes[n].name}', which works on lowered programs; put "
+                                 "the schedule passes first", spans[i])
+        schedule = self._run_schedule(schedule, n)
+        lowered = lower(schedule, self.context.costs)
+        for i in range(n, len(passes)):
+            p = passes[i]
+            assert isinstance(p, LoweredPass)
+            try:
+                out = p.run(lowered, self.context)
+            except PipeirError as e:
+                raise self._blame(e, i, during=True) from None
+            if self.verify_each:
+                try:
+                    check_comm(out)
+                except PipeirError as e:
+                    raise self._blame(e, i, during=False) from None
+            lowered = out
+        check_comm(lowered)
+        return Compiled(schedule, lowered, self.context)
+
+    def _run_schedule(self, schedule: Schedule, n: int) -> Schedule:
         from pipeir.passes.verify import Verify  # the `verify` pass needs no re-check
 
         passes, spans = self.pipeline.passes, self.pipeline.spans
-        for i, p in enumerate(passes):
-            if p.level != "schedule":
-                raise UsageError(
-                    f"pass '{p.name}' works on lowered per-rank programs, not on schedules; "
-                    "give it to `pipeirc compile` or `pipeirc run --passes`", spans[i])
         if self.verify_each:
             try:
                 verify(schedule)
@@ -119,15 +179,16 @@ class PassManager:
                 raise _prefixed(e, "the input schedule is invalid, before any pass ran") from None
         for inst in self.instruments:
             inst.before_pipeline(schedule)
-        for i, p in enumerate(passes):
+        for i in range(n):
+            p = passes[i]
+            assert isinstance(p, Pass)
             t0 = time.perf_counter()
             try:
-                out = p.run(schedule)
+                out = p.run(schedule, self.context)
             except PipeirError as e:
                 raise self._blame(e, i, during=True) from None
             except Exception as e:
-                if hasattr(e, "add_note"):
-                    e.add_note(f"while running {self._where(i)}")
+                e.add_note(f"while running {self._where(i)}")
                 raise
             t1 = time.perf_counter()
             if not isinstance(out, Schedule):
@@ -164,13 +225,16 @@ class PassManager:
             note = f"{self._where(i)}, rejected its input"
         else:
             prefix = "after " + ", ".join(p.spec() for p in passes[: i + 1])
-            note = (f"{self._where(i)}, produced an invalid schedule"
-                    + (" from a valid one" if self.verify_each else ""))
+            lowered = isinstance(passes[i], LoweredPass)
+            note = (f"{self._where(i)}, produced "
+                    + ("invalid programs" if lowered else "an invalid schedule")
+                    + (" from valid ones" if lowered else " from a valid one" if self.verify_each
+                       else ""))
         return _prefixed(e, prefix, Note(note, span), passes[i])
 
 
 def _prefixed(e: PipeirError, prefix: str, note: Note | None = None,
-              p: Pass | None = None) -> PipeirError:
+              p: PassBase | None = None) -> PipeirError:
     """`e` with its first message prefixed and a note added; same class and exit code."""
     first, *rest = e.diagnostics
     msg = first.message
@@ -184,9 +248,3 @@ def _prefixed(e: PipeirError, prefix: str, note: Note | None = None,
     if isinstance(e, UsageError) and not rest:
         return UsageError(diag.message, diag.span, diag.notes)
     return PipeirError([diag, *rest], e.exit_code)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    from pipeir.cli.common import write_atomic  # the one atomic writer; injected by callers
-
-    write_atomic(path, text)

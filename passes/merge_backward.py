@@ -15,6 +15,7 @@ from typing import ClassVar
 
 from pipeir.ops import Op
 from pipeir.passes.base import Pass
+from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
 from pipeir.schedule import Schedule
 
 
@@ -25,12 +26,10 @@ class MergeBackward(Pass):
     name: ClassVar[str] = "merge-backward"
     summary: ClassVar[str] = ("inverse of split-backward: each I(s,mb) with its W(s,mb) "
                               "becomes B(s,mb) at the I's place")
-    requires: ClassVar[tuple[str, ...]] = ("verified",)
-    guarantees: ClassVar[tuple[str, ...]] = ("verified", "merged")
 
     adjacent_only: bool = False
 
-    def run(self, schedule: Schedule) -> Schedule:
+    def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
         progs = []
         for prog in schedule.programs:
             present = set(prog)

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 from pipeir.backend.lower import (
     Backward,
@@ -37,20 +37,18 @@ from pipeir.backend.lower import (
     WaitSend,
     ZeroGrad,
 )
-from pipeir.passes.base import OptionError, Pass
-
-if TYPE_CHECKING:
-    from pipeir.schedule import Schedule
+from pipeir.passes.base import LoweredPass, OptionError
+from pipeir.passes.context import DEFAULT_CONTEXT, CommModel, PassContext
 
 
 @dataclass(frozen=True)
-class Overlap(Pass):
+class Overlap(LoweredPass):
     """Overlap communication with compute (lowered level)."""
 
     name: ClassVar[str] = "overlap"
     summary: ClassVar[str] = ("post receives early and send asynchronously, batching "
                               "same-peer posts; max_posted bounds receives posted ahead")
-    level: ClassVar[str] = "lowered"
+    comm: ClassVar[CommModel | None] = "overlapped"
 
     max_posted: int = 0
 
@@ -59,11 +57,7 @@ class Overlap(Pass):
             raise OptionError("max_posted", "max_posted must be a non-negative integer "
                                             "(0 = no bound)")
 
-    def run(self, schedule: Schedule) -> Schedule:
-        raise NotImplementedError("overlap works on lowered programs: use `pipeirc compile` "
-                                  "or `pipeirc run --passes overlap`")
-
-    def run_lowered(self, lowered: Lowered) -> Lowered:
+    def run(self, lowered: Lowered, ctx: PassContext = DEFAULT_CONTEXT) -> Lowered:
         """The same programs with asynchronous, early-posted communication."""
         if lowered.overlap:
             return lowered

@@ -16,7 +16,8 @@ from typing import Any, Literal, Union, get_args, get_origin
 
 from pipeir.diagnostics import Note, PipeirError, Source, Span, UsageError, did_you_mean
 from pipeir.passes import registry
-from pipeir.passes.base import Pass
+from pipeir.passes.base import LoweredPass, PassBase
+from pipeir.passes.context import CommModel
 
 SOURCE_NAME = "<passes>"
 
@@ -25,17 +26,25 @@ SOURCE_NAME = "<passes>"
 class Pipeline:
     """Parsed passes in order, each with where it was written (None when built in Python)."""
 
-    passes: tuple[Pass, ...]
+    passes: tuple[PassBase, ...]
     spans: tuple[Span | None, ...]
 
     @classmethod
-    def of(cls, passes: Sequence[Pass]) -> Pipeline:
+    def of(cls, passes: Sequence[PassBase]) -> Pipeline:
         return cls(tuple(passes), (None,) * len(passes))
 
-    def by_level(self, level: str) -> Pipeline:
-        """The passes of one level ("schedule" or "lowered"), in order, with their spans."""
-        keep = [i for i, p in enumerate(self.passes) if p.level == level]
-        return Pipeline(tuple(self.passes[i] for i in keep), tuple(self.spans[i] for i in keep))
+    @property
+    def comm(self) -> CommModel:
+        """The communication model the lowered programs run under: the last lowered pass
+        that decides it (`overlap`: overlapped), else blocking sends."""
+        for p in reversed(self.passes):
+            if isinstance(p, LoweredPass) and p.comm is not None:
+                return p.comm
+        return "blocking"
+
+    def then(self, p: PassBase) -> Pipeline:
+        """This pipeline with `p` appended (flags such as `--overlap` spell a pass)."""
+        return Pipeline((*self.passes, p), (*self.spans, None))
 
     def __str__(self) -> str:
         return ",".join(p.spec() for p in self.passes)
@@ -51,7 +60,7 @@ class OptionInfo:
     choices: tuple[str, ...] | None
 
 
-def options_of(cls: type[Pass]) -> list[OptionInfo]:
+def options_of(cls: type[PassBase]) -> list[OptionInfo]:
     """The options a pass takes, from its dataclass fields."""
     hints = typing.get_type_hints(cls)
     out = []
@@ -63,7 +72,7 @@ def options_of(cls: type[Pass]) -> list[OptionInfo]:
     return out
 
 
-def parse_pipeline(spec: str, extra: Mapping[str, type[Pass]] | None = None) -> Pipeline:
+def parse_pipeline(spec: str, extra: Mapping[str, type[PassBase]] | None = None) -> Pipeline:
     """Parse a pipeline string; `extra` adds passes (e.g. from `--pass-plugin`) by name."""
     src = Source(SOURCE_NAME, spec)
     if "\n" in spec:
@@ -72,7 +81,7 @@ def parse_pipeline(spec: str, extra: Mapping[str, type[Pass]] | None = None) -> 
 
 
 class _Parser:
-    def __init__(self, src: Source, extra: Mapping[str, type[Pass]]):
+    def __init__(self, src: Source, extra: Mapping[str, type[PassBase]]):
         self.src = src
         self.text = src.text
         self.i = 0
@@ -99,7 +108,7 @@ class _Parser:
             if self.i == len(self.text):
                 raise self._error("expected a pass name after ','", self.i - 1)
 
-    def _item(self) -> tuple[Pass, Span]:
+    def _item(self) -> tuple[PassBase, Span]:
         start = self.i
         name = self._word()
         if not name:
@@ -159,7 +168,7 @@ class _Parser:
                               min(vstart, len(self.text) - 1))
         return key, value, kspan, _span(self.src, vstart, len(value))
 
-    def _lookup(self, name: str, span: Span) -> type[Pass]:
+    def _lookup(self, name: str, span: Span) -> type[PassBase]:
         if name in self.extra:
             return self.extra[name]
         if name not in registry.targets():
@@ -187,8 +196,8 @@ class _Parser:
         return UsageError(message, _span(self.src, at, 1))
 
 
-def build_pass(cls: type[Pass], raw: Mapping[str, tuple[str, Span | None]],
-               span: Span | None = None, name_span: Span | None = None) -> Pass:
+def build_pass(cls: type[PassBase], raw: Mapping[str, tuple[str, Span | None]],
+               span: Span | None = None, name_span: Span | None = None) -> PassBase:
     """An instance of `cls` from option texts, converted by the field annotations."""
     opts = {o.name: o for o in options_of(cls)}
     hints = typing.get_type_hints(cls)

@@ -19,12 +19,12 @@ from typing import Final
 
 from pipeir._importing import import_file
 from pipeir.diagnostics import Note, UsageError, did_you_mean
-from pipeir.passes.base import Pass
+from pipeir.passes.base import PassBase
 
 #: The entry-point group third-party packages register passes under.
 ENTRY_POINT_GROUP: Final = "pipeir.passes"
 
-#: Built-in passes: name -> "module:Class". "overlap" works on lowered programs (backend).
+#: Built-in passes: name -> "module:Class". "overlap" is a LoweredPass (backend level).
 BUILTINS: Final[dict[str, str]] = {
     "interleave": "pipeir.passes.interleave:Interleave",
     "split-backward": "pipeir.passes.split_backward:SplitBackward",
@@ -54,7 +54,7 @@ def names() -> tuple[str, ...]:
     return tuple(targets())
 
 
-def get(name: str) -> type[Pass]:
+def get(name: str) -> type[PassBase]:
     """The pass class registered as `name`; a UsageError for unknown or broken passes."""
     target = targets().get(name)
     if target is None:
@@ -77,7 +77,7 @@ def available() -> tuple[str, ...]:
     return tuple(out)
 
 
-def load_target(target: str, name: str | None = None) -> type[Pass]:
+def load_target(target: str, name: str | None = None) -> type[PassBase]:
     """Import "module:Class" (a dotted module) and check it is a pass called `name`."""
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
@@ -89,7 +89,7 @@ def load_target(target: str, name: str | None = None) -> type[Pass]:
     return _check_class(module, attr, target, name)
 
 
-def load_plugin(spec: str) -> type[Pass]:
+def load_plugin(spec: str) -> type[PassBase]:
     """Load a pass for `--pass-plugin`: "package.module:Class" or "path/to/file.py:Class".
 
     A file is imported under a private module name (so two plugin files with the same stem do
@@ -104,13 +104,13 @@ def load_plugin(spec: str) -> type[Pass]:
     return _check_class(module, attr, spec, None)
 
 
-def _check_class(module: object, attr: str, target: str, name: str | None) -> type[Pass]:
+def _check_class(module: object, attr: str, target: str, name: str | None) -> type[PassBase]:
     cls = getattr(module, attr, None)
     if cls is None:
         raise UsageError(f"pass target '{target}': the module has no attribute '{attr}'")
-    if not (isinstance(cls, type) and issubclass(cls, Pass) and dataclasses.is_dataclass(cls)):
-        raise UsageError(f"pass target '{target}' is not a Pass subclass declared with "
-                         "@dataclass(frozen=True)")
+    if not (isinstance(cls, type) and issubclass(cls, PassBase) and dataclasses.is_dataclass(cls)):
+        raise UsageError(f"pass target '{target}' is not a Pass (or LoweredPass) subclass "
+                         "declared with @dataclass(frozen=True)")
     cls_name = getattr(cls, "name", None)
     if not isinstance(cls_name, str) or not cls_name:
         raise UsageError(f"pass target '{target}' has no `name` class variable")

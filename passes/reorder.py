@@ -16,14 +16,14 @@ input's exactly (and in bytes too: activation sizes are per stage, not per micro
 The input order is always a candidate and a permutation is kept only when it is strictly
 faster under the same simulator, so the pass never lengthens the simulated step.
 
-Costs come from the context (`using_costs`), because pass options are scalars: `pipeirc opt`
-sets the file's costs block there. Without costs every micro-batch costs the same, nothing
-can be gained, and the pass returns its input.
+Costs come from the pass context (`PassContext`), because pass options are scalars: `pipeirc
+opt` puts the file's costs block there. Without costs every micro-batch costs the same,
+nothing can be gained, and the pass returns its input.
 
-The evaluator (`SlotSimulator`) compiles the schedule's dependency structure once and
-recomputes the longest path with per-op durations looked up through π; it reproduces
-`pipeir.sim.simulate`'s makespan exactly, bit for bit, for both communication models (a
-property test checks it), at 0.2 ms instead of 3.8 ms for 1F1B at p=8, m=64. On lognormal
+The evaluator (`SlotSimulator`) numbers the schedule's dependency structure once with the
+simulator's own timing core (`pipeir.sim.engine.Timing`) and sweeps it with per-op durations
+looked up through π, so it reproduces `pipeir.sim.simulate`'s makespan exactly, bit for bit,
+for both communication models, at a fraction of a full simulation's cost. On lognormal
 lengths the five candidates find nearly all of the gain (bench/reorder.py); the swaps add
 little. The per-rank order of ops is kept as the input has it: reordering ops within a rank
 is not attempted. `StepPlanner` is the same search for the runtime, once per training step.
@@ -31,42 +31,19 @@ is not attempted. `StepPlanner` is the same search for the runtime, once per tra
 
 from __future__ import annotations
 
-import contextvars
 import random
 import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pipeir.ops import Kind, Op
 from pipeir.passes.base import OptionError, Pass
+from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
 from pipeir.schedule import Schedule
 
 if TYPE_CHECKING:
     from pipeir.sim.costs import CostModel
-
-_CONTEXT: contextvars.ContextVar[tuple[CostModel, str] | None] = contextvars.ContextVar(
-    "pipeir_reorder_costs", default=None)
-
-
-@contextmanager
-def using_costs(costs: CostModel, comm: str = "overlapped") -> Iterator[None]:
-    """Make `costs` (and the communication model) what cost-driven passes run against:
-
-        with using_costs(CostModel.from_settings(elab.costs)):
-            out = PassManager(parse_pipeline("reorder")).run(schedule)
-    """
-    token = _CONTEXT.set((costs, comm))
-    try:
-        yield
-    finally:
-        _CONTEXT.reset(token)
-
-
-def current_costs() -> tuple[CostModel, str] | None:
-    """The costs and comm model set by the innermost `using_costs`, or None."""
-    return _CONTEXT.get()
 
 
 @dataclass(frozen=True)
@@ -76,8 +53,6 @@ class Reorder(Pass):
     name: ClassVar[str] = "reorder"
     summary: ClassVar[str] = ("choose the micro-batch entry order that shortens the simulated "
                               "step under the context's costs (same memory, never slower)")
-    requires: ClassVar[tuple[str, ...]] = ("verified",)
-    guarantees: ClassVar[tuple[str, ...]] = ("verified", "same-memory", "not-slower")
 
     by: Literal["cost"] = "cost"
     budget_ms: int = 20
@@ -90,12 +65,8 @@ class Reorder(Pass):
         if self.evals < 1:
             raise OptionError("evals", f"reorder: evals must be >= 1, got {self.evals}")
 
-    def run(self, schedule: Schedule) -> Schedule:
-        ctx = current_costs()
-        if ctx is None:
-            return schedule
-        costs, comm = ctx
-        plan = plan_order(schedule, costs, comm=comm, budget_s=self.budget_ms / 1e3,
+    def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
+        plan = plan_order(schedule, ctx.costs, comm=ctx.comm, budget_s=self.budget_ms / 1e3,
                           evals=self.evals, seed=self.seed)
         return relabel(schedule, plan.order) if plan.improved else schedule
 
@@ -132,120 +103,31 @@ def relabel(schedule: Schedule, order: Sequence[int]) -> Schedule:
 
 class SlotSimulator:
     """`pipeir.sim.simulate`'s makespan as a function of the micro-batch order, for one
-    schedule and one cost model: the structure is compiled once, each call is a longest-path
-    sweep with durations looked up through the order."""
+    schedule and one cost model: the structure is numbered once (`pipeir.sim.engine.Timing`),
+    each call is one sweep with durations looked up through the order."""
 
     def __init__(self, schedule: Schedule, costs: CostModel, comm: str = "overlapped"):
-        from pipeir.sim import COMM_MODELS
+        from pipeir.sim.engine import Timing
 
-        if comm not in COMM_MODELS:
-            from pipeir.diagnostics import UsageError
-
-            raise UsageError(f"unknown communication model '{comm}' (expected "
-                             f"{' or '.join(COMM_MODELS)})")
-        self.blocking = comm == "blocking"
-        config = schedule.config
-        self.microbatches = config.microbatches
-        progs = schedule.programs
-        ops = [op for prog in progs for op in prog]
-        idx = {op: i for i, op in enumerate(ops)}
-        rank = [r for r, prog in enumerate(progs) for _ in prog]
-        gpred = schedule.graph._pred  # NOTE: read-only, as the engine does
-        preds = [[idx[p] for p in gpred[op]] for op in ops]
-        succs: list[list[int]] = [[] for _ in ops]
-        for i, ps in enumerate(preds):
-            for j in ps:
-                succs[j].append(i)
-        hop = [costs.transfer_time(b, b + 1) for b in range(max(0, config.stages - 1))]
-
-        def h(a: int, b: int) -> float:
-            sa, sb = ops[a].stage, ops[b].stage
-            return 0.0 if sa == sb else hop[min(sa, sb)]
-
-        order = _topological(preds, succs)
-        if len(order) < len(ops):
+        self.timing = Timing(schedule, costs, comm)
+        if not self.timing.complete:
             from pipeir.diagnostics import VerifyError
             from pipeir.verify import check_deadlock
 
             raise VerifyError(check_deadlock(schedule), "deadlock")
-        pos = {i: k for k, i in enumerate(order)}
-        # per op, in topological position: (group, slot, preds); a pred is
-        # (position, same rank?, hop or index into the producer's cumulative sends)
+        self.microbatches = m = schedule.config.microbatches
         groups: dict[tuple[Kind, int], int] = {}
-        self.group: list[int] = []
-        self.slot: list[int] = []
-        self.preds: list[list[tuple[int, bool, float, int]]] = []
-        self.sends: list[list[float]] = []  # blocking: hops of each cross-rank send, in order
-        send_index: dict[tuple[int, int], int] = {}
-        for i in order:
-            cross = [q for q in succs[i] if rank[q] != rank[i]]
-            self.sends.append([h(i, q) for q in cross] if self.blocking else [])
-            for k, q in enumerate(cross):
-                send_index[i, q] = k
-        for i in order:
-            op = ops[i]
-            self.group.append(groups.setdefault((op.kind, op.stage), len(groups)))
-            self.slot.append(op.mb)
-            self.preds.append([(pos[j], rank[j] == rank[i], h(j, i), send_index.get((j, i), -1))
-                               for j in preds[i]])
-        self.table = [[costs.cost(Op(kind, stage, m)) for m in range(self.microbatches)]
+        self.group = [groups.setdefault((op.kind, op.stage), len(groups))
+                      for op in self.timing.ops]
+        self.slot = [op.mb for op in self.timing.ops]
+        self.table = [[costs.cost(Op(kind, stage, k)) for k in range(m)]
                       for (kind, stage) in groups]
-        self.weight = [sum(row[m] for row in self.table) for m in range(self.microbatches)]
+        self.weight = [sum(row[k] for row in self.table) for k in range(m)]
 
     def makespan(self, order: Sequence[int]) -> float:
         """The simulated step time when micro-batch `order[k]` takes slot k."""
-        if self.blocking:
-            return self._blocking(order)
-        table, slot = self.table, self.slot
-        end: list[float] = []
-        release = 0.0
-        for i, ps in enumerate(self.preds):
-            t = 0.0
-            for j, same, hop, _ in ps:
-                x = end[j] if same else end[j] + hop
-                if x > t:
-                    t = x
-            e = t + table[self.group[i]][order[slot[i]]]
-            end.append(e)
-            if e > release:
-                release = e
-        return release
-
-    def _blocking(self, order: Sequence[int]) -> float:
-        table, slot, sends = self.table, self.slot, self.sends
-        cum: list[list[float]] = []
-        rel: list[float] = []
-        top = 0.0
-        for i, ps in enumerate(self.preds):
-            t = 0.0
-            for j, same, _, k in ps:
-                x = rel[j] if same else cum[j][k]
-                if x > t:
-                    t = x
-            acc = t + table[self.group[i]][order[slot[i]]]
-            out = []
-            for hop in sends[i]:
-                acc += hop
-                out.append(acc)
-            cum.append(out)
-            rel.append(acc)
-            if acc > top:
-                top = acc
-        return top
-
-
-def _topological(preds: list[list[int]], succs: list[list[int]]) -> list[int]:
-    indeg = [len(p) for p in preds]
-    ready = [i for i, d in enumerate(indeg) if not d]
-    out = []
-    while ready:
-        i = ready.pop()
-        out.append(i)
-        for q in succs[i]:
-            indeg[q] -= 1
-            if not indeg[q]:
-                ready.append(q)
-    return out
+        table = self.table
+        return self.timing.makespan([table[g][order[k]] for g, k in zip(self.group, self.slot)])
 
 
 def candidates(weight: Sequence[float]) -> list[tuple[int, ...]]:

@@ -36,6 +36,7 @@ from typing import ClassVar, Literal
 from pipeir.diagnostics import UsageError
 from pipeir.ops import Op
 from pipeir.passes.base import OptionError, Pass
+from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
 from pipeir.schedule import Schedule
 from pipeir.verify import memory_report
 
@@ -49,8 +50,6 @@ class SplitBackward(Pass):
     name: ClassVar[str] = "split-backward"
     summary: ClassVar[str] = ("zero bubble: each B becomes I + W, W ops fill the bubbles "
                               "(h1: same peak memory; h2: up to 2p-1 in flight, no bubble)")
-    requires: ClassVar[tuple[str, ...]] = ("verified",)
-    guarantees: ClassVar[tuple[str, ...]] = ("verified", "split")
 
     mode: Mode = "h1"
 
@@ -58,7 +57,7 @@ class SplitBackward(Pass):
         if self.mode not in ("h1", "h2"):
             raise OptionError("mode", f"split-backward: mode must be h1 or h2, got {self.mode!r}")
 
-    def run(self, schedule: Schedule) -> Schedule:
+    def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
         plain = split_in_place(schedule)
         if self.mode == "h1":
             built = schedule.with_programs(lagged_w(schedule))

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pipeir.passes.base import OptionError, Pass
+from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
 from pipeir.schedule import Schedule
 from pipeir.verify import verify
 
@@ -18,7 +19,6 @@ class Verify(Pass):
     name: ClassVar[str] = "verify"
     summary: ClassVar[str] = ("check completeness, placement, deadlock freedom and memory "
                               "(memory_limit overrides the pipeline's)")
-    guarantees: ClassVar[tuple[str, ...]] = ("verified",)
 
     memory_limit: int | None = None
 
@@ -29,6 +29,6 @@ class Verify(Pass):
             raise OptionError("memory_limit", f"verify: memory_limit must be a positive "
                                               f"integer, got {limit!r}")
 
-    def run(self, schedule: Schedule) -> Schedule:
+    def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
         verify(schedule, memory_limit=self.memory_limit)
         return schedule

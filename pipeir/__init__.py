@@ -7,7 +7,7 @@
 """
 
 from pipeir import library
-from pipeir.api import load, parse
+from pipeir.api import compile, load, parse
 from pipeir.config import PipelineConfig
 from pipeir.diagnostics import Diagnostic, PipeirError, UsageError, VerifyError
 from pipeir.ops import B, F, I, Op, W
@@ -35,6 +35,7 @@ __all__ = [
     "VerifyError",
     "VerifyReport",
     "W",
+    "compile",
     "library",
     "load",
     "parse",

@@ -1,14 +1,20 @@
-"""The front door: read `.sched` files or text into schedules."""
+"""The front door: read `.sched` files or text into schedules, and compile them."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 from pipeir.diagnostics import Source
 from pipeir.frontend.elaborate import Elaborated, Value, elaborate
 from pipeir.frontend.parser import parse_source
 from pipeir.schedule import Schedule
+
+if TYPE_CHECKING:
+    from pipeir.passes import Compiled, PassBase, Pipeline
+    from pipeir.passes.context import CommModel
+    from pipeir.sim.costs import CostModel
 
 
 def read_source(path: str | os.PathLike[str]) -> Source:
@@ -37,3 +43,23 @@ def parse(src: str | os.PathLike[str], *, overrides: Mapping[str, Value] | None 
     `overrides` replace pipeline settings or schedule parameters, like `--set` on the CLI.
     """
     return load(src, overrides=overrides).schedule
+
+
+def compile(schedule: Schedule, passes: str | Pipeline | Sequence[PassBase] | None = None, *,
+            costs: CostModel | None = None, comm: CommModel | None = None) -> Compiled:
+    """Run `passes` (a pipeline string such as "split-backward,overlap"), lower and prove the
+    programs deadlock-free. `costs` place communication and drive cost-aware passes; `comm`
+    defaults to the model the pipeline runs under (overlapped with `overlap`, else blocking).
+    """
+    from pipeir.passes import PassContext, PassManager, Pipeline, parse_pipeline
+    from pipeir.sim.costs import CostModel
+
+    if passes is None or (isinstance(passes, str) and not passes.strip()):
+        pipeline = Pipeline.of(())
+    elif isinstance(passes, str):
+        pipeline = parse_pipeline(passes)
+    else:
+        pipeline = passes if isinstance(passes, Pipeline) else Pipeline.of(passes)
+    ctx = PassContext(costs if costs is not None else CostModel(),
+                      comm if comm is not None else pipeline.comm)
+    return PassManager(pipeline, context=ctx).compile(schedule)

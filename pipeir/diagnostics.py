@@ -147,3 +147,8 @@ def did_you_mean(name: str, candidates: Iterable[str]) -> tuple[Note, ...]:
     """A "did you mean" note for the closest candidate, if any is close."""
     close = difflib.get_close_matches(name, sorted(set(candidates)), n=1, cutoff=0.6)
     return (Note(f"did you mean '{close[0]}'?"),) if close else ()
+
+
+def where_prefix(where: str | None, span: Span | None) -> str:
+    """A file-name prefix (`where: `) for messages that have no span to carry the location."""
+    return f"{where}: " if where is not None and span is None else ""

@@ -22,11 +22,12 @@ pass, "blocking" without (see pipeir.sim.engine).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pipeir import library
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.ops import KINDS
+from pipeir.passes.base import Pass
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, simulate
 
@@ -102,11 +103,11 @@ def rescale(costs: CostModel, ranks: int, v: int, scale: float = 1.0) -> CostMod
                 for s in range(p * v, p * v + v)}
     mb = {m: times(dict(level)) for m, level in costs.mb.items()}
     memory = costs.memory_bytes
-    return CostModel(F=float(base["F"]) * t, B=float(base["B"]) * t, I=float(base["I"]) * t,
-                     W=float(base["W"]) * t, latency=costs.latency, bandwidth=costs.bandwidth,
-                     activation_bytes=costs.activation_bytes * scale,
-                     memory_bytes=None if memory is None else memory * t,
-                     stage=stage, mb=mb, stage_mb=stage_mb, unit=costs.unit)
+    return replace(costs, F=float(base["F"]) * t, B=float(base["B"]) * t,
+                   I=float(base["I"]) * t, W=float(base["W"]) * t,
+                   activation_bytes=costs.activation_bytes * scale,
+                   memory_bytes=None if memory is None else memory * t,
+                   stage=stage, mb=mb, stage_mb=stage_mb)
 
 
 def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
@@ -173,25 +174,22 @@ def _families(ranks: int, m: int, max_v: int) -> list[tuple[str, int]]:
 
 def _evaluate(base: Schedule, costs: CostModel, family: str, v: int, m: int,
               split: str | None, comm: str, reorder: bool, scale: float) -> Candidate:
+    from pipeir.passes import PassContext, PassManager
+    from pipeir.passes.reorder import Reorder
     from pipeir.passes.split_backward import SplitBackward
 
-    s = base
-    passes = []
-    if split is not None:
-        s = SplitBackward(mode=split).run(s)  # type: ignore[arg-type]
-        passes.append(f"split-backward{{mode={split}}}")
+    passes: list[Pass] = [] if split is None else [SplitBackward(mode=split)]  # type: ignore[arg-type]
     if reorder:
-        from pipeir.passes.reorder import plan_order, relabel
-
         # bounded by evaluations, not time: the table must not depend on machine load
-        plan = plan_order(s, costs, comm=comm, budget_s=float("inf"), evals=100)
-        if plan.improved:
-            s = relabel(s, plan.order)
-        passes.append("reorder")
+        passes.append(Reorder(budget_ms=10**9, evals=100))
+    ctx = PassContext(costs, "blocking" if comm == "blocking" else "overlapped")
+    s = PassManager(passes, context=ctx, verify_each=False).run(base)
     r = simulate(s, costs, comm=comm)
     peak_units = max(r.peak_activations, default=0) * scale / v
     return Candidate(schedule=s, costs=costs, family=family, v=v, microbatches=m,
-                     passes=",".join(passes), comm=comm, step_time=r.makespan,
+                     passes=",".join(p.name if isinstance(p, Reorder) else
+                                     f"{p.name}{{mode={split}}}" for p in passes),
+                     comm=comm, step_time=r.makespan,
                      bubble=r.bubble, peak_memory=peak_units,
                      peak_bytes=None if r.peak_bytes is None else max(r.peak_bytes, default=0.0),
                      messages=len(r.transfers))

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 import pipeir
 from pipeir.backend.codegen import Namespace, generate
 from pipeir.backend.commcheck import check_comm
-from pipeir.backend.driver import compile_schedule
 from pipeir.backend.lower import (
     COMPUTE,
     Batch,
@@ -74,7 +73,7 @@ def test_generated_source_golden(cli, golden, tmp_path: Path,
 
 
 def test_generated_source_is_valid_python_importing_only_the_runtime() -> None:
-    low = compile_schedule(pipeir.library.get("interleaved-1f1b", 2, 4, v=2), "overlap")
+    low = pipeir.compile(pipeir.library.get("interleaved-1f1b", 2, 4, v=2), "overlap").lowered
     for name, text in generate(low).items():
         if name.endswith(".py"):
             compile(text, name, "exec")
@@ -118,7 +117,7 @@ def test_lowering_keeps_program_order_and_is_proved(schedule, max_posted: int,
                                                     overlap: bool) -> None:
     low = lower(schedule)
     if overlap:
-        low = Overlap(max_posted=max_posted).run_lowered(low)
+        low = Overlap(max_posted=max_posted).run(low)
     report = check_comm(low)
     for r, prog in enumerate(schedule.programs):
         assert _compute_order(low, r) == [(op.kind, op.stage, op.mb) for op in prog]
@@ -162,19 +161,19 @@ def test_accumulate_repeats_the_rounds_with_later_microbatches() -> None:
 
 def test_lowered_json_round_trips() -> None:
     for low in (lower(_small()),
-                compile_schedule(pipeir.library.get("interleaved-1f1b", 2, 4), "overlap")):
+                pipeir.compile(pipeir.library.get("interleaved-1f1b", 2, 4), "overlap").lowered):
         assert from_json(json.loads(json.dumps(to_json(low)))) == low
 
 
 PAIRED = (Path(__file__).parent.parent / "examples" / "paired-1f1b.sched").read_text()
 
 
-@pytest.mark.parametrize("passes", [None, "overlap", "overlap{max_posted=1}"])
+@pytest.mark.parametrize("passes", ["", "overlap", "overlap{max_posted=1}"])
 @pytest.mark.parametrize("schedule", ["paired", "dualpipe-v"])
-def test_overlapped_pairs_lower_back_to_back(schedule: str, passes: str | None) -> None:
+def test_overlapped_pairs_lower_back_to_back(schedule: str, passes: str) -> None:
     s = (pipeir.parse(PAIRED) if schedule == "paired"
          else pipeir.library.get("dualpipe-v", 4, 8))
-    low = compile_schedule(s, passes)
+    low = pipeir.compile(s, passes).lowered
     runs = 0
     for r, prog in enumerate(low.programs):
         for k, ins in enumerate(prog):
@@ -228,7 +227,7 @@ def test_misordered_blocking_programs_are_rejected_with_the_waiting_chain() -> N
 
 
 def test_fifo_mismatch_is_rejected() -> None:
-    low = Overlap().run_lowered(lower(pipeir.library.get("gpipe", 2, 2)))
+    low = Overlap().run(lower(pipeir.library.get("gpipe", 2, 2)))
     prog = list(low.program(1))
     k = next(i for i, x in enumerate(prog) if isinstance(x, Batch))  # both receives, posted
     a, b = prog[k].posts  # type: ignore[attr-defined]
@@ -240,7 +239,7 @@ def test_fifo_mismatch_is_rejected() -> None:
 
 
 def test_wait_without_post_is_rejected() -> None:
-    low = Overlap().run_lowered(lower(_small()))
+    low = Overlap().run(lower(_small()))
     prog = [i for i in low.program(1) if not isinstance(i, (IRecv, Batch))]
     bad = replace(low, programs=(low.program(0), tuple(prog)))
     with pytest.raises(VerifyError, match="waits for a transfer it never posted"):
@@ -272,7 +271,7 @@ def test_check_lowered_cli(cli, tmp_path: Path) -> None:
 
 def test_overlap_bounds_receives_posted_ahead() -> None:
     for k in (1, 2, 3):
-        low = compile_schedule(pipeir.library.get("1f1b", 4, 8), f"overlap{{max_posted={k}}}")
+        low = pipeir.compile(pipeir.library.get("1f1b", 4, 8), f"overlap{{max_posted={k}}}").lowered
         for prog in low.programs:
             outstanding = peak = 0
             for ins in prog:
@@ -284,7 +283,7 @@ def test_overlap_bounds_receives_posted_ahead() -> None:
 
 
 def test_overlap_waits_right_before_the_consumer_and_batches_posts() -> None:
-    low = compile_schedule(pipeir.library.get("1f1b", 2, 4), "overlap")
+    low = pipeir.compile(pipeir.library.get("1f1b", 2, 4), "overlap").lowered
     for prog in low.programs:
         for i, ins in enumerate(prog):
             if isinstance(ins, WaitRecv):

@@ -1,4 +1,4 @@
-"""ruff and mypy --strict over the whole package, as STYLE.md asks of CI.
+"""ruff and mypy --strict over the whole package: the type checker and linter CI runs.
 
 mypy cannot follow setuptools' package-dir mapping (passes/ and grammar/ install as
 pipeir.passes and pipeir.grammar), so it checks a tree of symbolic links laid out the way the

@@ -22,13 +22,13 @@ LIB = ("--schedule", "1f1b", "--ranks", "2", "--microbatches", "4")
 BROKEN = '''
 from dataclasses import dataclass
 from typing import ClassVar
-from pipeir.passes import Pass
+from pipeir.passes import LoweredPass, Pass
 
 @dataclass(frozen=True)
 class BreakDeps(Pass):
     name: ClassVar[str] = "break-deps"
     summary: ClassVar[str] = "test pass that runs a backward before its forward"
-    def run(self, schedule):
+    def run(self, schedule, ctx=None):
         progs = [list(p) for p in schedule.programs]
         first_b = next(op for op in progs[0] if op.kind in ("B", "I"))
         progs[0].remove(first_b)
@@ -39,14 +39,13 @@ class BreakDeps(Pass):
 class ReturnsNone(Pass):
     name: ClassVar[str] = "returns-none"
     summary: ClassVar[str] = "test pass that forgets to return"
-    def run(self, schedule):
+    def run(self, schedule, ctx=None):
         return None
 
 @dataclass(frozen=True)
-class Lowered(Pass):
+class Lowered(LoweredPass):
     name: ClassVar[str] = "lowered-only"
     summary: ClassVar[str] = "test pass at the lowered level"
-    level: ClassVar[str] = "lowered"
 
 class NotAPass:
     name = "not-a-pass"
@@ -145,7 +144,7 @@ def test_plugin_from_a_file_runs_in_a_pipeline(cli) -> None:
 @pytest.mark.parametrize(("spec", "message"), [
     ("no_colon_here", "expected module:Class or file.py:Class"),
     ("missing_file.py:X", "no such file missing_file.py"),
-    ("pipeir.ops:Op", "is not a Pass subclass"),
+    ("pipeir.ops:Op", "is not a Pass (or LoweredPass) subclass"),
     ("pipeir.no_such_module:X", "cannot import pipeir.no_such_module"),
     ("pipeir.passes.interleave:Nope", "has no attribute 'Nope'"),
 ])
@@ -226,7 +225,7 @@ def test_pass_returning_garbage_and_lowered_passes(cli, broken: Path) -> None:
                        "--passes", "verify,lowered-only")
     assert code == 2 and "<passes>:1:8: error: pass 'lowered-only' works on lowered" in err
     code, _, err = cli("opt", *LIB, "--pass-plugin", f"{broken}:NotAPass", "--passes", "verify")
-    assert code == 2 and "is not a Pass subclass" in err
+    assert code == 2 and "is not a Pass (or LoweredPass) subclass" in err
 
 
 def test_time_passes_instrument_records_every_pass() -> None:

@@ -15,14 +15,13 @@ from hypothesis import strategies as st
 import pipeir
 from pipeir.diagnostics import UsageError
 from pipeir.ops import Op
-from pipeir.passes import PassManager, parse_pipeline
+from pipeir.passes import PassContext, PassManager, parse_pipeline
 from pipeir.passes.reorder import (
     Reorder,
     SlotSimulator,
     candidates,
     plan_order,
     relabel,
-    using_costs,
 )
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, simulate
@@ -158,8 +157,8 @@ def peaks(s: Schedule) -> tuple[int, ...]:
 
 
 def check_reorder(s: Schedule, costs: CostModel, comm: str) -> Schedule:
-    with using_costs(costs, comm):
-        out = PassManager([Reorder(budget_ms=5, evals=60)]).run(s)
+    out = PassManager([Reorder(budget_ms=5, evals=60)],
+                      context=PassContext(costs, comm)).run(s)
     assert work(out) == work(s)  # the same work
     assert peaks(out) == peaks(s)  # the same per-rank memory
     assert simulate(out, costs, comm).makespan <= simulate(s, costs, comm).makespan
@@ -196,8 +195,8 @@ def test_reorder_shortens_1f1b_with_skewed_lengths() -> None:
 def test_reorder_without_costs_or_with_equal_costs_returns_the_input() -> None:
     s = pipeir.library.get("1f1b", ranks=3, microbatches=6)
     assert PassManager(parse_pipeline("reorder")).run(s) == s
-    with using_costs(CostModel()):
-        assert PassManager(parse_pipeline("reorder{budget_ms=5}")).run(s) == s
+    assert PassManager(parse_pipeline("reorder{budget_ms=5}"),
+                       context=PassContext(CostModel())).run(s) == s
 
 
 def test_candidates_include_the_input_order_and_bookend() -> None:
@@ -267,7 +266,6 @@ def test_variable_length_microbatches_reordered_every_step_train_like_one_proces
         tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
     from pipeir.backend.codegen import rank_source
-    from pipeir.backend.driver import compile_schedule
     from pipeir.models import resolve
     from pipeir.passes.reorder import StepPlanner
     from pipeir.runtime.launch import launch
@@ -283,7 +281,7 @@ def test_variable_length_microbatches_reordered_every_step_train_like_one_proces
     for step in range(2):  # the plan really permutes, and differently per step
         xs, _ = split_batch(spec.batch(step), 4)
         assert planner.order([x.numel() for x in xs]) != (0, 1, 2, 3)
-    low = compile_schedule(s)
+    low = pipeir.compile(s).lowered
     job = Job(low, tuple(rank_source(low, r) for r in range(2)), ref, 2, collect=True,
               plan=planner)
     result = launch([job], 2, timeout_s=60.0)
@@ -301,9 +299,8 @@ def test_run_reorder_usage_errors(cli, tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("Q = 1\n")
     base = ("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "4")
-    code, _, err = cli(*base, "--costs", str(bad))
-    assert code == 2 and "--costs goes with --reorder" in err
-    code, _, err = cli(*base, "--reorder", "--costs", str(bad))
-    assert code == 2 and "unknown cost 'Q'" in err
+    for extra in ((), ("--reorder",)):  # costs place communication even without --reorder
+        code, _, err = cli(*base, *extra, "--costs", str(bad))
+        assert code == 2 and "unknown cost 'Q'" in err
     code, _, err = cli(*base, "--reorder", "--set", "accumulate=2")
     assert code == 2 and "accumulate = 1" in err

@@ -48,7 +48,7 @@ def test_1f1b_bubble_matches_the_issue_figures(p: int, m: int, percent: float) -
 @pytest.mark.parametrize(("f", "b"), [(1.0, 2.0), (1.0, 1.0), (0.3, 2.7), (2.0, 1.0)])
 @pytest.mark.parametrize(("p", "m"), [(4, 8), (8, 16), (3, 5)])
 def test_1f1b_and_gpipe_bubble_hold_for_any_f_b_ratio(f: float, b: float, p: int, m: int) -> None:
-    costs = CostModel.uniform(F=f, B=b)
+    costs = CostModel(F=f, B=b)
     for name in ("1f1b", "gpipe"):
         r = simulate(lib(name, p, m), costs)
         assert math.isclose(r.bubble, one_f_one_b_bubble(p, m)), name
@@ -66,14 +66,14 @@ def test_gpipe_holds_every_microbatch_1f1b_only_p() -> None:
 @pytest.mark.parametrize(("p", "m", "v"), [(4, 8, 2), (4, 16, 4), (8, 16, 2), (2, 6, 3),
                                            (8, 32, 4)])
 def test_interleaved_bubble_with_chunk_costs_1_over_v(p: int, m: int, v: int) -> None:
-    r = simulate(lib("interleaved-1f1b", p, m, v=v), CostModel.uniform(F=1 / v, B=2 / v))
+    r = simulate(lib("interleaved-1f1b", p, m, v=v), CostModel(F=1 / v, B=2 / v))
     assert math.isclose(r.bubble, (p - 1) / (v * m + p - 1))
     assert math.isclose(r.bubble, interleaved_bubble(p, m, v))
 
 
 def test_interleaving_beats_1f1b_only_when_chunks_are_cheaper() -> None:
     one = simulate(lib("1f1b", 4, 8))
-    inter_cheap = simulate(lib("interleaved-1f1b", 4, 8, v=2), CostModel.uniform(0.5, 1.0))
+    inter_cheap = simulate(lib("interleaved-1f1b", 4, 8, v=2), CostModel(F=0.5, B=1.0))
     inter_full = simulate(lib("interleaved-1f1b", 4, 8, v=2))
     assert inter_cheap.bubble < one.bubble
     assert inter_full.makespan > one.makespan
@@ -214,8 +214,8 @@ def test_cost_defaults_and_b_from_i_plus_w() -> None:
     cm = CostModel(F=1.5, I=1.25, W=0.5)
     assert cm.cost(B(0, 0)) == 1.75
     assert CostModel(B=3).cost(I(0, 0)) == 1.5
-    assert CostModel.uniform(F=2, B=5).cost(B(1, 1)) == 5
-    assert CostModel.uniform(I=1, W=2).cost(B(1, 1)) == 3
+    assert CostModel(F=2, B=5).cost(B(1, 1)) == 5
+    assert CostModel(I=1, W=2).cost(B(1, 1)) == 3
 
 
 def test_most_specific_cost_wins() -> None:

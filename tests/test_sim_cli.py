@@ -13,8 +13,8 @@ import pytest
 
 import pipeir
 from pipeir.sim import CostModel, simulate
-from pipeir.sim.timeline import render_timeline
-from pipeir.sim.trace import chrome_trace
+from pipeir.views.timeline import render_timeline
+from pipeir.views.trace import chrome_trace
 
 Cli = Callable[..., tuple[int, str, str]]
 REPO = Path(__file__).parent.parent

@@ -119,7 +119,7 @@ def test_bounds_on_random_valid_schedules(data: st.DataObject) -> None:
 @given(p=st.integers(1, 16), m=st.integers(1, 64), f=st.floats(0.1, 4.0),
        b=st.floats(0.1, 4.0))
 def test_1f1b_and_gpipe_formula(p: int, m: int, f: float, b: float) -> None:
-    costs = CostModel.uniform(F=f, B=b)
+    costs = CostModel(F=f, B=b)
     one = simulate(pipeir.library.get("1f1b", p, m), costs)
     gpipe = simulate(pipeir.library.get("gpipe", p, m), costs)
     assert math.isclose(one.bubble, one_f_one_b_bubble(p, m), rel_tol=1e-9, abs_tol=1e-12)
@@ -133,5 +133,5 @@ def test_1f1b_and_gpipe_formula(p: int, m: int, f: float, b: float) -> None:
 def test_interleaved_formula(p: int, k: int, v: int) -> None:
     m = p * k
     r = simulate(pipeir.library.get("interleaved-1f1b", p, m, v=v),
-                 CostModel.uniform(F=1 / v, B=2 / v))
+                 CostModel(F=1 / v, B=2 / v))
     assert math.isclose(r.bubble, interleaved_bubble(p, m, v), rel_tol=1e-9, abs_tol=1e-12)

@@ -101,7 +101,7 @@ def test_analytic_bubble_matches_the_simulator(name: str) -> None:
             if theory.bubble is None:
                 continue
             kw = {"v": 2} if name == "looped-bfs" else {}
-            costs = CostModel.uniform(0.5, 1.0) if kw else CostModel.uniform(1.0, 2.0)
+            costs = CostModel(F=0.5, B=1.0) if kw else CostModel(F=1.0, B=2.0)
             r = simulate(library.get(name, p, m, **kw), costs)
             assert math.isclose(r.bubble, theory.bubble, rel_tol=1e-9), (name, p, m)
             assert max(r.peak_activations) == theory.peak_activations
@@ -140,8 +140,8 @@ def test_no_slower_than_torchs_own_order(ours: str, theirs: str) -> None:
 def test_zb_v_beats_1f1b_at_the_same_memory() -> None:
     """ZB-V's point: 1F1B's memory (p stages' worth of activations), a fraction of its bubble."""
     for p, m in ((4, 8), (8, 32)):
-        zbv = simulate(library.get("zb-v", p, m), CostModel.uniform(0.5, 1.0))
-        one = simulate(library.get("1f1b", p, m), CostModel.uniform(1.0, 2.0))
+        zbv = simulate(library.get("zb-v", p, m), CostModel(F=0.5, B=1.0))
+        one = simulate(library.get("1f1b", p, m), CostModel(F=1.0, B=2.0))
         assert max(zbv.peak_activations) / 2 == max(one.peak_activations)
         assert zbv.bubble < one.bubble / 4
 

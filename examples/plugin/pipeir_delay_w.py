@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pipeir.ops import Op
-from pipeir.passes import OptionError, Pass
+from pipeir.passes import OptionError, Pass, PassContext
+from pipeir.passes.context import DEFAULT_CONTEXT
 from pipeir.schedule import Schedule
 
 
@@ -27,8 +28,6 @@ class DelayW(Pass):
 
     name: ClassVar[str] = "delay-w"
     summary: ClassVar[str] = "move W ops later on each rank (max_pending bounds the waiting W)"
-    requires: ClassVar[tuple[str, ...]] = ("verified",)
-    guarantees: ClassVar[tuple[str, ...]] = ("verified",)
 
     max_pending: int = 0
 
@@ -37,7 +36,7 @@ class DelayW(Pass):
             raise OptionError("max_pending", f"delay-w: max_pending must be >= 0, "
                                              f"got {self.max_pending}")
 
-    def run(self, schedule: Schedule) -> Schedule:
+    def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
         programs = []
         for prog in schedule.programs:
             out: list[Op] = []

@@ -3,8 +3,9 @@
 A lowered program is one optimizer step: `zero-grad`, `accumulate` rounds of the schedule
 (round r works on micro-batches r*m .. r*m+m-1 of the step's batch), then `step`.
 
-NOTE (why the blocking programs cannot deadlock): communication is placed by a list-scheduling
-simulation of the schedule (unit costs F=1, B=2, I=W=1 unless given). Every cross-rank tensor
+NOTE (why the blocking programs cannot deadlock): communication is placed by the simulator's
+timing of the schedule (`pipeir.sim.engine.Timing`, under the compile's cost model; unit
+costs F=1, B=2, I=W=1 unless given). Every cross-rank tensor
 is a blocking `send` at the time its producer ends, an `irecv` on the receiver no later than
 that (before the op the receiver is running then) and a `wait-recv` right before the consumer;
 compute sits at its start time. Sorting all events by time (posts, then sends, then compute at
@@ -29,15 +30,13 @@ from typing import Any, Literal
 
 from pipeir.diagnostics import UsageError
 from pipeir.ops import Op
-from pipeir.schedule import Schedule, data_predecessors
+from pipeir.schedule import Schedule
+from pipeir.sim.costs import CostModel
+from pipeir.sim.engine import Timing
 from pipeir.verify import verify
 
 Tensor = Literal["act", "grad"]
 Part = Literal["input", "target"]
-
-#: Default relative op costs used only to place communication (not for correctness).
-DEFAULT_COSTS: Mapping[str, float] = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
-
 
 @dataclass(frozen=True)
 class Instr:
@@ -238,11 +237,13 @@ def tag_of(tensor: Tensor, stage: int, mb: int, stages: int) -> int:
 
 # ---- lowering ----------------------------------------------------------------------------------
 
-def lower(schedule: Schedule, costs: Mapping[str, float] | None = None) -> Lowered:
-    """Lower a schedule (verified here first) to per-rank instruction programs."""
+def lower(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
+    """Lower a schedule (verified here first) to per-rank instruction programs; `costs`
+    (default: unit costs) only decide where communication is placed, never correctness."""
     verify(schedule)
     cfg = schedule.config
-    rounds = [_lower_round(schedule, costs or DEFAULT_COSTS, r) for r in range(cfg.accumulate)]
+    times = _times(schedule, costs if costs is not None else CostModel())
+    rounds = [_lower_round(schedule, times, r) for r in range(cfg.accumulate)]
     programs = []
     for rank in range(cfg.ranks):
         prog: list[Instr] = [ZeroGrad()]
@@ -277,40 +278,17 @@ def _post_early(prog: list[Instr]) -> list[Instr]:
     return [prog[k[2]] for k in sorted(key)]
 
 
-def _times(schedule: Schedule, costs: Mapping[str, float]) -> dict[Op, tuple[float, float]]:
-    """Start and end of every op under list scheduling (program order, data dependencies).
-    An overlapped pair starts once both its ops are ready and runs as one unit: both ops get
-    the pair's start and end (their outputs leave when the pair is done)."""
-    cfg = schedule.config
-    progs = schedule.programs
-    pos = [0] * cfg.ranks
-    free = [0.0] * cfg.ranks
-    times: dict[Op, tuple[float, float]] = {}
-    remaining = sum(len(p) for p in progs)
-
-    def cost(op: Op) -> float:
-        return float(costs.get(op.kind, DEFAULT_COSTS[op.kind]))
-
-    while remaining:
-        moved = False
-        for r, prog in enumerate(progs):
-            while pos[r] < len(prog):
-                op = prog[pos[r]]
-                unit = _unit(schedule, op)
-                preds = [p for o in unit for p in data_predecessors(o, schedule.graph,
-                                                                    cfg.stages)]
-                if any(p not in times for p in preds):
-                    break
-                start = max([free[r], *(times[p][1] for p in preds)])
-                end = start + sum(cost(o) for o in unit)
-                for o in unit:
-                    times[o] = (start, end)
-                free[r] = end
-                pos[r] += len(unit)
-                remaining -= len(unit)
-                moved = True
-        if not moved:  # pragma: no cover - verify() rejected deadlocks already
-            raise AssertionError("schedule deadlocks after verification")
+def _times(schedule: Schedule, costs: CostModel) -> dict[Op, tuple[float, float]]:
+    """Start and end of every op as the simulator times it (overlapped communication). The
+    two ops of an overlapped pair run as one unit: both get the pair's start and end (their
+    outputs leave when the pair is done)."""
+    timing = Timing(schedule, costs)
+    if not timing.complete:  # pragma: no cover - verify() rejected deadlocks already
+        raise AssertionError("schedule deadlocks after verification")
+    t = timing.sweep([costs.cost(op) for op in timing.ops])
+    times = {op: (t.start[i], t.end[i]) for i, op in enumerate(timing.ops)}
+    for first, second in schedule.pairs:
+        times[first] = times[second] = (times[first][0], times[second][1])
     return times
 
 
@@ -328,7 +306,7 @@ def _in_progress(spans: list[tuple[float, float]], t: float) -> float:
     return t
 
 
-def _lower_round(schedule: Schedule, costs: Mapping[str, float], rnd: int
+def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]], rnd: int
                  ) -> list[list[Instr]]:
     """One round's instructions per rank, in the global event order (see the module NOTE).
 
@@ -341,7 +319,6 @@ def _lower_round(schedule: Schedule, costs: Mapping[str, float], rnd: int
     last = cfg.stages - 1
     offset = rnd * cfg.microbatches
     scale = 1.0 / (cfg.microbatches * cfg.accumulate)
-    times = _times(schedule, costs)
     busy = [sorted(times[op] for op in prog) for prog in schedule.programs]
     events: list[tuple[tuple[Any, ...], list[tuple[int, Instr]]]] = []
     waits: dict[Op, list[Instr]] = {}

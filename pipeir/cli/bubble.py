@@ -91,7 +91,7 @@ def _row(name: str, p: int, m: int, v: int, takes_v: bool) -> tuple[list[str] | 
         s = library.get(name, p, m, **({"v": v} if takes_v else {}))
     except PipeirError as e:
         return None, f"the schedule does not admit it ({e.message})"
-    result = simulate(s, CostModel.uniform(1.0 / v, 2.0 / v))
+    result = simulate(s, CostModel(F=1.0 / v, B=2.0 / v))
     theory = analytic(name, p, m, v)
     peak = max(result.peak_activations)
     if theory.bubble is None:

@@ -7,8 +7,11 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeir.cli.common import add_schedule_args, load_one, write_atomic
+from pipeir.cli.common import add_schedule_args
+from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.diagnostics import EXIT_OK, UsageError
+from pipeir.files import write_atomic
+from pipeir.passes import Compiled
 
 ORDER = 90
 NAME = "compile"
@@ -16,23 +19,31 @@ HELP = "lower a schedule to per-rank torch.distributed programs (Python) for tor
 
 
 def add_backend_args(p: argparse.ArgumentParser) -> None:
-    """--passes / --overlap / --max-posted, shared with `pipeirc run`."""
+    """--passes / --overlap / --max-posted / --costs, shared with `pipeirc run`."""
     p.add_argument("--passes", metavar="SPEC",
                    help="passes to apply, e.g. 'split-backward,overlap{max_posted=2}'")
     p.add_argument("--overlap", action="store_true",
                    help="asynchronous communication (same as --passes overlap)")
     p.add_argument("--max-posted", type=int, metavar="K",
                    help="with overlap: at most K receives posted ahead (0 = no bound)")
+    add_costs_arg(p)
 
 
-def compile_args(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    """(schedule, lowered) for the schedule and pass options on the command line."""
-    from pipeir.backend.driver import compile_schedule
+def compile_args(args: argparse.Namespace) -> Compiled:
+    """The schedule the command line names, through its passes, lowered and proved, under its
+    costs (which place communication and drive cost-aware passes such as `reorder`)."""
+    from pipeir.passes import PassContext, PassManager, Pipeline, parse_pipeline
+    from pipeir.passes.overlap import Overlap
 
     if args.max_posted is not None and args.max_posted < 0:
         raise UsageError("--max-posted must be a non-negative integer")
-    schedule = load_one(args).schedule
-    return schedule, compile_schedule(schedule, args.passes, args.overlap, args.max_posted)
+    pipeline = parse_pipeline(args.passes) if args.passes else Pipeline.of(())
+    if (args.overlap or args.max_posted is not None) and not any(
+            isinstance(p, Overlap) for p in pipeline.passes):
+        pipeline = pipeline.then(Overlap(max_posted=args.max_posted or 0))
+    elab, costs = load_with_costs(args)
+    ctx = PassContext(costs, pipeline.comm)
+    return PassManager(pipeline, context=ctx).compile(elab.schedule)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.output and not args.emit:
         raise UsageError("nothing to do: give -o DIR and/or --emit lowered|json|python")
-    _, lowered = compile_args(args)
+    lowered = compile_args(args).lowered
     if args.output:
         out = Path(args.output)
         if out.exists() and not out.is_dir():

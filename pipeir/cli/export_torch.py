@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 
 from pipeir.backend.torch_export import FORMATS, dumps_csv
-from pipeir.cli.common import add_schedule_args, load_one, write_atomic
+from pipeir.cli.common import add_schedule_args, load_one
 from pipeir.diagnostics import EXIT_OK
+from pipeir.files import write_atomic
 
 ORDER = 130
 NAME = "export-torch"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeir.cli.common import write_atomic
 from pipeir.diagnostics import EXIT_OK
+from pipeir.files import write_atomic
 from pipeir.frontend.torch_csv import FORMATS, load_csv, prove_comms
 from pipeir.printer import print_schedule
 from pipeir.verify import verify

@@ -6,8 +6,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeir.cli.common import add_schedule_args, load_one, write_atomic
+from pipeir.cli.common import add_schedule_args
+from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.diagnostics import UsageError
+from pipeir.files import write_atomic
 from pipeir.printer import print_schedule
 
 ORDER = 70
@@ -20,6 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--passes", required=True, metavar="SPEC",
                    help="the pipeline: pass names with options, comma-separated, e.g. "
                         "'interleave{v=2},split-backward{mode=h2},verify' (see `pipeirc passes`)")
+    add_costs_arg(p)
     p.add_argument("-o", "--output", metavar="OUT", help="write to OUT instead of stdout")
     p.add_argument("--pass-plugin", action="append", default=[], metavar="MODULE:CLASS",
                    help="load a pass from a module or a .py file (repeatable)")
@@ -37,6 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.passes import (
         DumpDir,
         Instrument,
+        PassContext,
         PassManager,
         PrintAfter,
         TimePasses,
@@ -55,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"--print-after {unknown[0]}: the pipeline has no pass called that "
                          f"(it runs {', '.join(sorted(names))}; or use 'all')")
-    elab = load_one(args)
+    elab, costs = load_with_costs(args)
     instruments: list[Instrument] = []
     if wanted:
         instruments.append(PrintAfter(wanted, sys.stderr))
@@ -63,17 +67,13 @@ def run(args: argparse.Namespace) -> int:
         instruments.append(DumpDir(args.dump_dir, write_atomic))
     if args.time_passes:
         instruments.append(TimePasses(sys.stderr))
-    from pipeir.passes.reorder import using_costs  # cost-driven passes read the costs block
-    from pipeir.sim import CostModel
-
-    with using_costs(CostModel.from_settings(elab.costs)):
-        out = PassManager(pipeline, verify_each=args.verify_each, instruments=instruments).run(
-            elab.schedule)
-    costs = {k: v for k, (v, _) in elab.costs.items()}
+    out = PassManager(pipeline, context=PassContext(costs), verify_each=args.verify_each,
+                      instruments=instruments).run(elab.schedule)
+    settings = {k: v for k, (v, _) in elab.costs.items()}
     if out.config.stages != elab.schedule.config.stages:
         # per-stage costs describe the input's stages, which the pipeline changed
-        costs = {k: v for k, v in costs.items() if not k.startswith("stage.")}
-    text = print_schedule(out, costs)
+        settings = {k: v for k, v in settings.items() if not k.startswith("stage.")}
+    text = print_schedule(out, settings)
     if args.output:
         write_atomic(args.output, text)
     else:

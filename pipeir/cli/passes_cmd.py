@@ -19,10 +19,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeir.diagnostics import UsageError
     from pipeir.passes import registry
-    from pipeir.passes.base import Pass, format_value
+    from pipeir.passes.base import LoweredPass, PassBase, format_value
     from pipeir.passes.pipeline import options_of
 
-    classes: list[tuple[type[Pass], str]] = []
+    classes: list[tuple[type[PassBase], str]] = []
     for name, target in registry.targets().items():
         try:
             classes.append((registry.load_target(target, name), ""))
@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
         for o in options_of(cls):
             default = "" if o.default is dataclasses.MISSING else f" = {format_value(o.default)}"
             opts.append(f"{o.name}: {o.type_text}{default}")
-        level = "" if cls.level == "schedule" else f"  [{cls.level}]"
+        level = "  [lowered]" if issubclass(cls, LoweredPass) else ""
         print(f"{cls.name}" + ("{" + ", ".join(opts) + "}" if opts else "") + level + origin)
         print(f"    {cls.summary}")
     return 0

@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from pipeir.cli.common import add_schedule_args, write_atomic
+from pipeir.cli.common import add_schedule_args
 from pipeir.cli.simulate import add_cost_args, simulate_args
 from pipeir.diagnostics import UsageError
-from pipeir.sim.plot import FORMATS
+from pipeir.files import write_atomic
+from pipeir.views.plot import FORMATS
 
 ORDER = 50
 NAME = "plot"
@@ -29,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
     if fmt not in FORMATS:
         raise UsageError(f"-o {args.output}: cannot tell the image format; end the name in "
                          f"{', '.join('.' + f for f in FORMATS)}")
-    from pipeir.sim.plot import render_gantt
+    from pipeir.views.plot import render_gantt
 
     result = simulate_args(args)
     write_atomic(args.output, render_gantt(result, fmt, arrows=args.arrows, title=args.title))

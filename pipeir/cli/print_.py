@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from pipeir.cli.common import add_schedule_args, load_one, write_atomic
+from pipeir.cli.common import add_schedule_args, load_one
+from pipeir.files import write_atomic
 from pipeir.printer import print_schedule
 
 ORDER = 30

@@ -7,8 +7,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from pipeir.cli.common import write_atomic
 from pipeir.diagnostics import PipeirError, UsageError
+from pipeir.files import write_atomic
 
 ORDER = 105
 NAME = "profile"
@@ -60,10 +60,8 @@ def run(args: argparse.Namespace) -> int:
             link = prof.measure_link(timeout_s=args.timeout)
         except RuntimeError as e:
             raise UsageError(str(e)) from None
-    import torch
-
     meta = {"model": args.model, "stages": args.nproc, "microbatches": mbs,
-            "warmup": args.warmup, "iters": args.iters, "torch": torch.__version__,
+            "warmup": args.warmup, "iters": args.iters,
             "device": "cpu", "threads": 1,
             "how": "pipeirc profile: medians; transfers between 2 gloo ranks on this host"}
     settings = prof.cost_settings(stages, link, meta)

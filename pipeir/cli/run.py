@@ -6,13 +6,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from pipeir.cli.common import add_schedule_args, write_atomic
+from pipeir.cli.common import add_schedule_args
 from pipeir.cli.compile import add_backend_args, compile_args
 from pipeir.diagnostics import EXIT_OK, UsageError
+from pipeir.passes import Compiled
+
+if TYPE_CHECKING:
+    from pipeir.passes.reorder import StepPlanner
+    from pipeir.runtime.launch import RunResult
+from pipeir.files import write_atomic
 
 ORDER = 100
 NAME = "run"
@@ -34,10 +40,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "included) as one Chrome trace")
     p.add_argument("--reorder", action="store_true",
                    help="re-plan the micro-batch order every step from the micro-batches' "
-                        "sizes (variable-length data; see `reorder` in `pipeirc passes`)")
-    p.add_argument("--costs", metavar="FILE",
-                   help="with --reorder: the cost file the plan simulates (its length_cost "
-                        "gives how cost grows with size; default: linear)")
+                        "sizes (variable-length data; see `reorder` in `pipeirc passes`); "
+                        "--costs gives how cost grows with size (default: linear)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -49,7 +53,8 @@ def run(args: argparse.Namespace) -> int:
         parent = Path(args.trace).parent
         if not parent.is_dir():
             raise UsageError(f"--trace {args.trace}: directory {parent} does not exist")
-    schedule, lowered = compile_args(args)
+    compiled = compile_args(args)
+    schedule, lowered = compiled.schedule, compiled.lowered
     if args.nproc is not None and args.nproc != lowered.ranks:
         raise UsageError(f"--nproc {args.nproc}: the schedule runs on {lowered.ranks} ranks; "
                          f"use --nproc {lowered.ranks} or --set ranks={args.nproc}")
@@ -61,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.runtime.worker import Job
 
     sources = tuple(rank_source(lowered, r) for r in range(lowered.ranks))
-    job = Job(lowered, sources, args.model, args.steps, plan=_planner(schedule, lowered, args))
+    job = Job(lowered, sources, args.model, args.steps, plan=_planner(compiled, args))
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         return _under_torchrun(job, args)
     from pipeir.runtime.launch import StepReport, launch
@@ -90,28 +95,22 @@ def run(args: argparse.Namespace) -> int:
         if pending[0]:  # keep the last step's line (and any error below it)
             sys.stdout.write("\n")
             sys.stdout.flush()
-    _report(schedule, lowered, result, args)
+    _report(compiled, result, args)
     return EXIT_OK
 
 
-def _planner(schedule: object, lowered: object, args: argparse.Namespace) -> object:
-    """The per-step micro-batch planner for --reorder (issue 7), or None."""
-    if args.costs and not args.reorder:
-        raise UsageError("--costs goes with --reorder")
+def _planner(compiled: Compiled, args: argparse.Namespace) -> StepPlanner | None:
+    """The per-step micro-batch planner for --reorder, planning on the schedule that runs
+    (after the passes) under the cost file's shape of cost by length, or None."""
     if not args.reorder:
         return None
-    from pipeir.passes.pipeline import parse_pipeline
     from pipeir.passes.reorder import StepPlanner
     from pipeir.sim.costs import read_cost_file
 
-    if schedule.config.accumulate != 1:  # type: ignore[attr-defined]
+    if compiled.schedule.config.accumulate != 1:
         raise UsageError("--reorder plans one round of micro-batches; use accumulate = 1")
-    if args.passes:  # plan on the schedule that runs
-        for p in parse_pipeline(args.passes).by_level("schedule").passes:
-            schedule = p.run(schedule)  # type: ignore[arg-type]
     settings = {k: v for k, (v, _) in read_cost_file(args.costs).items()} if args.costs else {}
-    comm = "overlapped" if lowered.overlap else "blocking"  # type: ignore[attr-defined]
-    planner = StepPlanner.of(schedule, settings, comm)  # type: ignore[arg-type]
+    planner = StepPlanner.of(compiled.schedule, settings, compiled.context.comm)
     planner.order([1.0] * planner.microbatches)  # bad cost settings fail here, not in a rank
     return planner
 
@@ -127,64 +126,38 @@ def _check_batch(spec: object, model: str, n: int) -> None:
         raise UsageError(f"--model {model}: batch(0) raised {type(e).__name__}: {e}") from None
 
 
-def _report(schedule: object, lowered: object, result: object, args: argparse.Namespace
-            ) -> None:
-    from pipeir.runtime.measure import (
-        calibrated_prediction,
-        expand_rounds,
-        measured_result,
-        steps_trace,
-        transfer_latency,
-    )
+def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace) -> None:
+    from pipeir.runtime.dist import compute_slots
+    from pipeir.runtime.measure import measured_result, run_report, steps_trace
 
-    steps = sorted(s for (_, s) in result.steps)  # type: ignore[attr-defined]
-    keep = steps[1:] if len(steps) > 1 else steps  # the first step warms up
-    ranks = lowered.ranks  # type: ignore[attr-defined]
-    expanded = expand_rounds(schedule)  # type: ignore[arg-type]
-    times = {s: {r: result.times[(0, r, s)] for r in range(ranks)}  # type: ignore[attr-defined]
-             for s in steps}
-    measured = [measured_result(lowered, expanded, times[s]) for s in keep]  # type: ignore[arg-type]
-    latency = transfer_latency(lowered, [times[s] for s in keep])  # type: ignore[arg-type]
-    predicted = calibrated_prediction(lowered, measured, latency)  # type: ignore[arg-type]
-    free = calibrated_prediction(lowered, measured, 0.0)  # type: ignore[arg-type]
-    step_ms = statistics.median(result.steps[(0, s)].time for s in keep) * 1e3  # type: ignore[attr-defined]
-    comm = predicted.comm
-    print(f"\nmedian step time {step_ms:.1f} ms over {len(keep)} step(s); simulated "
-          f"{predicted.makespan * 1e3:.1f} ms")
+    lowered, ranks = compiled.lowered, compiled.lowered.ranks
+    times = {s: {r: result.times[(0, r, s)] for r in range(ranks)} for (_, s) in result.steps}
+    rep = run_report(lowered, compiled.schedule, times,
+                     {s: st.time for (_, s), st in result.steps.items()})
+    predicted, free = rep.predicted, rep.free
+    print(f"\nmedian step time {rep.step_time * 1e3:.1f} ms over {len(rep.measured)} step(s); "
+          f"simulated {predicted.makespan * 1e3:.1f} ms")
     print(f"bubble per rank: measured (median over steps) vs simulated with the measured op "
-          f"times per stage and kind, and\n{latency * 1e3:.3f} ms per transfer ({comm} "
-          f"communication) or free communication")
+          f"times per stage and kind, and\n{rep.latency * 1e3:.3f} ms per transfer "
+          f"({predicted.comm} communication) or free communication")
     print(f"{'rank':>6} {'measured':>9} {'simulated':>10} {'free comm':>10}")
     for r in range(ranks):
-        got = statistics.median(m.idle[r] / m.makespan for m in measured)
-        print(f"{r:>6} {got:>9.1%} {predicted.idle[r] / predicted.makespan:>10.1%} "
+        print(f"{r:>6} {rep.rank_bubble(r):>9.1%} {predicted.idle[r] / predicted.makespan:>10.1%} "
               f"{free.idle[r] / free.makespan:>10.1%}")
-    got = statistics.median(m.bubble for m in measured)
-    print(f"{'all':>6} {got:>9.1%} {predicted.bubble:>10.1%} {free.bubble:>10.1%}")
-    cores = _cores()
+    print(f"{'all':>6} {rep.bubble:>9.1%} {predicted.bubble:>10.1%} {free.bubble:>10.1%}")
+    cores = compute_slots()
     if ranks > cores:
         print(f"note: {ranks} ranks share {cores} CPU core(s), so ranks that compute at the "
               "same time slow each other down;\nthe simulator gives each rank its own device, "
               "so expect the measured bubble above the simulated one")
     if args.trace:
-        t_zero = min(t0 for s in steps for r in range(ranks) for _, t0, _ in times[s][r])
-        trace = steps_trace([measured_result(lowered, expanded, times[s], t_zero)  # type: ignore[arg-type]
-                             for s in steps])
+        expanded = predicted.schedule
+        t_zero = min(t0 for s in rep.steps for r in range(ranks) for _, t0, _ in times[s][r])
+        trace = steps_trace([measured_result(lowered, expanded, times[s], t_zero)
+                             for s in rep.steps])
         write_atomic(args.trace, json.dumps(trace))
-        print(f"wrote {args.trace} (measured timeline of all {len(steps)} steps; open it in "
+        print(f"wrote {args.trace} (measured timeline of all {len(rep.steps)} steps; open it in "
               "https://ui.perfetto.dev)")
-
-
-def _cores() -> int:
-    """CPU cores the ranks may run on (a large number with CUDA: one device per rank)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return 1 << 30
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _under_torchrun(job: object, args: argparse.Namespace) -> int:

@@ -9,10 +9,11 @@ import shutil
 import sys
 from typing import Any
 
-from pipeir.cli.common import add_schedule_args, load_one, write_atomic
+from pipeir.cli.common import add_schedule_args, load_one
 from pipeir.config import PipelineConfig
 from pipeir.diagnostics import Diagnostic, Span, UsageError, did_you_mean
-from pipeir.frontend.elaborate import parse_override
+from pipeir.files import write_atomic
+from pipeir.frontend.elaborate import Elaborated, parse_override
 from pipeir.sim import COMM_MODELS, CostModel, SimResult, simulate
 from pipeir.sim.costs import TOP_KEYS, read_cost_file
 from pipeir.verify import verify
@@ -24,11 +25,16 @@ NAME = "simulate"
 HELP = "simulate a schedule: makespan, bubble, peak memory and an ASCII timeline"
 
 
-def add_cost_args(p: argparse.ArgumentParser) -> None:
-    """--costs and --comm (cost settings in --set are handled by `simulate_args`)."""
+def add_costs_arg(p: argparse.ArgumentParser) -> None:
+    """--costs (cost settings in --set are handled by `load_with_costs`)."""
     p.add_argument("--costs", metavar="FILE",
                    help="JSON or TOML cost file (replaces the .sched file's costs block); "
                         "--set F=1.5 and the like override single costs")
+
+
+def add_cost_args(p: argparse.ArgumentParser) -> None:
+    """--costs and --comm."""
+    add_costs_arg(p)
     p.add_argument("--comm", choices=COMM_MODELS, default=COMM_MODELS[0],
                    help="communication model (default: %(default)s)")
 
@@ -49,6 +55,14 @@ def is_cost_setting(name: str) -> bool:
 
 def simulate_args(args: argparse.Namespace) -> SimResult:
     """Load, verify and simulate the schedule the command line names, with its costs."""
+    elab, costs = load_with_costs(args)
+    verify(elab.schedule)
+    return simulate(elab.schedule, costs, comm=args.comm)
+
+
+def load_with_costs(args: argparse.Namespace) -> tuple[Elaborated, CostModel]:
+    """The schedule the command line names and its cost model: the `.sched` file's
+    costs block, or `--costs FILE` instead, with cost names in `--set` on top."""
     cost_sets: dict[str, tuple[Any, Span | None]] = {}
     rest = []
     for text in args.overrides:
@@ -66,9 +80,8 @@ def simulate_args(args: argparse.Namespace) -> SimResult:
         read_cost_file(args.costs) if args.costs else dict(elab.costs)
     CostModel.from_settings(cost_sets, where="--set")  # so --set errors name --set
     costs = CostModel.from_settings({**settings, **cost_sets})
-    verify(elab.schedule)
     _warn_unused(elab.schedule.config, {**settings, **cost_sets})
-    return simulate(elab.schedule, costs, comm=args.comm)
+    return elab, costs
 
 
 def _warn_unused(config: PipelineConfig, settings: dict[str, tuple[Any, Span | None]]) -> None:
@@ -104,13 +117,13 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"--width {args.width}: need at least 10 columns")
     result = simulate_args(args)
     if args.trace:
-        from pipeir.sim.trace import chrome_trace
+        from pipeir.views.trace import chrome_trace
 
         write_atomic(args.trace, json.dumps(chrome_trace(result)))
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
         return 0
-    from pipeir.sim.timeline import render_timeline
+    from pipeir.views.timeline import render_timeline
 
     tty = sys.stdout.isatty()
     width = args.width or shutil.get_terminal_size((100, 24)).columns - 16

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeir.cli.common import write_atomic
 from pipeir.diagnostics import Span, UsageError
+from pipeir.files import write_atomic
 
 ORDER = 110
 NAME = "tune"

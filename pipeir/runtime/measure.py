@@ -13,6 +13,7 @@ with k*m micro-batches so measured and predicted timelines cover the same work.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from statistics import mean, median
 from typing import Any
 
@@ -37,6 +38,46 @@ from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, SimResult, Transfer, simulate
 
 Times = Sequence[tuple[int, float, float]]  # (pc, start, end) per executed instruction
+
+
+@dataclass(frozen=True)
+class RunReport:
+    """What `pipeirc run` reports: each measured step (the first, a warm-up, left out when
+    there are others) shaped as a simulation of the compiled schedule, and the simulator's
+    prediction for it with the measured op times, with the measured transfer time
+    (`predicted`) and with free communication (`free`)."""
+
+    steps: tuple[int, ...]  # the steps measured, warm-up included
+    measured: tuple[SimResult, ...]  # the kept steps
+    predicted: SimResult
+    free: SimResult
+    latency: float  # seconds per transfer, measured
+    step_time: float  # median seconds per kept step
+
+    @property
+    def bubble(self) -> float:
+        """The median over kept steps of the measured bubble (fraction of the step)."""
+        return median(m.bubble for m in self.measured)
+
+    def rank_bubble(self, rank: int) -> float:
+        """The median over kept steps of `rank`'s idle fraction."""
+        return median(m.idle[rank] / m.makespan for m in self.measured)
+
+
+def run_report(lowered: Lowered, schedule: Schedule,
+               times: Mapping[int, Mapping[int, Times]], step_times: Mapping[int, float]
+               ) -> RunReport:
+    """The report for one job: `schedule` is the compiled schedule (after its passes, the
+    one `lowered` was lowered from), `times[step][rank]` the instruction times of each step
+    and `step_times[step]` its duration."""
+    steps = tuple(sorted(times))
+    keep = steps[1:] if len(steps) > 1 else steps  # the first step warms up
+    expanded = expand_rounds(schedule)
+    measured = tuple(measured_result(lowered, expanded, times[s]) for s in keep)
+    latency = transfer_latency(lowered, [times[s] for s in keep])
+    return RunReport(steps, measured, calibrated_prediction(lowered, measured, latency),
+                     calibrated_prediction(lowered, measured, 0.0), latency,
+                     median(step_times[s] for s in keep))
 
 
 def expand_rounds(schedule: Schedule) -> Schedule:
@@ -164,8 +205,6 @@ def calibrated_prediction(lowered: Lowered, measured: Sequence[SimResult],
             per_stage.setdefault(op.stage, {}).setdefault(op.kind, []).append(d)
             by_kind.setdefault(op.kind, []).append(d)
     kw = {k: mean(v) for k, v in by_kind.items()}
-    if "B" not in kw and not ("I" in kw and "W" in kw):
-        kw.setdefault("B", 2 * kw.get("F", 1.0))
     stage = {s: {k: mean(v) for k, v in kinds.items()} for s, kinds in per_stage.items()}
     costs = CostModel(F=kw.get("F", 1.0), B=kw.get("B"), I=kw.get("I"), W=kw.get("W"),
                       latency=latency, stage=stage, unit="s")
@@ -176,7 +215,7 @@ def calibrated_prediction(lowered: Lowered, measured: Sequence[SimResult],
 def steps_trace(steps: Sequence[SimResult]) -> dict[str, Any]:
     """One Chrome trace of several measured steps (built with a common `t_zero`): each step's
     `chrome_trace`, with flow ids made unique and the step number in every slice's args."""
-    from pipeir.sim.trace import chrome_trace
+    from pipeir.views.trace import chrome_trace
 
     events: list[dict[str, Any]] = []
     seen: set[tuple[str, int, int]] = set()

@@ -197,7 +197,8 @@ def _link_worker(rank: int, init: str, rounds: int, timeout_s: float, q: Any) ->
 def cost_settings(stages: list[StageTimes], link: tuple[float, float | None] | None,
                   meta: dict[str, Any]) -> dict[str, Any]:
     """A cost file's contents (the JSON object) from the measurements."""
-    out: dict[str, Any] = {"version": 1, "unit": "ms", "meta": meta}
+    out: dict[str, Any] = {"version": 1, "unit": "ms",
+                           "meta": {**meta, "torch": torch.__version__}}
     out["F"] = statistics.median(s.F for s in stages)
     out["I"] = statistics.median(s.I for s in stages)
     out["W"] = statistics.median(s.W for s in stages)

@@ -53,19 +53,19 @@ import math
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from pipeir.diagnostics import Note, Source, Span, UsageError, did_you_mean
+from pipeir.diagnostics import Note, Source, Span, UsageError, did_you_mean, where_prefix
 from pipeir.ops import KINDS, Op
+from pipeir.sim.lengths import LENGTH_KEYS, LengthCost, split_length_settings
 
 #: Settings that hold a time per op, and the settings about transfers and memory.
 OP_KINDS = KINDS
 COMM_KEYS = ("latency", "bandwidth")
 SIZE_KEYS = ("activation_bytes", "memory_bytes")
 META_KEYS = ("version", "meta", "unit")
-LENGTH_KEYS = ("lengths", "length_cost", "length_ref")  # see pipeir.sim.lengths
 TOP_KEYS = (*OP_KINDS, *COMM_KEYS, *SIZE_KEYS, *META_KEYS, *LENGTH_KEYS)
 
 _Level = dict[str, float]  # kind (or size key) -> value, as written at one level
@@ -108,20 +108,7 @@ class CostModel:
             _check_time("memory_bytes", self.memory_bytes)
         if self.bandwidth is not None and not (_is_number(self.bandwidth) and self.bandwidth > 0):
             raise ValueError(f"bandwidth must be a positive number, got {self.bandwidth!r}")
-        if "B" not in base:
-            base.setdefault("I", 1.0)
-            base.setdefault("W", 1.0)
-            base["B"] = base["I"] + base["W"]
-        else:
-            half = base["B"] / 2
-            if "I" in base and "W" not in base:
-                base["W"] = max(0.0, base["B"] - base["I"])
-            elif "W" in base and "I" not in base:
-                base["I"] = max(0.0, base["B"] - base["W"])
-            else:
-                base.setdefault("I", half)
-                base.setdefault("W", half)
-        object.__setattr__(self, "_base", base)
+        object.__setattr__(self, "_base", _defaults(base))
         for where, levels in (("stage", self.stage), ("mb", self.mb),
                               ("stage_mb", self.stage_mb)):
             for key, level in levels.items():
@@ -132,17 +119,6 @@ class CostModel:
 
     # ---- constructors -------------------------------------------------------------------
     @classmethod
-    def uniform(cls, F: float = 1.0, B: float | None = None, I: float | None = None,  # noqa: E741
-                W: float | None = None) -> CostModel:
-        """The same time for every op of a kind, and free communication. B defaults to I + W
-        when both are given, else to 2."""
-        if B is None:
-            if I is not None and W is not None:
-                return cls(F=F, I=I, W=W)
-            B = 2.0
-        return cls(F=F, B=B, I=I, W=W)
-
-    @classmethod
     def from_settings(cls, settings: Mapping[str, Any], where: str | None = None) -> CostModel:
         """From dotted settings, as `pipeir.load(...).costs` gives them (name -> (value,
         span)) or as a plain name -> value mapping. Errors point at the setting's span, or
@@ -151,11 +127,9 @@ class CostModel:
         for k, v in settings.items():
             items[k] = v if isinstance(v, tuple) and len(v) == 2 and \
                 (v[1] is None or isinstance(v[1], Span)) else (v, None)
-        from pipeir.sim.lengths import split_length_settings, with_lengths
-
         items, lengths = split_length_settings(items, where)
         model = _build(items, where=where)
-        return with_lengths(model, lengths) if lengths is not None else model
+        return model.with_lengths(lengths) if lengths is not None else model
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostModel:
@@ -218,11 +192,29 @@ class CostModel:
             return {k: {n: x * factor if n in OP_KINDS else x for n, x in v.items()}
                     for k, v in d.items()}
         b = self._base
-        return CostModel(F=b["F"] * factor, B=b["B"] * factor, I=b["I"] * factor,
-                         W=b["W"] * factor, latency=self.latency, bandwidth=self.bandwidth,
-                         activation_bytes=self.activation_bytes, memory_bytes=self.memory_bytes,
-                         stage=lv(self.stage), mb=lv(self.mb), stage_mb=lv(self.stage_mb),
-                         unit=self.unit)
+        return replace(self, F=b["F"] * factor, B=b["B"] * factor, I=b["I"] * factor,
+                       W=b["W"] * factor, stage=lv(self.stage), mb=lv(self.mb),
+                       stage_mb=lv(self.stage_mb))
+
+    def with_lengths(self, spec: LengthCost) -> CostModel:
+        """This model with per-micro-batch costs derived from `spec` (see
+        `pipeir.sim.lengths`); costs the model already gives per micro-batch are kept."""
+        factors = spec.factors()
+        mb = {m: dict(level) for m, level in self.mb.items()}
+        stage_mb = {k: dict(level) for k, level in self.stage_mb.items()}
+        for m, f in enumerate(factors):
+            level = mb.setdefault(m, {})
+            for k in KINDS:
+                level.setdefault(k, self.cost(Op(k, -1, -1)) * f)
+            given = self.mb.get(m) or {}
+            for s, slevel in self.stage.items():
+                sl = stage_mb.setdefault((s, m), {})
+                for k in KINDS:
+                    # NOTE: only what the stage level itself decides (an explicit mb.M.K still
+                    # wins, and a B derived from I + W stays derived)
+                    if k not in given and _pick(slevel, k) is not None:
+                        sl.setdefault(k, self.cost(Op(k, s, -1)) * f)
+        return replace(self, mb=mb, stage_mb={k: v for k, v in stage_mb.items() if v})
 
     def settings(self) -> dict[str, float | str]:
         """The model as dotted settings (what a cost file holds), defaults included."""
@@ -244,7 +236,28 @@ class CostModel:
         return out
 
 
+def _defaults(base: _Level) -> _Level:
+    """The one rule for backward costs. Of B, I and W, what is not given follows from what
+    is: B = I + W; a B given alone splits evenly; a B with one half gives the other half;
+    with no B, I and W default to 1 (so B = 2)."""
+    out = dict(base)
+    if "B" not in out:
+        out.setdefault("I", 1.0)
+        out.setdefault("W", 1.0)
+        out["B"] = out["I"] + out["W"]
+    elif "I" in out and "W" not in out:
+        out["W"] = max(0.0, out["B"] - out["I"])
+    elif "W" in out and "I" not in out:
+        out["I"] = max(0.0, out["B"] - out["W"])
+    else:
+        out.setdefault("I", out["B"] / 2)
+        out.setdefault("W", out["B"] / 2)
+    return out
+
+
 def _pick(level: Mapping[str, float] | None, kind: str) -> float | None:
+    """`kind`'s cost as one override level decides it, or None to fall through. A level
+    decides B only when it gives B, or both halves (then B = I + W, as in `_defaults`)."""
     if level is None:
         return None
     v = level.get(kind)
@@ -284,18 +297,18 @@ def _build(items: Mapping[str, tuple[Any, Span | None]], where: str | None) -> C
             continue
         if name == "version":
             if value != 1:
-                raise UsageError(f"{_at(where, span)}cost file version {value!r} is not "
+                raise UsageError(f"{where_prefix(where, span)}cost file version {value!r} is not "
                                  "supported (this pipeir reads version 1)", span)
             continue
         if name == "unit":
             if not isinstance(value, str) or not value:
-                raise UsageError(f"{_at(where, span)}'unit' must be a name like \"ms\", "
+                raise UsageError(f"{where_prefix(where, span)}'unit' must be a name like \"ms\", "
                                  f"got {value!r}", span)
             unit = value
             continue
         key, level, allowed = _classify(name, stage, mb, stage_mb)
         if key is None or level is None or key not in allowed:
-            raise UsageError(f"{_at(where, span)}unknown cost '{name}'", span,
+            raise UsageError(f"{where_prefix(where, span)}unknown cost '{name}'", span,
                              did_you_mean(name, _known_names(name)) or
                              (Note("costs are F, B, I, W, latency, bandwidth, activation_bytes, "
                                    "memory_bytes, and stage.S.K, mb.M.K, stage.S.mb.M.K for "
@@ -311,7 +324,7 @@ def _build(items: Mapping[str, tuple[Any, Span | None]], where: str | None) -> C
             memory_bytes=_top(items, "memory_bytes", None),
             stage=stage, mb=mb, stage_mb=stage_mb, unit=unit)
     except ValueError as e:  # pragma: no cover - every value was checked above
-        raise UsageError(f"{_at(where, None)}{e}") from None
+        raise UsageError(f"{where_prefix(where, None)}{e}") from None
 
 
 def _top(items: Mapping[str, tuple[Any, Span | None]], name: str, default: Any) -> Any:
@@ -340,11 +353,12 @@ def _classify(name: str, stage: dict[int, _Level], mb: dict[int, _Level],
 def _number(name: str, value: Any, span: Span | None, where: str | None,
             positive: bool) -> float:
     if not _is_number(value):
-        raise UsageError(f"{_at(where, span)}cost '{name}' must be a number, got "
+        raise UsageError(f"{where_prefix(where, span)}cost '{name}' must be a number, got "
                          f"{_show(value)}", span)
     if value < 0 or (positive and value == 0):
         need = "positive" if positive else "non-negative"
-        raise UsageError(f"{_at(where, span)}cost '{name}' must be {need}, got {value}", span)
+        raise UsageError(f"{where_prefix(where, span)}cost '{name}' must be {need}, "
+                         f"got {value}", span)
     return float(value)
 
 
@@ -356,11 +370,6 @@ def _show(v: Any) -> str:
     if isinstance(v, dict):
         return "a table"
     return repr(v)
-
-
-def _at(where: str | None, span: Span | None) -> str:
-    """A file-name prefix for messages that have no span to carry the location."""
-    return f"{where}: " if where is not None and span is None else ""
 
 
 # ---- cost files ----------------------------------------------------------------------------

@@ -12,7 +12,8 @@ consumes has arrived. Two communication models:
 
 NOTE: both models are contention-free (transfers never queue behind one another on a
 link), so an op's start is the longest path to it through program-order and data edges. The
-simulation is therefore one pass over a topological order, not an event queue, and it is
+simulation is therefore one pass over a topological order (`Timing.sweep`, the one timing
+core: reorder's evaluator and lowering reuse it), not an event queue, and it is
 monotone: making any op or transfer slower never makes the step shorter. A rendezvous send
 (the sender waits until the receiver reaches its recv) is deliberately not modelled: it
 deadlocks plain 1F1B, which is why real runtimes batch their point-to-point operations.
@@ -20,7 +21,8 @@ deadlocks plain 1F1B, which is why real runtimes batch their point-to-point oper
 
 from __future__ import annotations
 
-from typing import Final
+from collections.abc import Sequence
+from typing import Final, NamedTuple
 
 from pipeir._gc import paused_gc
 from pipeir.diagnostics import UsageError, VerifyError
@@ -40,103 +42,171 @@ def simulate(schedule: Schedule, costs: CostModel | None = None,
 
     Raises VerifyError(check="deadlock") when the schedule cannot run to the end.
     """
-    if comm not in COMM_MODELS:
-        raise UsageError(f"unknown communication model '{comm}' (expected "
-                         f"{' or '.join(COMM_MODELS)})")
     costs = costs if costs is not None else CostModel()
     with paused_gc():
-        return _simulate(schedule, costs, comm == "blocking")
+        return _simulate(schedule, costs, comm)
 
 
-def _simulate(schedule: Schedule, costs: CostModel, blocking: bool) -> SimResult:
-    # NOTE: ops are numbered once (program order, rank by rank) and everything after that
-    # works on lists indexed by number: hashing an Op is a Python-level call, and the main
-    # loop would otherwise hash each op a few dozen times (5x slower at 65k ops).
-    config = schedule.config
-    progs = schedule.programs
-    ops = [op for prog in progs for op in prog]
-    n = len(ops)
-    idx = {op: i for i, op in enumerate(ops)}
-    rank = [r for r, prog in enumerate(progs) for _ in prog]
-    stage = [op.stage for op in ops]
-    cost = costs.cost
-    dur = [cost(op) for op in ops]
-    gpred = schedule.graph._pred  # NOTE: networkx's adjacency dict, read-only, for speed
-    preds = [[idx[p] for p in gpred[op]] for op in ops]
+class Times(NamedTuple):
+    """What a sweep computes, per op number: start, end, release (when the rank may start its
+    next op) and, with blocking sends, when each of its cross-rank sends has arrived."""
+
+    start: list[float]
+    end: list[float]
+    release: list[float]
+    cum: list[list[float]]
+
+
+class Timing:
+    """A schedule's dependency structure, numbered once, with the transfer times of `costs`
+    bound in: `sweep(durations)` times every op in one pass over a topological order.
+
+    The simulator, reorder's evaluator (durations looked up through a micro-batch order) and
+    lowering's placement of communication all time schedules through this one class.
+    """
+
+    def __init__(self, schedule: Schedule, costs: CostModel, comm: str = "overlapped"):
+        # NOTE: ops are numbered once (program order, rank by rank) and everything after
+        # that works on lists indexed by number: hashing an Op is a Python-level call, and
+        # the sweep would otherwise hash each op a few dozen times (5x slower at 65k ops).
+        if comm not in COMM_MODELS:
+            raise UsageError(f"unknown communication model '{comm}' (expected "
+                             f"{' or '.join(COMM_MODELS)})")
+        self.schedule = schedule
+        self.blocking = blocking = comm == "blocking"
+        progs = schedule.programs
+        self.ops = ops = [op for prog in progs for op in prog]
+        n = len(ops)
+        idx = {op: i for i, op in enumerate(ops)}
+        self.rank = rank = [r for r, prog in enumerate(progs) for _ in prog]
+        stage = [op.stage for op in ops]
+        gpred = schedule.graph._pred  # NOTE: networkx's adjacency dict, read-only, for speed
+        preds = [[idx[p] for p in gpred[op]] for op in ops]
+        succs: list[list[int]] = [[] for _ in range(n)]
+        for i, ps in enumerate(preds):
+            for j in ps:
+                succs[j].append(i)
+        # An overlapped pair starts once both its ops' inputs are there: the first op also
+        # waits for the arrival of what the second consumes (the transfer is the second's).
+        joins: list[list[tuple[int, int]]] = [[] for _ in range(n)]
+        for p, first, second in pair_waits(schedule):
+            joins[idx[first]].append((idx[p], idx[second]))
+        hop = [costs.transfer_time(b, b + 1) for b in range(max(0, schedule.config.stages - 1))]
+        self.size = [costs.boundary_bytes(b) for b in range(len(hop))]
+
+        def h(a: int, b: int) -> float:
+            sa, sb = stage[a], stage[b]
+            return 0.0 if sa == sb else hop[min(sa, sb)]
+
+        # blocking: the sender pays each cross-rank send in turn after the op (in the order
+        # of its consumers), so a consumer's data arrives at the k-th cumulative send time
+        cross = [[q for q in succs[i] if rank[q] != rank[i]] for i in range(n)]
+        self.sends = [[h(i, q) for q in cs] if blocking else [] for i, cs in enumerate(cross)]
+        send_index = {(i, q): k for i, cs in enumerate(cross) for k, q in enumerate(cs)}
+        #: per op: (pred, same rank?, transfer time, index of its send in the pred's sends);
+        #: real data/order predecessors first, then what the op waits for as a pair's first
+        self.npred = [len(ps) for ps in preds]
+        self.preds = [[(j, rank[j] == rank[i], h(j, i), send_index.get((j, i), -1)) for j in ps]
+                      + [(j, rank[j] == rank[i], h(j, k), send_index.get((j, k), -1))
+                         for j, k in joins[i]]
+                      for i, ps in enumerate(preds)]
+        self.order = _topological([[j for j, _, _, _ in e] for e in self.preds], n)
+
+    @property
+    def complete(self) -> bool:
+        """Whether every op can run (the schedule does not deadlock)."""
+        return len(self.order) == len(self.ops)
+
+    def stuck(self) -> list[int | None]:
+        """Per rank, the position of the first op that can never start (None: none)."""
+        ran = set(self.order)
+        out: list[int | None] = []
+        i = 0
+        for prog in self.schedule.programs:
+            out.append(next((k for k in range(len(prog)) if i + k not in ran), None))
+            i += len(prog)
+        return out
+
+    def sweep(self, dur: Sequence[float]) -> Times:
+        """Start, end and release (when the rank may start its next op) of every op, given
+        each op's duration. Only valid when `complete`."""
+        n = len(self.ops)
+        start = [0.0] * n
+        end = [0.0] * n
+        rel = [0.0] * n
+        cum: list[list[float]] = [[] for _ in range(n)] if self.blocking else []
+        preds, sends, blocking = self.preds, self.sends, self.blocking
+        for i in self.order:
+            t = 0.0
+            for j, same, h, k in preds[i]:
+                x = rel[j] if same else (cum[j][k] if blocking else end[j] + h)
+                if x > t:
+                    t = x
+            e = t + dur[i]
+            start[i] = t
+            end[i] = e
+            if blocking and sends[i]:
+                out = []
+                for h in sends[i]:
+                    e += h
+                    out.append(e)
+                cum[i] = out
+            rel[i] = e
+        return Times(start, end, rel, cum)
+
+    def makespan(self, dur: Sequence[float]) -> float:
+        """When the last op releases its rank."""
+        return max(self.sweep(dur).release, default=0.0)
+
+    def arrival(self, t: Times, i: int, pred: tuple[int, bool, float, int]) -> float:
+        """When op i may use what `pred` (one of `self.preds[i]`) gives it."""
+        j, same, h, k = pred
+        if same:
+            return t.release[j]
+        return t.cum[j][k] if self.blocking else t.end[j] + h
+
+
+def _topological(preds: list[list[int]], n: int) -> list[int]:
+    """The ops that can run, in an order where each comes after its predecessors."""
     succs: list[list[int]] = [[] for _ in range(n)]
+    indeg = [len(ps) for ps in preds]
     for i, ps in enumerate(preds):
         for j in ps:
             succs[j].append(i)
-    # An overlapped pair starts once both its ops' inputs are there: the first op also waits
-    # for the arrival of what the second consumes (the transfer itself is the second's).
-    joins: dict[int, list[tuple[int, int]]] = {}
-    join_succs: dict[int, list[int]] = {}
-    for p, first, second in pair_waits(schedule):
-        j, i, k = idx[p], idx[first], idx[second]
-        joins.setdefault(i, []).append((j, k))
-        join_succs.setdefault(j, []).append(i)
-    n_bound = max(0, config.stages - 1)
-    # transfer time and size per stage boundary b (between stage b and b + 1)
-    size = [costs.boundary_bytes(b) for b in range(n_bound)]
-    hop = [costs.transfer_time(b, b + 1) for b in range(n_bound)]
-
-    start = [0.0] * n
-    end = [0.0] * n
-    release = [0.0] * n  # when the op's rank may start its next op
-    why = [-1] * n  # the predecessor that decided the op's start
-    arrive: dict[tuple[int, int], float] = {}  # blocking model: when a send's data arrives
-    sent: list[tuple[int, int, float, float, float]] = []
-    indeg = [len(ps) + len(joins.get(i, ())) for i, ps in enumerate(preds)]
     ready = [i for i in range(n) if not indeg[i]]
-    done = 0
+    out = []
     while ready:
         i = ready.pop()
-        done += 1
-        r = rank[i]
-        si = stage[i]
-        t = 0.0
-        cause = -1
-        for j in preds[i]:
-            if rank[j] == r:
-                x = release[j]
-            else:
-                sj = stage[j]
-                h = 0.0 if sj == si else hop[sj if sj < si else si]
-                x = arrive[j, i] if blocking else end[j] + h
-                sent.append((j, i, x - h, x, 0.0 if sj == si else size[sj if sj < si else si]))
-            if x > t or cause < 0:
-                t, cause = x, j
-        for j, k in joins.get(i, ()):
-            sj, sk = stage[j], stage[k]
-            h = 0.0 if rank[j] == rank[k] or sj == sk else hop[sj if sj < sk else sk]
-            x = release[j] if rank[j] == r else (arrive.get((j, k), end[j] + h) if blocking
-                                                 else end[j] + h)
-            if x > t:
-                t, cause = x, j
-        e = t + dur[i]
-        start[i] = t
-        end[i] = e
-        why[i] = cause
-        rel = e
-        for q in join_succs.get(i, ()):
+        out.append(i)
+        for q in succs[i]:
             indeg[q] -= 1
             if not indeg[q]:
                 ready.append(q)
-        for q in succs[i]:
-            if blocking and rank[q] != r:
-                sq = stage[q]
-                rel += 0.0 if sq == si else hop[sq if sq < si else si]
-                arrive[i, q] = rel
-            d = indeg[q] - 1
-            indeg[q] = d
-            if not d:
-                ready.append(q)
-        release[i] = rel
+    return out
 
-    if done < n:
+
+def _simulate(schedule: Schedule, costs: CostModel, comm: str) -> SimResult:
+    timing = Timing(schedule, costs, comm)
+    if not timing.complete:
         raise VerifyError(check_deadlock(schedule), "deadlock")
-    return _result(schedule, costs, "blocking" if blocking else "overlapped", ops, rank,
-                   start, end, release, why, sent)
+    cost = costs.cost
+    times = timing.sweep([cost(op) for op in timing.ops])
+    # the predecessor that decided each op's start (the first of the latest), and transfers
+    why = [-1] * len(times.start)
+    sent: list[tuple[int, int, float, float, float]] = []
+    rank, stage, size = timing.rank, [op.stage for op in timing.ops], timing.size
+    for i, ps in enumerate(timing.preds):
+        t = 0.0
+        for n_, pred in enumerate(ps):
+            j, _, h, _ = pred
+            x = timing.arrival(times, i, pred)
+            if n_ < timing.npred[i] and rank[j] != rank[i]:
+                sj, si = stage[j], stage[i]
+                sent.append((j, i, x - h, x, 0.0 if sj == si else size[min(sj, si)]))
+            if x > t or why[i] < 0:
+                t, why[i] = x, j
+    return _result(schedule, costs, comm, timing.ops, rank,
+                   times.start, times.end, times.release, why, sent)
 
 
 def _result(schedule: Schedule, costs: CostModel, comm: str, ops: list[Op], rank: list[int],

@@ -11,7 +11,7 @@ Micro-batches of packed variable-length sequences differ in cost. Rather than wr
                     (default: the mean of `lengths`)
 ==================  ===============================================================
 
-and every op of micro-batch m costs its kind-and-stage cost times
+and every op of micro-batch m costs its kind-and-stage cost times (`CostModel.with_lengths`)
 ``shape(lengths[m]) / shape(length_ref)``. The ratio form is deliberate: `pipeirc profile`
 measures absolute times at one sequence length, and the coefficients only say how cost grows
 with length (linear layers: b; attention: c), so the two compose without the user rescaling
@@ -29,8 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from pipeir.diagnostics import Span, UsageError
-from pipeir.ops import KINDS, Op
+from pipeir.diagnostics import Span, UsageError, where_prefix
 
 #: The settings this module reads out of a cost file before the cost model sees it.
 LENGTH_KEYS: Final = ("lengths", "length_cost", "length_ref")
@@ -71,34 +70,6 @@ class LengthCost:
         return [self.shape(x) / base for x in self.lengths]
 
 
-def with_lengths(model: Any, spec: LengthCost) -> Any:
-    """`model` (a CostModel) with per-micro-batch costs derived from `spec`; costs the
-    model already gives per micro-batch are kept."""
-    from pipeir.sim.costs import CostModel
-
-    assert isinstance(model, CostModel)
-    factors = spec.factors()
-    mb = {m: dict(level) for m, level in model.mb.items()}
-    stage_mb = {k: dict(level) for k, level in model.stage_mb.items()}
-    for m, f in enumerate(factors):
-        level = mb.setdefault(m, {})
-        for k in KINDS:
-            level.setdefault(k, model.cost(Op(k, -1, -1)) * f)
-        given = model.mb.get(m) or {}
-        for s, slevel in model.stage.items():
-            sl = stage_mb.setdefault((s, m), {})
-            for k in KINDS:
-                # NOTE: only what the stage level itself decides (an explicit mb.M.K still
-                # wins, and a B derived from I + W stays derived)
-                if k not in given and (k in slevel or (k == "B" and "I" in slevel
-                                                      and "W" in slevel)):
-                    sl.setdefault(k, model.cost(Op(k, s, -1)) * f)
-    return CostModel(F=model.F, B=model.B, I=model.I, W=model.W, latency=model.latency,
-                     bandwidth=model.bandwidth, activation_bytes=model.activation_bytes,
-                     memory_bytes=model.memory_bytes, stage=model.stage, mb=mb,
-                     stage_mb={k: v for k, v in stage_mb.items() if v}, unit=model.unit)
-
-
 def split_length_settings(items: Mapping[str, tuple[Any, Span | None]],
                           where: str | None = None) -> tuple[_Items, LengthCost | None]:
     """Take `lengths`, `length_cost` and `length_ref` out of cost settings (name -> (value,
@@ -109,15 +80,17 @@ def split_length_settings(items: Mapping[str, tuple[Any, Span | None]],
         return rest, None
     if "lengths" not in got:
         name = next(iter(got))
-        raise UsageError(f"{_at(where, got[name][1])}'{name}' needs 'lengths' (one length per "
-                         "micro-batch, e.g. lengths = [512, 128, 2048])", got[name][1])
+        raise UsageError(f"{where_prefix(where, got[name][1])}'{name}' needs 'lengths' (one "
+                         "length per micro-batch, e.g. lengths = [512, 128, 2048])",
+                         got[name][1])
     lengths = _numbers("lengths", *got["lengths"], where)
     coeffs: tuple[float, float, float] = (0.0, 1.0, 0.0)
     if "length_cost" in got:
         c = _numbers("length_cost", *got["length_cost"], where)
         if len(c) > 3:
-            raise UsageError(f"{_at(where, got['length_cost'][1])}'length_cost' takes 1 to 3 "
-                             f"coefficients [a, b, c] (a + b*len + c*len^2), got {len(c)}",
+            raise UsageError(f"{where_prefix(where, got['length_cost'][1])}'length_cost' "
+                             "takes 1 to 3 coefficients [a, b, c] (a + b*len + c*len^2), "
+                             f"got {len(c)}",
                              got["length_cost"][1])
         coeffs = (c[0] if c else 0.0, c[1] if len(c) > 1 else 0.0,
                   c[2] if len(c) > 2 else 0.0)
@@ -129,7 +102,7 @@ def split_length_settings(items: Mapping[str, tuple[Any, Span | None]],
         return rest, LengthCost(tuple(lengths), coeffs, ref)
     except ValueError as e:
         span = got["lengths"][1]
-        raise UsageError(f"{_at(where, span)}{e}", span) from None
+        raise UsageError(f"{where_prefix(where, span)}{e}", span) from None
 
 
 def parse_lengths(text: str, flag: str = "--lengths") -> tuple[float, ...]:
@@ -168,8 +141,8 @@ def _numbers(name: str, value: Any, span: Span | None, where: str | None) -> lis
     items = list(value) if isinstance(value, tuple | list) else [value]
     if not items or any(isinstance(x, bool) or not isinstance(x, int | float) or not _finite(x)
                         for x in items):
-        raise UsageError(f"{_at(where, span)}'{name}' must be a number or a list of numbers, "
-                         f"got {value!r}", span)
+        raise UsageError(f"{where_prefix(where, span)}'{name}' must be a number or a list "
+                         f"of numbers, got {value!r}", span)
     return [float(x) for x in items]
 
 
@@ -177,9 +150,5 @@ def _finite(x: float) -> bool:
     return isinstance(x, int | float) and math.isfinite(x)
 
 
-def _at(where: str | None, span: Span | None) -> str:
-    return f"{where}: " if where is not None and span is None else ""
-
-
 __all__ = ["LENGTH_KEYS", "LengthCost", "check_count", "lognormal_lengths", "parse_lengths",
-           "split_length_settings", "with_lengths"]
+           "split_length_settings"]

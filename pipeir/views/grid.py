@@ -14,7 +14,7 @@ def unit_steps(schedule: Schedule) -> dict[Op, int]:
     """The step at which each op runs if every op takes one step and starts as early as its
     rank's program order and its data dependencies allow: the simulator with unit costs and
     free communication. A deadlocking schedule raises VerifyError (check "deadlock")."""
-    result = simulate(schedule, CostModel.uniform(F=1.0, B=1.0, I=1.0, W=1.0))
+    result = simulate(schedule, CostModel(F=1.0, B=1.0, I=1.0, W=1.0))
     return {op: round(t) for op, t in result.start.items()}
 
 

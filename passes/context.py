@@ -1,0 +1,30 @@
+"""What a pass may know besides its options: the costs and the communication model.
+
+Pass options are scalars written in a pipeline string; a cost file is not. Passes that decide
+by cost (`reorder`, `synth`) read it from the context the caller hands to `PassManager`, the
+way xDSL hands `ModulePass.apply(ctx, op)` a context: explicitly, never through a global, so
+two pipelines with different costs can run side by side.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from pipeir.sim.costs import CostModel
+
+CommModel = Literal["overlapped", "blocking"]
+
+
+@dataclass(frozen=True)
+class PassContext:
+    """The cost model and communication model passes plan against (default: unit costs,
+    F = 1, B = 2, free and overlapped communication, under which every micro-batch costs the
+    same and cost-driven passes have nothing to gain)."""
+
+    costs: CostModel = field(default_factory=CostModel)
+    comm: CommModel = "overlapped"
+
+
+#: The context of a pass run without one (`Interleave(v=2).run(s)`).
+DEFAULT_CONTEXT: PassContext = PassContext()
