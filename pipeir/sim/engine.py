@@ -93,25 +93,47 @@ class Timing:
             joins[idx[first]].append((idx[p], idx[second]))
         hop = [costs.transfer_time(b, b + 1) for b in range(max(0, schedule.config.stages - 1))]
         self.size = [costs.boundary_bytes(b) for b in range(len(hop))]
-
-        def h(a: int, b: int) -> float:
-            sa, sb = stage[a], stage[b]
-            return 0.0 if sa == sb else hop[min(sa, sb)]
-
-        # blocking: the sender pays each cross-rank send in turn after the op (in the order
-        # of its consumers), so a consumer's data arrives at the k-th cumulative send time
-        cross = [[q for q in succs[i] if rank[q] != rank[i]] for i in range(n)]
-        self.sends = [[h(i, q) for q in cs] if blocking else [] for i, cs in enumerate(cross)]
-        send_index = {(i, q): k for i, cs in enumerate(cross) for k, q in enumerate(cs)}
-        #: per op: (pred, same rank?, transfer time, index of its send in the pred's sends);
-        #: real data/order predecessors first, then what the op waits for as a pair's first
+        send_index: dict[tuple[int, int], int] = {}
+        self.sends: list[list[float]] = [[] for _ in range(n)]
+        if blocking:
+            # the sender pays each cross-rank send in turn after the op (in the order of its
+            # consumers), so a consumer's data arrives at the k-th cumulative send time
+            for i in range(n):
+                ri, si = rank[i], stage[i]
+                out = self.sends[i]
+                for q in succs[i]:
+                    if rank[q] != ri:
+                        sq = stage[q]
+                        send_index[i, q] = len(out)
+                        out.append(0.0 if sq == si else hop[sq if sq < si else si])
+        #: per op, what it waits for: its data/order predecessors, then (as a pair's first)
+        #: the inputs of its partner; overlapped as (pred, time from the pred's end to the
+        #: arrival: 0 on the same rank), blocking as (pred, index of the send in the pred's
+        #: cumulative sends, or -1 on the same rank: the pred's release)
         self.npred = [len(ps) for ps in preds]
-        self.preds = [[(j, rank[j] == rank[i], h(j, i), send_index.get((j, i), -1)) for j in ps]
-                      + [(j, rank[j] == rank[i], h(j, k), send_index.get((j, k), -1))
-                         for j, k in joins[i]]
-                      for i, ps in enumerate(preds)]
-        self._inputs = [[(j, 0.0 if same else h) for j, same, h, _ in e] for e in self.preds]
-        self.order = _topological([[j for j, _, _, _ in e] for e in self.preds], n)
+        self.hop = hop
+        self.stage = stage
+        self.inputs: list[list[tuple[int, float]]] = []
+        self.waits: list[list[tuple[int, int]]] = []
+        get = send_index.get
+        for i, ps in enumerate(preds):
+            ri, si = rank[i], stage[i]
+            if blocking:
+                self.waits.append([(j, -1 if rank[j] == ri else get((j, i), -1)) for j in ps]
+                                  + [(j, -1 if rank[j] == ri else get((j, k), -1))
+                                     for j, k in joins[i]])
+                continue
+            inp = []
+            for j in ps:
+                sj = stage[j]
+                inp.append((j, 0.0 if sj == si or rank[j] == ri
+                            else hop[sj if sj < si else si]))
+            for j, k in joins[i]:
+                sj, sk = stage[j], stage[k]
+                inp.append((j, 0.0 if sj == sk or rank[j] == ri
+                            else hop[sj if sj < sk else sk]))
+            self.inputs.append(inp)
+        self.order = _topological(succs, joins, [len(ps) + len(js) for ps, js in zip(preds, joins)])
 
     @property
     def complete(self) -> bool:
@@ -139,7 +161,7 @@ class Timing:
         n = len(self.ops)
         start = [0.0] * n
         end = [0.0] * n
-        inputs = self._inputs
+        inputs = self.inputs
         for i in self.order:
             t = 0.0
             for j, h in inputs[i]:
@@ -156,11 +178,11 @@ class Timing:
         end = [0.0] * n
         rel = [0.0] * n
         cum: list[list[float]] = [[] for _ in range(n)]
-        preds, sends = self.preds, self.sends
+        waits, sends = self.waits, self.sends
         for i in self.order:
             t = 0.0
-            for j, same, _, k in preds[i]:
-                x = rel[j] if same else cum[j][k]
+            for j, k in waits[i]:
+                x = rel[j] if k < 0 else cum[j][k]
                 if x > t:
                     t = x
             e = t + dur[i]
@@ -179,27 +201,25 @@ class Timing:
         """When the last op releases its rank."""
         return max(self.sweep(dur).release, default=0.0)
 
-    def arrival(self, t: Times, i: int, pred: tuple[int, bool, float, int]) -> float:
-        """When op i may use what `pred` (one of `self.preds[i]`) gives it."""
-        j, same, h, k = pred
-        if same:
-            return t.release[j]
-        return t.cum[j][k] if self.blocking else t.end[j] + h
 
-
-def _topological(preds: list[list[int]], n: int) -> list[int]:
-    """The ops that can run, in an order where each comes after its predecessors."""
-    succs: list[list[int]] = [[] for _ in range(n)]
-    indeg = [len(ps) for ps in preds]
-    for i, ps in enumerate(preds):
-        for j in ps:
-            succs[j].append(i)
-    ready = [i for i in range(n) if not indeg[i]]
+def _topological(succs: list[list[int]], joins: list[list[tuple[int, int]]],
+                 indeg: list[int]) -> list[int]:
+    """The ops that can run, in an order where each comes after its predecessors (`succs`,
+    and a pair's first after its partner's inputs: `joins`)."""
+    join_succs: dict[int, list[int]] = {}
+    for i, js in enumerate(joins):
+        for j, _ in js:
+            join_succs.setdefault(j, []).append(i)
+    ready = [i for i, d in enumerate(indeg) if not d]
     out = []
     while ready:
         i = ready.pop()
         out.append(i)
         for q in succs[i]:
+            indeg[q] -= 1
+            if not indeg[q]:
+                ready.append(q)
+        for q in join_succs.get(i, ()):
             indeg[q] -= 1
             if not indeg[q]:
                 ready.append(q)
@@ -212,22 +232,29 @@ def _simulate(schedule: Schedule, costs: CostModel, comm: str) -> SimResult:
         raise VerifyError(check_deadlock(schedule), "deadlock")
     cost = costs.cost
     times = timing.sweep([cost(op) for op in timing.ops])
+    end, rel, cum = times.end, times.release, times.cum
     # the predecessor that decided each op's start (the first of the latest), and transfers
-    why = [-1] * len(times.start)
+    why = [-1] * len(end)
     sent: list[tuple[int, int, float, float, float]] = []
-    rank, stage, size = timing.rank, [op.stage for op in timing.ops], timing.size
-    for i, ps in enumerate(timing.preds):
+    rank, stage, hop, size = timing.rank, timing.stage, timing.hop, timing.size
+    blocking = timing.blocking
+    arrivals: list[list[tuple[int, float]]] = timing.inputs if not blocking else [
+        [(j, rel[j] if k < 0 else cum[j][k]) for j, k in w] for w in timing.waits]
+    for i, ins in enumerate(arrivals):
         t = 0.0
-        for n_, pred in enumerate(ps):
-            j, _, h, _ = pred
-            x = timing.arrival(times, i, pred)
-            if n_ < timing.npred[i] and rank[j] != rank[i]:
-                sj, si = stage[j], stage[i]
-                sent.append((j, i, x - h, x, 0.0 if sj == si else size[min(sj, si)]))
-            if x > t or why[i] < 0:
-                t, why[i] = x, j
-    return _result(schedule, costs, comm, timing.ops, rank,
-                   times.start, times.end, times.release, why, sent)
+        cause = -1
+        real, ri, si = timing.npred[i], rank[i], stage[i]
+        for n_, (j, a) in enumerate(ins):
+            x = a if blocking else end[j] + a
+            if n_ < real and rank[j] != ri:
+                sj = stage[j]
+                b = sj if sj < si else si
+                h = 0.0 if sj == si else hop[b]
+                sent.append((j, i, x - h, x, 0.0 if sj == si else size[b]))
+            if x > t or cause < 0:
+                t, cause = x, j
+        why[i] = cause
+    return _result(schedule, costs, comm, timing.ops, rank, times.start, end, rel, why, sent)
 
 
 def _result(schedule: Schedule, costs: CostModel, comm: str, ops: list[Op], rank: list[int],
