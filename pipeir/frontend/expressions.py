@@ -43,6 +43,7 @@ class ExprCompiler:
         self.config = config
 
     def expr(self, e: ast.Expr, scope: Scope) -> ExprFn:
+        """`e` as a closure over (environment, run context); names resolve in `scope` now."""
         if isinstance(e, ast.Num | ast.Str):
             v = e.value
             return lambda env, ctx: v

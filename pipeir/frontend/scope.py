@@ -144,11 +144,13 @@ def invoke(fn: Closure, args: list[Any], ctx: RunContext | None, span: Span) -> 
 
 
 def type_name(v: object) -> str:
+    """What a value is, in the language's words, for messages."""
     return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
             tuple: "a list"}.get(type(v), type(v).__name__)
 
 
 def want_int(v: object, span: Span, what: str) -> int:
+    """`v` if it is an integer (not a boolean), else a diagnostic at `span`."""
     if type(v) is not int:
         raise UsageError(f"{what} must be an integer, got {type_name(v)} ({spell(v)})", span)
     return v

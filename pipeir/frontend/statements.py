@@ -31,6 +31,7 @@ class Compiler(ExprCompiler):
     config, so pipeline built-ins check their arguments against it."""
 
     def block(self, stmts: tuple[ast.Stmt, ...], scope: Scope) -> StmtFn:
+        """A block as one closure (a single statement needs no loop around it)."""
         fns = [self.stmt(s, scope) for s in stmts]
         if len(fns) == 1:
             return fns[0]
@@ -41,6 +42,7 @@ class Compiler(ExprCompiler):
         return run
 
     def stmt(self, s: ast.Stmt, scope: Scope) -> StmtFn:
+        """`s` as a closure; `let` and `def` add their names to `scope` as they compile."""
         if isinstance(s, ast.CallStmt):
             return self._call_stmt(s, scope)
         if isinstance(s, ast.For):
