@@ -1,5 +1,5 @@
-"""What every `pipeirc` command shares: how a schedule is named on the command line, how
-files are written (atomically: nothing half-written on disk), and how errors print."""
+"""What every `pipeirc` command shares: how a schedule is named on the command line (FILE,
+or `--schedule NAME` from the library) and how `--set name=value` is read."""
 
 from __future__ import annotations
 
