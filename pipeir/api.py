@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from pipeir.diagnostics import Source
 from pipeir.frontend.elaborate import Elaborated, Value, elaborate
 from pipeir.frontend.parser import parse_source
+from pipeir.library import LIBRARY
 from pipeir.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -33,7 +34,8 @@ def _source(src: str | os.PathLike[str]) -> Source:
 def load(src: str | os.PathLike[str], *, overrides: Mapping[str, Value] | None = None,
          use: tuple[str, Mapping[str, Value]] | None = None) -> Elaborated:
     """Parse and elaborate a `.sched` file (a path) or text; keeps the file's cost settings."""
-    return elaborate(parse_source(_source(src)), overrides=overrides, use=use)
+    return elaborate(parse_source(_source(src)), library=LIBRARY, overrides=overrides,
+                     use=use)
 
 
 def parse(src: str | os.PathLike[str], *, overrides: Mapping[str, Value] | None = None

@@ -1,4 +1,9 @@
-"""The pipeline configuration: ranks, micro-batches, stages and where each stage lives."""
+"""The pipeline configuration: ranks, micro-batches, stages and where each stage lives.
+
+NOTE: this is the one place a configuration is checked. The frontend builds its config with
+`PipelineConfig.make` and turns a `ConfigError` into a diagnostic at the offending setting,
+so a file, `--set` and the Python API all get the same rules and the same messages.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +13,55 @@ from typing import Final
 #: Named placements; anything else is an explicit list of ranks, one per stage.
 PLACEMENTS: Final = ("loop", "vshape")
 
+#: The settings of a pipeline, with what they mean (for messages and `--set`).
+PIPELINE_KEYS: Final[dict[str, str]] = {
+    "ranks": "number of ranks (pipeline-parallel degree)",
+    "microbatches": "micro-batches per schedule round",
+    "stages": "model chunks; defaults to ranks",
+    "placement": "loop, vshape, or a list of ranks, one per stage",
+    "memory_limit": "most in-flight activations per rank (stage x micro-batch units)",
+    "accumulate": "schedule rounds per optimizer step",
+}
+
+#: Pipelines larger than this many (stage, micro-batch) pairs are refused up front: building
+#: one would take minutes and gigabytes (p=64, v=4, m=512 is 131,072 pairs).
+MAX_PAIRS: Final = 4_000_000
+
 
 class ConfigError(ValueError):
-    """A bad configuration value; `key` names the setting so a caller can point at it."""
+    """A bad configuration value; `key` names the setting so a caller can point at it, and
+    `fallback` the one to point at instead when `key` was left at its default."""
 
-    def __init__(self, key: str, message: str):
+    def __init__(self, key: str, message: str, fallback: str | None = None):
         self.key = key
+        self.fallback = fallback
         super().__init__(message)
+
+
+def spell(value: object) -> str:
+    """A value as a `.sched` file or `--set` writes it (true, [0, 1]), for messages."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, tuple | list):
+        return "[" + ", ".join(spell(x) for x in value) + "]"
+    return str(value)
+
+
+def _positive(key: str, value: int) -> None:
+    if type(value) is not int or value < 1:
+        raise ConfigError(key, f"{key} must be a positive integer, got {spell(value)}")
+
+
+def _check_sizes(ranks: int, stages: int, microbatches: int) -> None:
+    """Positive integers, and a pipeline small enough to build; checked before a named
+    placement is expanded (a tuple of `stages` ranks)."""
+    _positive("ranks", ranks)
+    _positive("stages", stages)
+    _positive("microbatches", microbatches)
+    if stages * microbatches > MAX_PAIRS or ranks > MAX_PAIRS:
+        raise ConfigError("stages", f"{stages} stages x {microbatches} micro-batches on {ranks} "
+                          f"ranks is too large: pipeir handles up to {MAX_PAIRS:,} (stage, "
+                          "micro-batch) pairs", fallback="microbatches")
 
 
 def loop_placement(stages: int, ranks: int) -> tuple[int, ...]:
@@ -54,14 +101,10 @@ class PipelineConfig:
     _rank_stages: tuple[tuple[int, ...], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        for key in ("ranks", "microbatches", "stages", "accumulate"):
-            value = getattr(self, key)
-            if type(value) is not int or value < 1:
-                raise ConfigError(key, f"{key} must be a positive integer, got {value!r}")
-        if self.memory_limit is not None and (
-                type(self.memory_limit) is not int or self.memory_limit < 1):
-            raise ConfigError("memory_limit",
-                              f"memory_limit must be a positive integer, got {self.memory_limit!r}")
+        _check_sizes(self.ranks, self.stages, self.microbatches)
+        _positive("accumulate", self.accumulate)
+        if self.memory_limit is not None:
+            _positive("memory_limit", self.memory_limit)
         if len(self.placement) != self.stages:
             raise ConfigError("placement", f"placement lists {len(self.placement)} ranks "
                                            f"but there are {self.stages} stages")
@@ -83,12 +126,12 @@ class PipelineConfig:
              memory_limit: int | None = None, accumulate: int = 1) -> PipelineConfig:
         """Build a config with a named or explicit placement; stages default to ranks."""
         stages = ranks if stages is None else stages
+        _check_sizes(ranks, stages, microbatches)
         if isinstance(placement, str):
-            if not isinstance(stages, int) or stages < 1:
-                raise ConfigError("stages", f"stages must be a positive integer, got {stages!r}")
-            if not isinstance(ranks, int) or ranks < 1:
-                raise ConfigError("ranks", f"ranks must be a positive integer, got {ranks!r}")
             placement = named_placement(placement, stages, ranks)
+        elif not isinstance(placement, tuple | list):
+            raise ConfigError("placement", "placement must be loop, vshape or a list of ranks, "
+                                           f"got {spell(placement)}")
         return cls(ranks, microbatches, stages, tuple(placement), memory_limit, accumulate)
 
     def stages_of(self, rank: int) -> tuple[int, ...]:

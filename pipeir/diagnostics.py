@@ -53,7 +53,10 @@ class Source:
         return cls(str(path), text)
 
     def line(self, lineno: int) -> str:
-        lines = self.text.splitlines()
+        # NOTE: lines end at "\n" only, as Lark, json and tomllib count them for spans;
+        # str.splitlines also breaks at "\r", "\x0c", "\u2028", ... and would show the
+        # wrong line under a diagnostic for text that holds one of those.
+        lines = self.text.split("\n")
         return lines[lineno - 1] if 0 < lineno <= len(lines) else ""
 
 

@@ -23,8 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import pipeir
-from pipeir import PipeirError, Schedule, VerifyError, verify
+from pipeir import Diagnostic, PipeirError, Schedule, VerifyError, verify
 from pipeir.cli import main
+from pipeir.diagnostics import Note, Source, Span
 from pipeir.printer import print_schedule
 from pipeir.testing import random_schedule
 
@@ -251,16 +252,64 @@ def _time_limit(seconds: int) -> Iterator[None]:
 
 def outcome(text: str) -> int:
     """What the API says about `text`: 0 valid, else the PipeirError's exit code. Anything
-    else (an IndexError, a lark exception, a RecursionError, a hang) fails the test."""
+    else (an IndexError, a lark exception, a RecursionError, a hang) fails the test, and so
+    does a diagnostic that is not rendered the compiler way or points outside the text."""
     with _time_limit(TIME_LIMIT_S):
         try:
             verify(pipeir.parse(text))
         except PipeirError as e:
-            assert e.exit_code in (1, 2)
-            assert e.diagnostics and all(d.message for d in e.diagnostics)
-            assert isinstance(e.render(), str)
+            assert e.exit_code == (1 if isinstance(e, VerifyError) else 2)
+            assert e.diagnostics
+            for d in e.diagnostics:
+                check_rendering(d, text)
             return e.exit_code
     return 0
+
+
+def check_rendering(d: Diagnostic, text: str) -> None:
+    """`d` renders as `file:line:col: error: message`, the source line and carets under the
+    span, then its notes the same way; every span lies inside the text it blames (`text`,
+    or a library file for a note or an error inside a library schedule)."""
+    lines = d.render().split("\n")
+    at = _check_part(lines, 0, "error", d.message, d.span, text)
+    for note in d.notes:
+        at = _check_part(lines, at, "note", note.message, note.span, text)
+    assert at == len(lines), lines
+
+
+def _check_part(lines: list[str], at: int, severity: str, message: str, span: Span | None,
+                text: str) -> int:
+    """Check the lines of one message starting at `at`; return where the next one starts."""
+    assert message.strip() and "\n" not in message, message
+    if span is None:
+        assert lines[at] == f"{severity}: {message}", lines[at]
+        return at + 1
+    src = span.source
+    assert src.text == text if src.name == "<string>" else src.name.startswith("<library>/")
+    assert lines[at] == f"{src.name}:{span.line}:{span.col}: {severity}: {message}", lines[at]
+    text_lines = src.text.split("\n")  # as Lark counts lines: only "\n" ends one
+    assert 1 <= span.line <= len(text_lines), (span, len(text_lines))
+    line = text_lines[span.line - 1]
+    assert 1 <= span.col <= len(line) + 1, (span, line)
+    assert (span.line, span.col) <= (span.end_line, span.end_col), span
+    if not line:
+        return at + 1
+    assert lines[at + 1] == "    " + line.rstrip()
+    lead = 4 + span.col - 1
+    caret = lines[at + 2]
+    assert caret[:lead] == " " * lead and set(caret[lead:]) == {"^"}, caret
+    if span.end_line == span.line:  # the carets end under the span's end, inside the line
+        assert span.end_col <= len(line) + 1, (span, line)
+        assert len(caret) - lead == max(1, span.end_col - span.col), caret
+        named = _NAMED.match(message)
+        if named and "\\" not in named["name"]:  # the carets are under what it names
+            assert line[span.col - 1:span.end_col - 1] == named["name"], (message, span, line)
+    return at + 3
+
+
+#: Messages that name what their span covers: "unexpected 'for'", "unknown name 'x'", ...
+_NAMED = re.compile(r"(unexpected (character )?|unknown (name|function|schedule|placement"
+                    r"|pipeline setting) )'(?P<name>[^']+)'")
 
 
 def check_cli(data: bytes, *extra: str) -> tuple[int, str, str]:
@@ -375,6 +424,11 @@ CRASHERS = {
     # lark 1.3.1's match_examples formats a ParserState with %d (TypeError) on this state
     "match-examples": "pipeline { a = 1 b = [0, 1 1] }",
     "match-examples-placement": "pipeline { ranks = 2 microbatches = 2 placement = [0, 1 1] }",
+    # Lark ends lines at "\n" only; the rendering split at form feeds and lone "\r" too, and
+    # showed another line (and carets past its end) under the error
+    "form-feed": "pipeline {\x0c ranks = 2 microbatches = 2 }\nschedule s { rank r { F(r, @) } }",
+    "lone-cr": "pipeline {\r ranks = 2 microbatches = 2 }\r\nschedule s { rank r { F(r, x) } }",
+    "eof-after-cr": "pipeline {\r ranks = 2 microbatches = 2 }\r\nschedule s { rank r {\r\n",
 }
 
 
@@ -392,6 +446,13 @@ def test_the_oracle_catches_what_it_should() -> None:
     assert outcome(P + "schedule s { rank 0 { F(0,0) } }") == 1
     with pytest.raises(TypeError):
         outcome(None)  # type: ignore[arg-type]
+    src = Source("<string>", P)
+    for line, col, end in ((2, 1, 2), (1, len(P) + 2, len(P) + 3), (1, 3, len(P) + 5)):
+        with pytest.raises(AssertionError):  # a span outside the text, or carets past it
+            check_rendering(Diagnostic("bad", Span(src, line, col, line, end)), P)
+    with pytest.raises(AssertionError):  # a span into some other text
+        check_rendering(Diagnostic("bad", Span(Source("<string>", "x"), 1, 1, 1, 2)), P)
+    check_rendering(Diagnostic("good", Span(src, 1, 3, 1, 5), (Note("n"),)), P)
 
 
 def test_mutate_changes_text() -> None:

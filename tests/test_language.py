@@ -170,6 +170,36 @@ def test_bad_pipeline_values(text: str) -> None:
     assert e.value.diagnostics[0].span is not None
 
 
+@pytest.mark.parametrize(("setting", "kwargs"), [
+    ("placement = [0, 0]", {"placement": [0, 0]}),
+    ("stages = 3  placement = [0, 1]", {"stages": 3, "placement": [0, 1]}),
+    ("placement = [0, 5]", {"placement": [0, 5]}),
+    ("placement = 3", {"placement": 3}),
+    ("memory_limit = true", {"memory_limit": True}),
+    ("accumulate = 0", {"accumulate": 0}),
+    ("stages = 0", {"stages": 0}),
+    ("stages = 1", {"stages": 1}),
+    ("stages = 5000000", {"stages": 5000000}),
+])
+def test_pipeline_settings_are_checked_by_pipeline_config(setting: str,
+                                                          kwargs: dict[str, object]) -> None:
+    """One set of rules: a file's pipeline block fails with PipelineConfig's own message,
+    pointed at the setting it names (or noting that the setting took its default)."""
+    with pytest.raises(pipeir.config.ConfigError) as want:
+        pipeir.PipelineConfig.make(2, 4, **kwargs)  # type: ignore[arg-type]
+    text = f"pipeline {{ ranks = 2  microbatches = 4  {setting} }}\nschedule s {{ rank r {{ }} }}"
+    with pytest.raises(pipeir.UsageError) as got:
+        pipeir.parse(text)
+    d = got.value.diagnostics[0]
+    assert d.message == str(want.value)
+    key = want.value.key
+    if key in setting:
+        assert d.span is not None and d.span.col == text.index(f" {key} =") + 2
+    else:
+        assert d.span is None
+        assert d.notes[0].message == f"'{key}' was not set, so it took its default"
+
+
 @pytest.mark.parametrize(("stmt", "fragment"), [
     ("F(r, 1.5)", "the micro-batch must be an integer"),
     ("F(r, 1 + true)", "'+' needs numbers"),

@@ -84,6 +84,35 @@ def test_library_names_and_aliases() -> None:
     assert library.params("interleaved-1f1b") == ("v",)
 
 
+def test_one_lookup_serves_files_the_cli_and_get() -> None:
+    """`schedule = NAME` in a file, `--schedule NAME` and `get(NAME)` all go through
+    library.find, so a name means the same schedule everywhere."""
+    found = library.find("One-F-One-B")
+    assert found is not None and found.name == "1f1b" and found.schedule.name == "one_f_one_b"
+    assert library.find("interleaved_1f1b") is library.require("interleaved-1f1b")
+    assert library.find("1f1c") is None and library.canonical_name("1f1c") is None
+    head = "pipeline { ranks = 4  microbatches = 8 }\n"
+    for name in library.names():
+        kw = {"v": 2} if "v" in library.require(name).params else {}
+        uses = ", ".join(f"{k} = {v}" for k, v in kw.items())
+        via_file = pipeir.parse(head + f"schedule = {name}({uses})")
+        via_get = library.get(name, 4, 8, **kw)
+        via_cli = library.instantiate(library.require(name), {"ranks": 4, "microbatches": 8},
+                                      kw).schedule
+        assert via_file == via_get == via_cli, name
+
+
+def test_the_frontend_sees_only_the_library_it_is_given() -> None:
+    from pipeir.frontend.elaborate import NO_LIBRARY, elaborate
+    from pipeir.frontend.parser import parse_source
+
+    module = parse_source(pipeir.diagnostics.Source(
+        "<string>", "pipeline { ranks = 2  microbatches = 2 }\nschedule = 1f1b"))
+    assert elaborate(module, library=library.LIBRARY).schedule == library.get("1f1b", 2, 2)
+    with pytest.raises(pipeir.UsageError, match="unknown schedule '1f1b'"):
+        elaborate(module, library=NO_LIBRARY)
+
+
 def test_unknown_library_schedule_suggests() -> None:
     with pytest.raises(pipeir.UsageError) as e:
         library.get("1f1c", 2, 2)

@@ -1,14 +1,15 @@
-"""What every `pipeirc` command shares: how a schedule is named on the command line, how
-files are written (atomically: nothing half-written on disk), and how errors print."""
+"""What every `pipeirc` command shares: how a schedule is named on the command line (FILE,
+or `--schedule NAME` from the library) and how `--set name=value` is read."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+from pipeir import library
 from pipeir.api import load
 from pipeir.diagnostics import UsageError
-from pipeir.frontend.elaborate import Elaborated, Value, parse_override
+from pipeir.frontend.elaborate import Elaborated, Value
 
 
 def add_schedule_args(p: argparse.ArgumentParser, *, many: bool = False) -> None:
@@ -35,6 +36,31 @@ def positive_int(text: str) -> int:
     return value
 
 
+def parse_override(text: str) -> tuple[str, Value]:
+    """`--set name=value`: value is an integer, a number, a name (loop, vshape) or a list."""
+    if "=" not in text:
+        raise UsageError(f"--set {text}: expected NAME=VALUE")
+    name, raw = (x.strip() for x in text.split("=", 1))
+    return name, _literal(raw, f"--set {text}")
+
+
+def _literal(raw: str, where: str) -> Value:
+    if raw in ("true", "false"):
+        return raw == "true"
+    if raw.startswith("[") and raw.endswith("]"):
+        inner = raw[1:-1].strip()
+        return tuple(_literal(x.strip(), where) for x in inner.split(",")) if inner else ()
+    for conv in (int, float):
+        try:
+            return conv(raw)
+        except ValueError:
+            pass
+    if raw.isidentifier():
+        return raw
+    raise UsageError(f"{where}: cannot read '{raw}' (expected an integer, a number, a name "
+                     "or a list [a, b, ...])")
+
+
 def _overrides(args: argparse.Namespace) -> dict[str, Value]:
     out: dict[str, Value] = {}
     for text in args.overrides:
@@ -52,25 +78,18 @@ def load_schedules(args: argparse.Namespace) -> list[Elaborated]:
             raise UsageError("give either FILE or --schedule, not both")
         if args.ranks is None or args.microbatches is None:
             raise UsageError("--schedule needs --ranks P and --microbatches M")
-        from pipeir import library
-
-        name = library.canonical_name(args.schedule)
-        if name is None:
-            raise library.unknown_schedule(args.schedule)
+        found = library.require(args.schedule)
         kw: dict[str, Value] = {}
         if args.v is not None:
-            if "v" not in library.params(name):
-                raise UsageError(f"--v: library schedule '{name}' has no chunks parameter v")
+            if "v" not in found.params:
+                raise UsageError(f"--v: library schedule '{found.name}' has no chunks parameter v")
             kw["v"] = args.v
         for flag in ("ranks", "microbatches", "v"):
             if flag in overrides and getattr(args, flag) is not None:
                 raise UsageError(f"--set {flag}=... and --{flag} disagree about who decides; "
                                  "give one of them")
         overrides.update(ranks=args.ranks, microbatches=args.microbatches)
-        from pipeir.frontend.elaborate import elaborate
-
-        module, sdef = library.resolve(name)  # type: ignore[misc]
-        return [elaborate(module, overrides=overrides, use=(sdef.name, kw))]
+        return [library.instantiate(found, overrides, kw)]
     if not files:
         raise UsageError("no schedule given: pass a .sched FILE, or --schedule NAME "
                          "--ranks P --microbatches M")

@@ -9,11 +9,11 @@ import shutil
 import sys
 from typing import Any
 
-from pipeir.cli.common import add_schedule_args, load_one
+from pipeir.cli.common import add_schedule_args, load_one, parse_override
 from pipeir.config import PipelineConfig
 from pipeir.diagnostics import Diagnostic, Span, UsageError, did_you_mean
 from pipeir.files import write_atomic
-from pipeir.frontend.elaborate import Elaborated, parse_override
+from pipeir.frontend.elaborate import Elaborated
 from pipeir.sim import COMM_MODELS, CostModel, SimResult, simulate
 from pipeir.sim.costs import TOP_KEYS, read_cost_file
 from pipeir.verify import verify

@@ -101,9 +101,10 @@ def _syntax_error(source: Source, e: UnexpectedInput) -> UsageError:
         what = f"'{tok}'" if tok.type not in ("INT", "FLOAT", "STRING") else \
             f"{_describe(tok.type)} {tok}"
         return UsageError(f"unexpected {what}; expected {shown}", span, notes)
-    lines = source.text.splitlines() or [""]
+    text = source.text[:-1] if source.text.endswith("\n") else source.text
+    lines = text.split("\n")  # as Lark counts lines: "\r" or "\x0c" do not end one
     line = len(lines)
-    col = len(lines[-1]) + 1
+    col = len(lines[-1].rstrip("\r")) + 1
     eof = Span(source, line, max(1, col - 1) if col > 1 else 1, line, col)
     opener = _unclosed_brace(source)
     if "'}'" in expected and opener is not None:
@@ -115,7 +116,7 @@ def _syntax_error(source: Source, e: UnexpectedInput) -> UsageError:
 def _unclosed_brace(source: Source) -> Span | None:
     """The innermost '{' left open at the end of the text (comments and strings skipped)."""
     stack: list[tuple[int, int]] = []
-    for lineno, text in enumerate(source.text.splitlines(), 1):
+    for lineno, text in enumerate(source.text.split("\n"), 1):
         in_str = False
         for col, ch in enumerate(text, 1):
             if ch == '"':

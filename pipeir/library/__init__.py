@@ -7,13 +7,14 @@ named by its file (`1f1b`) or by its definition (`one_f_one_b`).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from functools import cache
 from importlib.resources import files
-from typing import Any
+from typing import Any, Final
 
 from pipeir.diagnostics import Source, UsageError, did_you_mean
 from pipeir.frontend import ast
-from pipeir.frontend.elaborate import Value, elaborate
+from pipeir.frontend.elaborate import Definition, Elaborated, Library, Value, elaborate
 from pipeir.frontend.parser import parse_source
 from pipeir.schedule import Schedule
 
@@ -38,36 +39,57 @@ def names() -> tuple[str, ...]:
 
 
 @cache
-def _load(canonical: str) -> tuple[ast.Module, ast.ScheduleDef]:
+def _load(canonical: str) -> Definition:
     fname = _files()[canonical]
     text = files(__name__).joinpath(fname).read_text(encoding="utf-8")
     module = parse_source(Source(f"<library>/{fname}", text))
     defs = [i for i in module.items if isinstance(i, ast.ScheduleDef)]
     assert len(defs) == 1, f"library file {fname} must define exactly one schedule"
-    return module, defs[0]
+    return Definition(canonical, module, defs[0])
+
+
+def find(name: str) -> Definition | None:
+    """Library schedule `name` (by file or definition name), or None.
+
+    NOTE: the one lookup. The frontend (for `schedule = NAME` in a file), the CLI's
+    `--schedule` and `get` all come through here, so they agree on what a name means.
+    """
+    key = _norm(name)
+    for canonical in _files():
+        if _norm(canonical) == key or _norm(_load(canonical).schedule.name) == key:
+            return _load(canonical)
+    return None
+
+
+def require(name: str) -> Definition:
+    """Library schedule `name`; an error with a "did you mean" when there is none."""
+    found = find(name)
+    if found is None:
+        raise unknown_schedule(name)
+    return found
+
+
+#: The library as the frontend sees it, for `elaborate(..., library=LIBRARY)`.
+LIBRARY: Final = Library(find, names)
 
 
 def canonical_name(name: str) -> str | None:
     """The library's name for `name` (by file or definition name), or None."""
-    key = _norm(name)
-    for canonical in _files():
-        if _norm(canonical) == key or _norm(_load(canonical)[1].name) == key:
-            return canonical
-    return None
-
-
-def resolve(name: str) -> tuple[ast.Module, ast.ScheduleDef] | None:
-    """The module and definition of library schedule `name`, or None."""
-    canonical = canonical_name(name)
-    return None if canonical is None else _load(canonical)
+    found = find(name)
+    return None if found is None else found.name
 
 
 def params(name: str) -> tuple[str, ...]:
     """The parameters a library schedule takes (besides ranks and microbatches)."""
-    found = resolve(name)
-    if found is None:
-        raise unknown_schedule(name)
-    return tuple(p.name for p in found[1].params)
+    return require(name).params
+
+
+def instantiate(definition: Definition, overrides: Mapping[str, Value],
+                arguments: Mapping[str, Value]) -> Elaborated:
+    """A library schedule with pipeline settings (`overrides`, as `--set` gives them) and
+    arguments for its parameters."""
+    return elaborate(definition.module, library=LIBRARY, overrides=overrides,
+                     use=(definition.schedule.name, arguments))
 
 
 def get(name: str, ranks: int, microbatches: int, **kwargs: Any) -> Schedule:
@@ -76,18 +98,11 @@ def get(name: str, ranks: int, microbatches: int, **kwargs: Any) -> Schedule:
     Keyword arguments are the schedule's parameters or pipeline settings (stages, placement,
     memory_limit, accumulate).
     """
-    found = resolve(name)
-    if found is None:
-        raise unknown_schedule(name)
-    module, sdef = found
-    pnames = {p.name for p in sdef.params}
-    sched_kw: dict[str, Value] = {k: v for k, v in kwargs.items() if k in pnames}
-    overrides: dict[str, Value] = {k: v for k, v in kwargs.items() if k not in pnames}
+    found = require(name)
+    sched_kw: dict[str, Value] = {k: v for k, v in kwargs.items() if k in found.params}
+    overrides: dict[str, Value] = {k: v for k, v in kwargs.items() if k not in found.params}
     overrides.update(ranks=ranks, microbatches=microbatches)
-    placement = overrides.get("placement")
-    if isinstance(placement, list):
-        overrides["placement"] = tuple(placement)
-    return elaborate(module, overrides=overrides, use=(sdef.name, sched_kw)).schedule
+    return instantiate(found, overrides, sched_kw).schedule
 
 
 def unknown_schedule(name: str) -> UsageError:

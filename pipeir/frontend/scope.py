@@ -1,0 +1,156 @@
+"""Names and values: what the elaborator knows about a name while compiling (its scope), and
+what it holds while running (values, closures and the run context).
+
+NOTE: compiled code is a tree of closures. Each takes the value environment (`Env`, name ->
+value) and the run context (`RunContext`, or None where only constants are computed: pipeline
+settings, parameter defaults) as explicit arguments; the environment holds only the
+language's own values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from pipeir.config import PipelineConfig, spell
+from pipeir.diagnostics import Note, Span, UsageError
+from pipeir.ops import KINDS
+from pipeir.schedule import ScheduleBuilder
+
+Value = int | float | bool | str | tuple[Any, ...]
+Env = dict[str, Any]
+
+#: Loop iterations one elaboration may run, and how deep functions and macros may nest.
+MAX_ITERATIONS: Final = 20_000_000
+MAX_DEPTH: Final = 200
+
+
+# ---- compile time: scopes --------------------------------------------------------------------
+@dataclass(frozen=True)
+class Binding:
+    """What a name is: a value, a function (`def f(x) = e`), a macro (`def g(x) { ... }`),
+    a built-in function or an op; with where it was defined and how many arguments it takes."""
+
+    kind: str  # "value" | "func" | "macro" | "builtin" | "op"
+    span: Span | None
+    arity: int | tuple[int, int] = 0  # exact, or (min, max)
+
+
+@dataclass
+class Scope:
+    """The names visible at one point of the program. Names never shadow: defining a name
+    that is visible already is an error, so a typo'd redefinition cannot hide a value."""
+
+    names: dict[str, Binding] = field(default_factory=dict)
+    parent: Scope | None = None
+    in_rank: bool = False
+
+    def lookup(self, name: str) -> Binding | None:
+        s: Scope | None = self
+        while s is not None:
+            b = s.names.get(name)
+            if b is not None:
+                return b
+            s = s.parent
+        return None
+
+    def all_names(self) -> set[str]:
+        out: set[str] = set()
+        s: Scope | None = self
+        while s is not None:
+            out |= set(s.names)
+            s = s.parent
+        return out
+
+    def define(self, name: str, binding: Binding, span: Span) -> None:
+        prev = self.lookup(name)
+        if prev is not None:
+            where = (Note(f"'{name}' is defined here", prev.span),) if prev.span else ()
+            what = "a built-in name" if prev.kind in ("builtin", "op") else "already defined"
+            raise UsageError(f"'{name}' is {what}; pick another name", span, where)
+        self.names[name] = binding
+
+    def child(self, in_rank: bool | None = None) -> Scope:
+        return Scope({}, self, self.in_rank if in_rank is None else in_rank)
+
+
+def value_scope(names: Iterable[str]) -> Scope:
+    """A scope of plain values (settings, parameters), none of them defined in the file."""
+    return Scope({k: Binding("value", None) for k in names})
+
+
+BUILTINS: Final[dict[str, Binding]] = {
+    "min": Binding("builtin", None, (1, 1 << 30)),
+    "max": Binding("builtin", None, (1, 1 << 30)),
+    "abs": Binding("builtin", None, 1),
+    "owner": Binding("builtin", None, 1),
+    "local_stage": Binding("builtin", None, 2),
+    "num_local_stages": Binding("builtin", None, 1),
+    **{k: Binding("op", None, 2) for k in KINDS},
+}
+
+CONSTANTS: Final[dict[str, bool]] = {"true": True, "false": False}
+
+
+# ---- run time: context, closures, values -----------------------------------------------------
+@dataclass
+class RunContext:
+    """One elaboration's mutable state: where ops go, which rank is running, and the budgets
+    that turn a runaway loop or recursion into a diagnostic."""
+
+    builder: ScheduleBuilder
+    config: PipelineConfig
+    rank: int | None = None
+    iterations: int = 0
+    depth: int = 0
+    rank_note: str = ""
+
+
+ExprFn = Callable[[Env, "RunContext | None"], Any]
+StmtFn = Callable[[Env, RunContext], None]
+
+
+@dataclass
+class Closure:
+    """A function (`expr`) or macro (`body`) with the environment it was defined in."""
+
+    params: tuple[str, ...]
+    env: Env
+    expr: ExprFn | None
+    body: StmtFn | None
+    span: Span
+
+
+def invoke(fn: Closure, args: list[Any], ctx: RunContext | None, span: Span) -> Any:
+    """Call a function or macro, counting the nesting depth against MAX_DEPTH."""
+    env = dict(fn.env)
+    env.update(zip(fn.params, args))
+    if ctx is None:  # constant contexts (settings): the nesting guard bounds recursion there
+        return fn.expr(env, None) if fn.expr is not None else None
+    ctx.depth += 1
+    if ctx.depth > MAX_DEPTH:
+        what = "functions" if fn.expr is not None else "macros"
+        raise UsageError(f"{what} nest deeper than {MAX_DEPTH} calls; is a recursion "
+                         "missing its base case?", span)
+    try:
+        if fn.expr is not None:
+            return fn.expr(env, ctx)
+        assert fn.body is not None
+        fn.body(env, ctx)
+    finally:
+        ctx.depth -= 1
+    return None
+
+
+def type_name(v: object) -> str:
+    """What a value is, in the language's words, for messages."""
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            tuple: "a list"}.get(type(v), type(v).__name__)
+
+
+def want_int(v: object, span: Span, what: str) -> int:
+    """`v` if it is an integer (not a boolean), else a diagnostic at `span`."""
+    if type(v) is not int:
+        raise UsageError(f"{what} must be an integer, got {type_name(v)} ({spell(v)})", span)
+    return v
