@@ -125,8 +125,10 @@ def test_import_reports_invalid_schedules_at_their_cells(cli, tmp_path: Path) ->
     f.write_text("0F0,0B0\n2F0,2B0\n")
     code, _, err = cli("import-torch", f)
     assert code == 1 and "stage 1 appears in no cell" in err
-    f.write_text("0F0,0F1,0B0,0B1\n1F1,1B1,1F0,1B0\n")  # fine
-    assert cli("check", f)[0] == 0
+    f.write_text("0F0,0F1,0B0,0B1\n1F1,1B1,1F0,1B0\n")  # a valid order, but not for torch:
+    code, _, err = cli("check", f)  # its last stage must compute the losses in mb order
+    assert code == 1 and f"{f}:2:1: error: 1F1 (rank 1, action 1 of its row, column 1) is " \
+        "forward number 1 of the last stage, but for micro-batch 1" in err
     f.write_text("0F0,0F1,0B1,0B0\n1F0,1B0,1F1,1B1\n")  # rank 0 waits for B1 first: fine too
     assert cli("check", f)[0] == 0
     f.write_text("0F0,0B0\n1F0\n")

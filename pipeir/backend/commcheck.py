@@ -258,6 +258,10 @@ class _Rules:
                     out = self._output(ins)
                     if out is not None:
                         held.add(out)
+            for (send, key), left in sorted(outstanding.items()):
+                for post in left:
+                    yield _Finding(f"posts a {'send' if send else 'receive'} of {what(key)} "
+                                   f"that is never waited for before the program ends", post)
 
     def _wait(self, site: Site, outstanding: dict[tuple[bool, Key], list[Site]],
               received: set[Key]) -> Iterator[_Finding]:
@@ -386,13 +390,12 @@ class _Rules:
                 sy = next(s for key, s in a if key == y)
                 rx = next(s for key, s in b if key == x)
                 yield _Finding(
-                    f"rank {ch[0]} -> rank {ch[1]}: transfer #{k} is sent as {_key(x)} but "
-                    f"received as {_key(y)}: the two transfers cross. Rank {ch[0]} posts "
-                    f"{what(x)} before {what(y)}; rank {ch[1]} posts them in the opposite "
-                    f"order. Point-to-point messages between two ranks are matched in "
-                    f"posting order (NCCL, and gloo with torch's tag 0), so each receive "
-                    f"gets the other's tensor (async: wrong training or a shape error; "
-                    f"blocking: a deadlock)", ry,
+                    f"receives {what(y)} from rank {ch[0]}, which sends {what(x)} first: the "
+                    f"two transfers cross (rank {ch[0]} -> rank {ch[1]}: transfer #{k} is sent "
+                    f"as {_key(x)} but received as {_key(y)}). Point-to-point messages "
+                    f"between two ranks are matched in posting order (NCCL, and gloo with "
+                    f"torch's tag 0), so each receive gets the other's tensor (async: wrong "
+                    f"training or a shape error; blocking: a deadlock)", ry,
                     ((f"rank {ch[0]} sends {what(x)} first", sx),
                      (f"then {what(y)}", sy),
                      (f"rank {ch[1]} receives {what(x)} only later", rx)))

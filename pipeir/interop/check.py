@@ -31,6 +31,7 @@ def check_csv(path: str, memory_limit: int | None = None,
     if not imported.has_comms:
         _compute_only_actions(imported)
     report = verify(s, memory_limit=memory_limit)
+    _loss_order(imported)
     c = s.config
     lines = [f"{path}: ok: {c.ranks} ranks, {c.stages} stages, {c.microbatches} micro-batches, "
              f"{len(s)} ops ({imported.format}); peak in-flight activations per rank: "
@@ -82,6 +83,29 @@ def _compute_only_actions(imported: Imported) -> None:
                     f"_PipelineScheduleRuntime refuses it there (ValueError) and adds "
                     f"{', '.join(BOOKKEEPING)} itself; drop it, or place all communication "
                     f"too (compute_comms)", span), check="placement")
+
+
+def _loss_order(imported: Imported) -> None:
+    """torch keeps the last stage's losses in the order its forwards run, and the backward of
+    micro-batch k takes the k-th (`_maybe_compute_loss`, `_maybe_get_loss`): the last stage
+    must run its forwards in micro-batch order, or a backward differentiates another
+    micro-batch's loss (torch: RuntimeError from autograd)."""
+    cfg = imported.schedule.config
+    last = cfg.stages - 1
+    r = cfg.placement[last]
+    n = 0
+    for k, a in enumerate(imported.actions[r]):
+        for x in a.sub or (a,):
+            if x.stage == last and x.kind == "F":
+                if x.mb != n:
+                    raise VerifyError(Diagnostic(
+                        f"{cell_name(imported, r, k)} is forward number {n + 1} of the last "
+                        f"stage, but for micro-batch {x.mb}: torch keeps the last stage's "
+                        f"losses in the order its forwards run and the backward of "
+                        f"micro-batch k takes the k-th, so the last stage must run its "
+                        f"forwards in micro-batch order ({last}F{n} here)",
+                        imported.where[r][k]), check="order")
+                n += 1
 
 
 def _reduce_grad(imported: Imported) -> Iterator[Diagnostic]:
