@@ -297,7 +297,7 @@ def test_faults_injected_into_lowered_programs_are_rejected(schedule, overlap: b
                                                             rnd: random.Random) -> None:
     low = lower(schedule)
     if overlap:
-        low = Overlap().run_lowered(low)
+        low = Overlap().run(low)
         assume(fault != "cross")  # posts there are batched per peer; swapped below instead
     check_comm(low)
     got = inject(low, fault, rnd)
@@ -314,7 +314,7 @@ def test_faults_injected_into_lowered_programs_are_rejected(schedule, overlap: b
 
 @given(schedules(configs(max_ranks=3, max_microbatches=4, min_ranks=2, min_microbatches=2)))
 def test_crossed_receives_in_a_batch_are_named(schedule) -> None:
-    low = Overlap().run_lowered(lower(schedule))
+    low = Overlap().run(lower(schedule))
     batches = [(r, k) for r, prog in enumerate(low.programs) for k, i in enumerate(prog)
                if isinstance(i, Batch) and len({p.key for p in i.posts
                                                 if isinstance(p, IRecv)}) > 1]

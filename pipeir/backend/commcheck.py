@@ -245,7 +245,7 @@ class _Rules:
                 if isinstance(ins, (WaitSend, WaitRecv)):
                     yield from self._wait(site, outstanding, received)
                 if isinstance(ins, Handoff):
-                    key = (ins.tensor, ins.stage, ins.mb)
+                    key: Key = (ins.tensor, ins.stage, ins.mb)
                     yield from self._send_held(site, key, held, freed)
                     handed.add(key)
                 if isinstance(ins, COMPUTE):
