@@ -13,9 +13,11 @@ import pytest
 
 import pipeir
 from pipeir import library
-from pipeir.backend.torch_export import comms_actions, compute_actions, dumps_csv
-from pipeir.frontend.torch_csv import (
+from pipeir.interop import (
     Action,
+    comms_actions,
+    compute_actions,
+    dumps_csv,
     from_torch_actions,
     load_csv,
     loads_csv,
@@ -93,10 +95,12 @@ def test_import_points_errors_at_the_csv_cell(cli, tmp_path: Path) -> None:
 
 
 def test_a_stage_on_two_ranks_names_both_cells(cli, tmp_path: Path) -> None:
+    """Cells that read but cannot be placed make an invalid schedule (exit 1), as torch's own
+    `_validate_schedule` says, not a syntax error."""
     bad = tmp_path / "two.csv"
     bad.write_text("0F0,1F0,1B0,0B0\n1F0,1B0\n")
     code, _, err = cli("import-torch", bad)
-    assert code == 2
+    assert code == 1
     assert (f"{bad}:2:1: error: stage 1 appears on two ranks: rank 0 (row 1, column 5) and "
             f"rank 1 (row 2, column 1)") in err
     assert f"{bad}:1:5: note: stage 1 is first on rank 0 here" in err
@@ -104,7 +108,6 @@ def test_a_stage_on_two_ranks_names_both_cells(cli, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("text", "args", "message"), [
     ("", (), "empty schedule"),
-    ("0F0,0B0\n2F0,2B0\n", (), "stage 1 appears in no cell"),
     ("\n0F0,0B0\n", (), "rank 0 owns no stage"),
     ("0F0,0SEND_F0\n", ("--format", "compute_only"), "0SEND_F0 is a communication action"),
     ("0F0,0B0\n", ("--microbatches", "0"), "microbatches must be a positive integer"),
@@ -119,8 +122,13 @@ def test_import_rejects_bad_files(cli, tmp_path: Path, text: str, args: tuple[st
 
 def test_import_reports_invalid_schedules_at_their_cells(cli, tmp_path: Path) -> None:
     f = tmp_path / "order.csv"
-    f.write_text("0F0,0F1,0B0,0B1\n1F1,1B1,1F0,1B0\n")  # fine
-    assert cli("check", f)[0] == 0
+    f.write_text("0F0,0B0\n2F0,2B0\n")
+    code, _, err = cli("import-torch", f)
+    assert code == 1 and "stage 1 appears in no cell" in err
+    f.write_text("0F0,0F1,0B0,0B1\n1F1,1B1,1F0,1B0\n")  # a valid order, but not for torch:
+    code, _, err = cli("check", f)  # its last stage must compute the losses in mb order
+    assert code == 1 and f"{f}:2:1: error: 1F1 (rank 1, action 1 of its row, column 1) is " \
+        "forward number 1 of the last stage, but for micro-batch 1" in err
     f.write_text("0F0,0F1,0B1,0B0\n1F0,1B0,1F1,1B1\n")  # rank 0 waits for B1 first: fine too
     assert cli("check", f)[0] == 0
     f.write_text("0F0,0B0\n1F0\n")
@@ -219,33 +227,37 @@ def test_check_refutes_a_misordered_compute_comms_file(cli, tmp_path: Path) -> N
     f.write_text(MISORDERED)
     code, out, err = cli("check", f)
     assert code == 1 and out == ""
-    assert f"{f}: torch's runtime would hang on this schedule" in err
-    assert "rank 0 -> rank 1 -> rank 0" in err
+    assert err.startswith(f"{f}:1:27: error: torch's runtime would hang on this schedule: "
+                          f"rank 0 -> rank 1 -> rank 0 wait on each other\n")
     assert f"rank 0 at #7 `wait-recv tensor=grad stage=1 mb=0 peer=1 tag=3` (0B0, {f}:1:27)" in err
     assert f"rank 1 at #7 `wait-recv tensor=act stage=0 mb=1 peer=0 tag=4` (1F1, {f}:2:23)" in err
     # the compute order alone is fine: only the placement of the transfers is wrong
     f.write_text(MISORDERED.replace("SEND_F", "XX").replace("RECV_F", "XX"))
     assert cli("check", f)[0] == 2
     fixed = tmp_path / "fixed.csv"
-    fixed.write_text("0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1\n"
-                     "1RECV_F0,1F0,1RECV_F1,1F1,1B0,1SEND_B0,1B1,1SEND_B1\n")
+    fixed.write_text("0F0,0SEND_F0,0F1,0SEND_F1,0RECV_B0,0B0,0RECV_B1,0B1,0REDUCE_GRAD\n"
+                     "1RECV_F0,1F0,1RECV_F1,1F1,1B0,1SEND_B0,1B1,1SEND_B1,1REDUCE_GRAD\n")
     code, out, err = cli("check", fixed)
     assert code == 0, err
     assert "comms ok: 4 transfers over 2 rank pairs" in out
 
 
 @pytest.mark.parametrize(("text", "message"), [
-    ("0F0,0B0\n1F0,1B0,1SEND_B0\n", "waits for a transfer it never posted"),  # no RECV_F
+    ("0F0,0B0\n1F0,1B0,1SEND_B0\n",  # no RECV_F
+     ":2:1: error: 1F0 (rank 1, action 1 of its row, column 1) waits for a transfer it never "
+     "posted (receive of the activation of stage 0, micro-batch 0)"),
     ("0F0,0SEND_F0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0\n",  # no RECV_B
-     "`wait-recv tensor=grad stage=1 mb=0 peer=1 tag=3` (0B0, "),
+     ":1:14: error: 0B0 (rank 0, action 3 of its row, column 14) waits for a transfer it never "
+     "posted (receive of the input gradient of stage 1, micro-batch 0)"),
     ("0F0,0SEND_F0,0RECV_B0,0B0\n1RECV_F0,1F0,1B0,1SEND_B0,1SEND_F0\n",
-     "1SEND_F0: there is no stage 2 to send to"),
+     ":2:27: error: 1SEND_F0 (rank 1, action 5 of its row, column 27) sends the activation of "
+     "stage 1, micro-batch 0, but there is no stage 2 (stages are 0..1)"),
 ])
 def test_check_refutes_missing_transfers(cli, tmp_path: Path, text: str, message: str) -> None:
     f = tmp_path / "s.csv"
     f.write_text(text)
     code, _, err = cli("check", f)
-    assert code in (1, 2) and message in err
+    assert code == 1 and f"{f}{message}\n" in err
 
 
 # ---- live oracle: torch's own schedule classes -----------------------------------------------
@@ -281,7 +293,7 @@ def test_torch_orders_import_verify_and_match_the_library(torch_name: str, ours:
 @pytest.mark.parametrize("torch_name", ["Interleaved1F1B", "LoopedBFS", "ZBVZeroBubble",
                                         "DualPipeV", "InterleavedZeroBubble"])
 def test_torch_compute_comms_orders_are_proved_deadlock_free(torch_name: str) -> None:
-    from pipeir.frontend.torch_csv import prove_comms
+    from pipeir.interop import prove_comms
 
     proved = 0
     for p, m in ((2, 4), (4, 8), (8, 16)):
@@ -328,7 +340,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
-from pipeir.frontend.torch_csv import load_csv
+from pipeir.interop import load_csv
 
 warnings.simplefilter("ignore")
 rank, port, path, fmt, out = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5]

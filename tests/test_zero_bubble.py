@@ -108,7 +108,7 @@ def test_analytic_bubble_matches_the_simulator(name: str) -> None:
 
 
 def _torch_schedule(name: str, p: int, m: int) -> pipeir.Schedule | None:
-    from pipeir.frontend.torch_csv import from_torch_actions
+    from pipeir.interop import from_torch_actions
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

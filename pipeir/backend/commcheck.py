@@ -1,29 +1,59 @@
-"""The static deadlock proof for lowered programs.
+"""The communication rules of lowered programs, and the proof that a program obeys them.
 
-Semantics are the strictest a backend may have: *rendezvous* (a blocking send completes only
-once its receive is posted, and a receive once its send is posted) and *per-peer FIFO* matching
-(the k-th send from a to b meets the k-th receive on b from a, whatever the tags, as in NCCL).
-Posting (isend, irecv, batch) never blocks; a wait blocks until the matching side is posted.
+One rule set serves pipeir's own lowered programs (`check --lowered`, every `compile`) and
+torch's `compute_comms` schedules, which `pipeir.interop.lowering` writes as lowered programs
+exactly as `_PipelineScheduleRuntime` executes them (isend/irecv posted in file order, a wait
+for the receive inside the compute that consumes it, every send waited at the end).
 
-The check runs all ranks abstractly until every program ends (proved) or no rank can move (a
-deadlock). A deadlock is reported with the chain of ranks waiting on each other, each link
-naming the instruction and the `.sched` line it came from. A receive matched with a send of a
-different tensor is reported as a mismatch: under FIFO matching it would corrupt data.
+Semantics are the strictest a backend may have: posting (isend, irecv, a batch) never blocks;
+a blocking send or receive, and a wait, complete only once the matching side is posted
+(*rendezvous*); and point-to-point messages between two ranks are matched in the order they
+are posted, whatever the tags (*per-pair FIFO*, as NCCL does, and gloo with torch's tag 0).
+
+NOTE (the rules, in the order they are checked; each later rule assumes the earlier hold):
+
+1. *Local*, per rank in program order: a tensor is sent only after the instruction producing
+   it and while it is still held (an activation until its stage's backward of that
+   micro-batch, when torch frees it); a compute that consumes a tensor from another rank
+   comes after the wait for its receive, one from the same rank after its hand-off; a wait
+   follows its post; a receive is not posted twice while the first is outstanding; stage,
+   micro-batch and peer agree with the placement; inside an overlapped pair there is only
+   the pair's compute.
+2. *Matching*: every transfer the placement implies is sent exactly once and received
+   exactly once.
+3. *Order*: between each sender and receiver, sends and receives are posted in the same
+   order. Two transfers posted in opposite orders either deadlock (blocking) or deliver each
+   other's tensors (asynchronous): with equal shapes training silently goes wrong.
+4. *Progress*: running all ranks abstractly, every program ends; otherwise the chain of
+   ranks waiting on each other is named.
+
+Posts inside a `batch` (torch's `batch_isend_irecv`) are posted in their listed order at the
+batch's position, so all rules apply to them as to single posts.
+
+Findings name the instruction (`Locator.name`) and point at its source (`Locator.span`): the
+`.sched` op for pipeir's programs, the CSV cell for torch's.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from pipeir.backend.lower import (
+    COMPUTE,
+    Backward,
+    BackwardInput,
     Batch,
     Comm,
+    Forward,
+    Handoff,
     Instr,
     IRecv,
     ISend,
+    Load,
     Lowered,
     Recv,
     Send,
@@ -32,12 +62,13 @@ from pipeir.backend.lower import (
     from_json,
     lower,
 )
-from pipeir.diagnostics import Diagnostic, Note, UsageError, VerifyError
-
-Channel = tuple[int, int]  # (sender, receiver)
+from pipeir.diagnostics import Diagnostic, Note, Span, UsageError, VerifyError
 
 if TYPE_CHECKING:
     from pipeir.schedule import Schedule
+
+Channel = tuple[int, int]  # (sender, receiver)
+Key = tuple[str, int, int]  # (tensor, producing stage, micro-batch)
 
 
 @dataclass(frozen=True)
@@ -51,111 +82,396 @@ class CommReport:
         return sum(self.transfers.values())
 
 
-def _posts(ins: Instr) -> list[Comm]:
-    if isinstance(ins, Batch):
-        return list(ins.posts)
-    if isinstance(ins, (ISend, IRecv, Send, Recv)):
-        return [ins]
-    return []
+@dataclass(frozen=True)
+class Site:
+    """One communication or compute instruction of one rank: `ins` at `pc` in its program
+    (for a post inside a batch, `ins` is the post and `pc` the batch's position)."""
+
+    rank: int
+    pc: int
+    ins: Instr
 
 
-def _describe(rank: int, pc: int, ins: Instr) -> str:
+class Locator(Protocol):
+    """Names instructions and finds their source, for diagnostics."""
+
+    def name(self, site: Site) -> str:
+        """How a message names the instruction, e.g. "0SEND_F2 (rank 0, action 3)"."""
+        ...  # pragma: no cover - protocol
+
+    def span(self, site: Site) -> Span | None:
+        """Where the instruction came from in the user's file, if known."""
+        ...  # pragma: no cover - protocol
+
+
+def describe(site: Site) -> str:
+    """The instruction as the lowered text form shows it, with its origin."""
+    ins = site.ins
     where = f" ({ins.op}, {ins.at})" if ins.at else (f" ({ins.op})" if ins.op else "")
-    return f"rank {rank} at #{pc} `{ins.mnemonic} {ins.operands()}`{where}"
+    return f"rank {site.rank} at #{site.pc} `{ins.mnemonic} {ins.operands()}`{where}"
 
 
-def check_comm(lowered: Lowered) -> CommReport:
-    """Prove `lowered` cannot deadlock; raise VerifyError(check="comm") otherwise."""
-    progs = lowered.programs
-    n = len(progs)
-    # Per channel: the transfer keys in posting order, on the sending and receiving side.
-    sent: dict[Channel, list[tuple[str, int, int]]] = {}
-    recvd: dict[Channel, list[tuple[str, int, int]]] = {}
-    # Each rank's index into its channel queues for every comm instruction it posts.
-    index: list[dict[int, int]] = [{} for _ in range(n)]
-    handle: list[dict[tuple[str, str, int, int], int]] = [{} for _ in range(n)]
-    pc = [0] * n
-    posted_at: list[int] = [-1] * n  # the pc whose blocking op is already posted
+@dataclass(frozen=True)
+class PlainLocator:
+    """Names an instruction by its position and text; spans only where `spans` knows the op
+    (`op` strings of a schedule, `str(Op)`, to their `.sched` spans)."""
 
-    def post(rank: int, c: Comm) -> int:
-        send = isinstance(c, (Send, ISend))
-        ch = (rank, c.peer) if send else (c.peer, rank)
-        q = (sent if send else recvd).setdefault(ch, [])
-        q.append(c.key)
-        return len(q) - 1
+    spans: dict[str, Span] = field(default_factory=dict)
 
-    def matched(rank: int, c: Comm, k: int) -> bool:
-        send = isinstance(c, (Send, ISend, WaitSend))
-        ch = (rank, c.peer) if send else (c.peer, rank)
-        other = (recvd if send else sent).get(ch, [])
-        return len(other) > k
+    def name(self, site: Site) -> str:
+        return describe(site)
 
-    def waiting_on(rank: int) -> tuple[Comm, int] | None:
-        """If rank's current instruction blocks, the comm it blocks on and its queue index."""
-        ins = progs[rank][pc[rank]]
-        if isinstance(ins, (Send, Recv)):
-            if posted_at[rank] != pc[rank]:
-                index[rank][pc[rank]] = post(rank, ins)
-                posted_at[rank] = pc[rank]
-            return ins, index[rank][pc[rank]]
-        if isinstance(ins, (WaitSend, WaitRecv)):
-            key = ("send" if isinstance(ins, WaitSend) else "recv", *ins.key)
-            if key not in handle[rank]:
-                raise VerifyError(Diagnostic(
-                    f"{_describe(rank, pc[rank], ins)} waits for a transfer it never posted"),
-                    check="comm")
-            return ins, handle[rank][key]
+    def span(self, site: Site) -> Span | None:
+        return self.spans.get(site.ins.op)
+
+
+def what(key: Key) -> str:
+    """A transfer in words: "the activation of stage 0, micro-batch 2"."""
+    tensor, stage, mb = key
+    noun = "activation" if tensor == "act" else "input gradient"
+    return f"the {noun} of stage {stage}, micro-batch {mb}"
+
+
+# ---- rule 1: local ------------------------------------------------------------------------------
+
+def _is_send(c: Instr) -> bool:
+    return isinstance(c, (Send, ISend, WaitSend))
+
+
+def _posts(ins: Instr) -> tuple[Comm, ...]:
+    if isinstance(ins, Batch):
+        return ins.posts
+    if isinstance(ins, (ISend, IRecv, Send, Recv)):
+        return (ins,)
+    return ()
+
+
+@dataclass(frozen=True)
+class _Finding:
+    message: str
+    site: Site
+    notes: tuple[tuple[str, Site | None], ...] = ()
+
+
+class _Rules:
+    """The rules over one set of programs; each `rule_*` yields findings."""
+
+    def __init__(self, lowered: Lowered) -> None:
+        self.low = lowered
+        self.last = lowered.stages - 1
+        self.mbs = lowered.microbatches * lowered.accumulate
+
+    # -- helpers --
+
+    def _inputs(self, ins: Instr) -> list[tuple[Key, int]]:
+        """What a compute instruction consumes from another stage: (key, producing rank)."""
+        place = self.low.placement
+        if isinstance(ins, Forward) and 0 < ins.stage <= self.last:
+            return [(("act", ins.stage - 1, ins.mb), place[ins.stage - 1])]
+        if isinstance(ins, (Backward, BackwardInput)) and 0 <= ins.stage < self.last:
+            return [(("grad", ins.stage + 1, ins.mb), place[ins.stage + 1])]
+        return []
+
+    def _output(self, ins: Instr) -> Key | None:
+        """The tensor a compute instruction produces for another stage."""
+        if isinstance(ins, Forward) and ins.stage < self.last:
+            return ("act", ins.stage, ins.mb)
+        if isinstance(ins, (Backward, BackwardInput)) and ins.stage > 0:
+            return ("grad", ins.stage, ins.mb)
         return None
 
-    progress = True
-    while progress:
-        progress = False
-        for r in range(n):
-            while pc[r] < len(progs[r]):
-                ins = progs[r][pc[r]]
-                w = waiting_on(r)
-                if w is not None and not matched(r, *w):
-                    break
-                for c in _posts(ins) if not isinstance(ins, (Send, Recv)) else ():
-                    kind = "send" if isinstance(c, ISend) else "recv"
-                    handle[r][(kind, *c.key)] = post(r, c)
-                pc[r] += 1
-                progress = True
-    _check_fifo(sent, recvd)
-    stuck = [r for r in range(n) if pc[r] < len(progs[r])]
-    if stuck:
-        raise VerifyError(_explain(lowered, pc, stuck, waiting_on), check="comm")
-    return CommReport({ch: len(q) for ch, q in sorted(sent.items())})
+    def _find(self, rank: int, pred: Callable[[Instr], bool], start: int = 0) -> Site | None:
+        for pc in range(start, len(self.low.programs[rank])):
+            for ins in (self.low.programs[rank][pc], *_posts(self.low.programs[rank][pc])):
+                if pred(ins):
+                    return Site(rank, pc, ins)
+        return None
+
+    def _placement(self, site: Site, c: Comm) -> _Finding | None:
+        """Stage, micro-batch and peer of a transfer against the placement."""
+        tensor, stage, mb = c.key
+        place, last, send = self.low.placement, self.last, _is_send(c)
+        dst = stage + 1 if tensor == "act" else stage - 1
+        verb = "sends" if send else "receives"
+        if not 0 <= stage <= last or not 0 <= dst <= last:
+            missing = stage if not 0 <= stage <= last else dst
+            return _Finding(f"{verb} {what(c.key)}, but there is no stage {missing} "
+                            f"(stages are 0..{last})", site)
+        if not 0 <= mb < self.mbs:
+            return _Finding(f"{verb} {what(c.key)}, but micro-batch {mb} is out of range "
+                            f"(0..{self.mbs - 1})", site)
+        me, other = (stage, dst) if send else (dst, stage)
+        if place[me] != site.rank:
+            return _Finding(f"{verb} {what(c.key)}, but the placement runs stage {me} on rank "
+                            f"{place[me]}, not on rank {site.rank}", site)
+        if place[other] == site.rank:
+            return _Finding(f"{verb} {what(c.key)}, but stages {min(stage, dst)} and "
+                            f"{max(stage, dst)} both run on rank {site.rank}: the tensor is "
+                            f"handed over locally, there is nothing to transfer", site)
+        if c.peer != place[other]:
+            return _Finding(f"{verb} {what(c.key)} {'to' if send else 'from'} rank {c.peer}, "
+                            f"but stage {other} runs on rank {place[other]}", site)
+        return None
+
+    def rule_local(self) -> Iterator[_Finding]:
+        for rank, prog in enumerate(self.low.programs):
+            held: set[Key] = set()  # produced here and not yet freed
+            freed: dict[Key, Site] = {}
+            handed: set[Key] = set()
+            received: set[Key] = set()
+            outstanding: dict[tuple[bool, Key], list[Site]] = {}  # posted, not yet waited
+            for pc, ins in enumerate(prog):
+                site = Site(rank, pc, ins)
+                if ins.paired and not isinstance(ins, (*COMPUTE, Load)):
+                    yield _Finding("sits inside an overlapped pair, whose two ops start "
+                                   "together: only their compute may come between them", site)
+                for c in _posts(ins):
+                    post = Site(rank, pc, c)
+                    bad = self._placement(post, c)
+                    send = _is_send(c)
+                    if bad is not None:
+                        yield bad
+                    elif send:
+                        yield from self._send_held(post, c.key, held, freed)
+                    elif outstanding.get((False, c.key)):
+                        yield _Finding(f"receives {what(c.key)} a second time while the "
+                                       f"first receive is still outstanding (torch: \"Recv "
+                                       f"twice without executing\")", post,
+                                       (("the first receive", outstanding[(False, c.key)][0]),))
+                    if isinstance(c, Recv):  # blocking: posted and waited at once
+                        received.add(c.key)
+                    elif not isinstance(c, Send):
+                        outstanding.setdefault((send, c.key), []).append(post)
+                if isinstance(ins, (WaitSend, WaitRecv)):
+                    yield from self._wait(site, outstanding, received)
+                if isinstance(ins, Handoff):
+                    key: Key = (ins.tensor, ins.stage, ins.mb)
+                    yield from self._send_held(site, key, held, freed)
+                    handed.add(key)
+                if isinstance(ins, COMPUTE):
+                    yield from self._consumes(site, received, handed, outstanding)
+                    if isinstance(ins, (Backward, BackwardInput)):
+                        act = ("act", ins.stage, ins.mb)
+                        if act in held:
+                            held.discard(act)
+                            freed[act] = site
+                    out = self._output(ins)
+                    if out is not None:
+                        held.add(out)
+            for (send, key), left in sorted(outstanding.items()):
+                for post in left:
+                    yield _Finding(f"posts a {'send' if send else 'receive'} of {what(key)} "
+                                   f"that is never waited for before the program ends", post)
+
+    def _wait(self, site: Site, outstanding: dict[tuple[bool, Key], list[Site]],
+              received: set[Key]) -> Iterator[_Finding]:
+        ins = site.ins
+        assert isinstance(ins, (WaitSend, WaitRecv))
+        send = isinstance(ins, WaitSend)
+        posted = outstanding.get((send, ins.key))
+        if posted:
+            posted.pop(0)
+        else:
+            yield from self._not_posted(site, ins.key, send)
+        if not send:
+            received.add(ins.key)  # reported once, here, not again at its consumer
+
+    def _not_posted(self, site: Site, key: Key, send: bool) -> Iterator[_Finding]:
+        kind = (ISend, Send) if send else (IRecv, Recv)
+
+        def post(i: Instr) -> bool:
+            return isinstance(i, kind) and i.key == key
+
+        later = self._find(site.rank, post, site.pc + 1)
+        noun = "send" if send else "receive"
+        if later is not None:
+            yield _Finding(f"waits for {what(key)} before its {noun} is posted; the {noun} "
+                           f"must come before the op that waits for it", site,
+                           ((f"the {noun}, later on this rank", later),))
+        else:
+            yield _Finding(f"waits for a transfer it never posted ({noun} of {what(key)})",
+                           site)
+
+    def _send_held(self, site: Site, key: Key, held: set[Key], freed: dict[Key, Site]
+                   ) -> Iterator[_Finding]:
+        if key in held:
+            return
+        tensor, stage, mb = key
+        kinds = (Forward,) if tensor == "act" else (Backward, BackwardInput)
+        verb = "hands over" if isinstance(site.ins, Handoff) else "sends"
+
+        def producer(i: Instr) -> bool:
+            return isinstance(i, kinds) and i.stage == stage and i.mb == mb
+
+        if key in freed:
+            yield _Finding(f"{verb} {what(key)} after the backward that frees it", site,
+                           (("the backward", freed[key]),))
+            return
+        later = self._find(site.rank, producer, site.pc + 1)
+        if later is not None:
+            yield _Finding(f"{verb} {what(key)} before the op that produces it; it must "
+                           f"come after it", site, (("the producing op, later on this rank",
+                                                     later),))
+        else:
+            yield _Finding(f"{verb} {what(key)}, which no op before it on rank {site.rank} "
+                           f"produces", site)
+
+    def _consumes(self, site: Site, received: set[Key], handed: set[Key],
+                  outstanding: dict[tuple[bool, Key], list[Site]]) -> Iterator[_Finding]:
+        for key, src in self._inputs(site.ins):
+            if src == site.rank and key not in handed:
+                yield _Finding(f"computes on {what(key)} before it is handed over on this "
+                               f"rank", site)
+            elif src != site.rank and key not in received:
+                posted = outstanding.get((False, key))
+                if posted:
+                    yield _Finding(f"computes on {what(key)} without waiting for its "
+                                   f"receive", site, (("the receive it must wait for",
+                                                       posted[0]),))
+                else:
+                    yield from self._not_posted(site, key, send=False)
+
+    # -- rule 2: matching --
+
+    def sides(self) -> tuple[dict[Channel, list[tuple[Key, Site]]],
+                             dict[Channel, list[tuple[Key, Site]]]]:
+        """Per channel, the sends and the receives in posting order."""
+        sent: dict[Channel, list[tuple[Key, Site]]] = {}
+        recvd: dict[Channel, list[tuple[Key, Site]]] = {}
+        for rank, prog in enumerate(self.low.programs):
+            for pc, ins in enumerate(prog):
+                for c in _posts(ins):
+                    send = _is_send(c)
+                    ch = (rank, c.peer) if send else (c.peer, rank)
+                    (sent if send else recvd).setdefault(ch, []).append(
+                        (c.key, Site(rank, pc, c)))
+        return sent, recvd
+
+    def expected(self) -> Iterator[tuple[Channel, Key]]:
+        place = self.low.placement
+        for s in range(self.last):
+            if place[s] != place[s + 1]:
+                for mb in range(self.mbs):
+                    yield (place[s], place[s + 1]), ("act", s, mb)
+                    yield (place[s + 1], place[s]), ("grad", s + 1, mb)
+
+    def rule_matching(self) -> Iterator[_Finding]:
+        sent, recvd = self.sides()
+        by_key: dict[tuple[bool, Channel, Key], list[Site]] = {}
+        for send, table in ((True, sent), (False, recvd)):
+            for ch, items in table.items():
+                for key, site in items:
+                    by_key.setdefault((send, ch, key), []).append(site)
+        for ch, key in self.expected():
+            sends = by_key.get((True, ch, key), [])
+            recvs = by_key.get((False, ch, key), [])
+            for mine, theirs, noun, other in ((sends, recvs, "send", "receive"),
+                                              (recvs, sends, "receive", "send")):
+                if len(mine) > 1:
+                    yield _Finding(f"{noun}s {what(key)} a second time: each transfer is "
+                                   f"sent once and received once", mine[1],
+                                   (("the first", mine[0]),))
+                elif not mine and theirs:
+                    side = ch[1] if noun == "receive" else ch[0]
+                    verb = "receives" if noun == "receive" else "sends"
+                    yield _Finding(f"{'sends' if noun == 'receive' else 'receives'} "
+                                   f"{what(key)}, but rank {side} never {verb} it: every "
+                                   f"{other} needs exactly one matching {noun}", theirs[0])
+
+    # -- rule 3: order --
+
+    def rule_order(self) -> Iterator[_Finding]:
+        sent, recvd = self.sides()
+        for ch in sorted(set(sent) | set(recvd)):
+            a, b = sent.get(ch, []), recvd.get(ch, [])
+            for k, ((x, sx), (y, ry)) in enumerate(zip(a, b)):
+                if x == y:
+                    continue
+                sy = next(s for key, s in a if key == y)
+                rx = next(s for key, s in b if key == x)
+                yield _Finding(
+                    f"receives {what(y)} from rank {ch[0]}, which sends {what(x)} first: the "
+                    f"two transfers cross (rank {ch[0]} -> rank {ch[1]}: transfer #{k} is sent "
+                    f"as {_key(x)} but received as {_key(y)}). Point-to-point messages "
+                    f"between two ranks are matched in posting order (NCCL, and gloo with "
+                    f"torch's tag 0), so each receive gets the other's tensor (async: wrong "
+                    f"training or a shape error; blocking: a deadlock)", ry,
+                    ((f"rank {ch[0]} sends {what(x)} first", sx),
+                     (f"then {what(y)}", sy),
+                     (f"rank {ch[1]} receives {what(x)} only later", rx)))
+                break
 
 
-def _check_fifo(sent: dict[Channel, list[tuple[str, int, int]]],
-                recvd: dict[Channel, list[tuple[str, int, int]]]) -> None:
-    for ch in sorted(set(sent) | set(recvd)):
-        a, b = sent.get(ch, []), recvd.get(ch, [])
-        for k, (x, y) in enumerate(zip(a, b)):
-            if x != y:
-                raise VerifyError(Diagnostic(
-                    f"rank {ch[0]} -> rank {ch[1]}: transfer #{k} is sent as {_key(x)} but "
-                    f"received as {_key(y)}; per-peer FIFO matching would mix them up"),
-                    check="comm")
-
-
-def _key(k: tuple[str, int, int]) -> str:
+def _key(k: Key) -> str:
     return f"{k[0]} of stage {k[1]} mb {k[2]}"
 
 
-def _explain(lowered: Lowered, pc: list[int], stuck: list[int], waiting_on: object
-             ) -> Diagnostic:
+# ---- rule 4: progress ---------------------------------------------------------------------------
+
+def _run(lowered: Lowered) -> tuple[list[int], Callable[[int], Comm | None]]:
+    """Execute all ranks abstractly; the final pcs and, per rank, what it waits on.
+
+    Each post gets its index in its channel's queue; a blocking call or wait is done once the
+    other side has posted the same index (rules 2 and 3 made the indices agree)."""
     progs = lowered.programs
-    assert callable(waiting_on)
+    n = len(progs)
+    counts: dict[tuple[bool, Channel], int] = {}
+    index: dict[tuple[int, int, int], int] = {}  # (rank, pc, j) -> queue index
+    handle: list[dict[tuple[bool, Key], int]] = [{} for _ in range(n)]
+    pc = [0] * n
 
-    def peer_of(r: int) -> int | None:
-        w = waiting_on(r)
-        return w[0].peer if w is not None else None
+    def channel(rank: int, c: Comm) -> tuple[bool, Channel]:
+        send = _is_send(c)
+        return send, ((rank, c.peer) if send else (c.peer, rank))
 
+    def number(rank: int, at: int, j: int, c: Comm) -> int:
+        if (rank, at, j) not in index:
+            ch = channel(rank, c)
+            index[(rank, at, j)] = counts.get(ch, 0)
+            counts[ch] = index[(rank, at, j)] + 1
+        return index[(rank, at, j)]
+
+    def blocked_on(rank: int) -> tuple[Comm, int] | None:
+        ins = progs[rank][pc[rank]]
+        if isinstance(ins, (Send, Recv)):
+            return ins, number(rank, pc[rank], 0, ins)
+        if isinstance(ins, (WaitSend, WaitRecv)):
+            return ins, handle[rank][(isinstance(ins, WaitSend), ins.key)]
+        return None
+
+    def done(rank: int, c: Comm, k: int) -> bool:
+        send, ch = channel(rank, c)
+        return counts.get((not send, ch), 0) > k
+
+    moved = True
+    while moved:
+        moved = False
+        for r in range(n):
+            while pc[r] < len(progs[r]):
+                w = blocked_on(r)
+                if w is not None and not done(r, *w):
+                    break
+                ins = progs[r][pc[r]]
+                if not isinstance(ins, (Send, Recv)):
+                    for j, c in enumerate(_posts(ins)):
+                        handle[r][(_is_send(c), c.key)] = number(r, pc[r], j, c)
+                pc[r] += 1
+                moved = True
+
+    def waits_on(rank: int) -> Comm | None:
+        w = blocked_on(rank) if pc[rank] < len(progs[rank]) else None
+        return w[0] if w is not None else None
+
+    return pc, waits_on
+
+
+def _explain(lowered: Lowered, pc: list[int], stuck: list[int],
+             waits_on: Callable[[int], Comm | None], loc: Locator) -> Diagnostic:
+    progs = lowered.programs
     chain: list[int] = [stuck[0]]
     while True:
-        nxt = peer_of(chain[-1])
+        c = waits_on(chain[-1])
+        nxt = c.peer if c is not None else None
         if nxt is None or nxt in chain:
             if nxt is not None:
                 chain.append(nxt)
@@ -163,15 +479,43 @@ def _explain(lowered: Lowered, pc: list[int], stuck: list[int], waiting_on: obje
         chain.append(nxt)
     notes = []
     for a in chain[:-1] if len(chain) > 1 else chain:
-        ins = progs[a][pc[a]]
-        peer = peer_of(a)
+        c = waits_on(a)
+        peer = c.peer if c is not None else None
         tail = (f"; rank {peer} is at #{pc[peer]} `{progs[peer][pc[peer]].mnemonic}`"
                 if peer is not None and pc[peer] < len(progs[peer])
                 else f"; rank {peer} has finished" if peer is not None else "")
-        notes.append(Note(f"{_describe(a, pc[a], ins)} waits for rank {peer}{tail}"))
+        site = Site(a, pc[a], progs[a][pc[a]])
+        notes.append(Note(f"{describe(site)} waits for rank {peer}{tail}", loc.span(site)))
     cycle = " -> ".join(f"rank {r}" for r in chain)
+    first = Site(chain[0], pc[chain[0]], progs[chain[0]][pc[chain[0]]])
     return Diagnostic(f"lowered programs of '{lowered.name}' deadlock under rendezvous "
-                      f"semantics: {cycle}", None, tuple(notes))
+                      f"semantics: {cycle}", loc.span(first), tuple(notes))
+
+
+# ---- the proof ----------------------------------------------------------------------------------
+
+def _diagnostic(f: _Finding, loc: Locator) -> Diagnostic:
+    notes = tuple(Note(f"{text}: {loc.name(s)}" if s is not None else text,
+                       loc.span(s) if s is not None else None) for text, s in f.notes)
+    return Diagnostic(f"{loc.name(f.site)} {f.message}", loc.span(f.site), notes)
+
+
+def check_comm(lowered: Lowered, locator: Locator | None = None) -> CommReport:
+    """Prove that `lowered` obeys the communication rules (module NOTE) and cannot deadlock;
+    raise VerifyError(check="comm") with one diagnostic per finding of the first rule that
+    fails otherwise."""
+    loc: Locator = locator if locator is not None else PlainLocator()
+    rules = _Rules(lowered)
+    for rule in (rules.rule_local, rules.rule_matching, rules.rule_order):
+        found = list(rule())
+        if found:
+            raise VerifyError([_diagnostic(f, loc) for f in found], check="comm")
+    pc, waits_on = _run(lowered)
+    stuck = [r for r in range(len(lowered.programs)) if pc[r] < len(lowered.programs[r])]
+    if stuck:
+        raise VerifyError(_explain(lowered, pc, stuck, waits_on, loc), check="comm")
+    sent, _ = rules.sides()
+    return CommReport({ch: len(q) for ch, q in sorted(sent.items())})
 
 
 def summary(lowered: Lowered, report: CommReport) -> str:
@@ -180,10 +524,20 @@ def summary(lowered: Lowered, report: CommReport) -> str:
             f"pairs; deadlock-free under rendezvous semantics with per-peer FIFO matching")
 
 
+def schedule_locator(schedule: Schedule) -> PlainLocator:
+    """Points findings in `schedule`'s lowered programs at the ops' `.sched` spans."""
+    spans = {}
+    for op in schedule.graph.nodes:
+        span = schedule.span_of(op)
+        if span is not None:
+            spans[str(op)] = span
+    return PlainLocator(spans)
+
+
 def check_schedule(schedule: Schedule) -> str:
     """Lower `schedule` (blocking communication) and prove it; a one-line summary."""
     lowered = lower(schedule)
-    return summary(lowered, check_comm(lowered))
+    return summary(lowered, check_comm(lowered, schedule_locator(schedule)))
 
 
 def check_json(path: str) -> str:

@@ -336,15 +336,15 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]], rn
             body: list[Instr] = []
             after: list[Instr] = []
             for k, o in enumerate(unit):
-                body += _body(o, o.mb + offset, last, scale, origin(o))
+                body += compute_instrs(o, o.mb + offset, last, scale, origin(o))
                 s, mb, oo = o.stage, o.mb + offset, origin(o)
-                for tensor, dst in _outputs(o, cfg.stages):
+                for tensor, dst in outputs_of(o, cfg.stages):
                     peer = cfg.placement[dst]
                     tag = tag_of(tensor, s, mb, cfg.stages)
                     if peer == rank:
                         after.append(Handoff(tensor, s, mb, **oo))
                         continue
-                    consumer = _consumer(schedule, tensor, dst, o.mb)
+                    consumer = consumer_of(schedule, tensor, dst, o.mb)
                     co = origin(consumer)
                     post = _in_progress(busy[peer], end)
                     events.append(((end, 1, rank, pos, k, dst), [
@@ -378,7 +378,7 @@ def _first_of(schedule: Schedule, op: Op) -> Op:
     return prev if prev is not None else op
 
 
-def _body(op: Op, mb: int, last: int, scale: float, o: dict[str, Any]) -> list[Instr]:
+def compute_instrs(op: Op, mb: int, last: int, scale: float, o: dict[str, Any]) -> list[Instr]:
     """The compute instructions of one op."""
     s = op.stage
     if op.kind == "F":
@@ -394,7 +394,7 @@ def _body(op: Op, mb: int, last: int, scale: float, o: dict[str, Any]) -> list[I
     return [BackwardWeight(s, mb, **o)]
 
 
-def _outputs(op: Op, stages: int) -> list[tuple[Tensor, int]]:
+def outputs_of(op: Op, stages: int) -> list[tuple[Tensor, int]]:
     """The tensors `op` produces for another stage: (kind, consuming stage)."""
     if op.kind == "F" and op.stage + 1 < stages:
         return [("act", op.stage + 1)]
@@ -403,7 +403,7 @@ def _outputs(op: Op, stages: int) -> list[tuple[Tensor, int]]:
     return []
 
 
-def _consumer(schedule: Schedule, tensor: Tensor, stage: int, mb: int) -> Op:
+def consumer_of(schedule: Schedule, tensor: Tensor, stage: int, mb: int) -> Op:
     if tensor == "act":
         return Op("F", stage, mb)
     b = Op("B", stage, mb)

@@ -50,9 +50,9 @@ def _check_one(args: argparse.Namespace, f: str | None) -> list[str]:
 
         return [check_json(f)]
     if f is not None and f.endswith(".csv"):  # torch.distributed.pipelining schedules
-        from pipeir.frontend.torch_csv import check_csv
+        from pipeir.interop.check import check_csv
 
-        return list(check_csv(f, memory_limit=args.memory_limit))
+        return check_csv(f, memory_limit=args.memory_limit, microbatches=args.microbatches)
     one = copy.copy(args)
     one.files = [f] if f is not None else []
     s = load_schedules(one)[0].schedule

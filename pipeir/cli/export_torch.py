@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 
-from pipeir.backend.torch_export import FORMATS, dumps_csv
 from pipeir.cli.common import add_schedule_args, load_one
 from pipeir.diagnostics import EXIT_OK
 from pipeir.files import write_atomic
+from pipeir.interop.writer import FORMATS, dumps_csv
 
 ORDER = 130
 NAME = "export-torch"
@@ -25,7 +25,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if isinstance(args.files, str) and args.files.endswith(".csv"):
-        from pipeir.frontend.torch_csv import load_csv
+        from pipeir.interop.reader import load_csv
 
         if args.schedule is not None:
             from pipeir.diagnostics import UsageError

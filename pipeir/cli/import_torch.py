@@ -7,7 +7,7 @@ import sys
 
 from pipeir.diagnostics import EXIT_OK
 from pipeir.files import write_atomic
-from pipeir.frontend.torch_csv import FORMATS, load_csv, prove_comms
+from pipeir.interop import FORMATS, load_csv, prove_comms
 from pipeir.printer import print_schedule
 from pipeir.verify import verify
 

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Final
 
 from pipeir.diagnostics import UsageError
-from pipeir.frontend.torch_csv import FORMATS, OVERLAP, Action
+from pipeir.interop.actions import FORMATS, OVERLAP, Action
 from pipeir.schedule import Schedule
 
 __all__ = ["FORMATS", "comms_actions", "compute_actions", "dumps_csv"]
