@@ -52,7 +52,8 @@ def torch_schedule(stages: PipelineStage | Sequence[PipelineStage],
         raise UsageError(f"torch_schedule: schedule '{sched.name}' places stages {want} on "
                          f"rank {rank}, which holds stages {have}")
     text = dumps_csv(sched, "compute_comms")  # verifies
-    runtime = _PipelineScheduleRuntime(mine, n_microbatches, loss_fn=loss_fn, **kwargs)
+    runtime = _PipelineScheduleRuntime(  # type: ignore[no-untyped-call]
+        mine, n_microbatches, loss_fn=loss_fn, **kwargs)
     fd, path = tempfile.mkstemp(suffix=".csv", prefix="pipeir-")
     try:
         with os.fdopen(fd, "w", newline="") as f:
