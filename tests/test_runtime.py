@@ -125,6 +125,7 @@ STRUCTURED = f"{ZOO}:structured"  # nested hand-offs, parameterless and partly f
 ADAM = f"{ZOO}:structured_adam"  # Adam + StepLR + clipping by the global norm
 GPT = f"{EXAMPLES / 'gpt.py'}:tiny"  # tied embedding/head, AdamW + cosine + clipping
 GPT_BF16 = f"{EXAMPLES / 'gpt.py'}:tiny_bf16"
+FP16 = f"{ZOO}:structured_fp16"  # fp16 loss scaling: the first two steps overflow and skip
 
 
 def test_real_models_two_ranks_match_single_process() -> None:
@@ -148,6 +149,7 @@ def test_real_models_two_ranks_match_single_process() -> None:
         _job(_lib("dualpipe-v", 2, 4), None, 2, GPT),
         _job(_lib("1f1b", 2, 4), None, 2, GPT_BF16),
         _job(_lib("dualpipe-v", 2, 4), "overlap", 2, GPT_BF16),
+        _job(_lib("zb-h1", 2, 4), "overlap", 4, FP16),
     ]
     result = launch(jobs, 2, timeout_s=TIMEOUT)
     _assert_matches_reference(jobs, result)
@@ -165,6 +167,7 @@ def test_real_models_two_ranks_match_single_process() -> None:
     assert torch.equal(torch.from_numpy(result.params[2][2]["frozen.weight"]),
                        frozen.get_parameter("frozen.weight").detach())
     assert "frozen.weight" not in result.grads[2][2] and "unused.weight" not in result.grads[2][2]
+    assert [result.steps[(16, k)].info["skipped"] for k in range(4)] == [True, True, False, False]
 
 
 def test_real_models_four_ranks_and_resume_on_two(tmp_path: Path) -> None:
@@ -176,6 +179,7 @@ def test_real_models_four_ranks_and_resume_on_two(tmp_path: Path) -> None:
         _job(_lib("interleaved-1f1b", 4, 4, v=2), None, 2, STRUCTURED),  # 8 stages
         _job(_lib("zb-h1", 4, 4), "overlap", 2, GPT),
         _job(_lib("dualpipe-v", 4, 8), None, 2, GPT_BF16),
+        _job(_lib("1f1b", 4, 4), "overlap", 3, FP16),
         _job(_lib("1f1b", 4, 4), None, 2, GPT, save=ck, save_every=1),
     ]
     result = launch(jobs, 4, timeout_s=TIMEOUT)

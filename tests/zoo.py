@@ -110,3 +110,13 @@ def noisy() -> ModelSpec:
 class _Pick(nn.Module):
     def forward(self, x: dict[str, torch.Tensor]) -> torch.Tensor:
         return x["x"]
+
+
+def _loud_mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return 4 * nn.functional.mse_loss(out.float(), target)
+
+
+def structured_fp16() -> ModelSpec:
+    """`structured` under fp16 autocast with a loss large enough that the first two steps'
+    scaled gradients overflow fp16: the loss scale backs off and those steps are skipped."""
+    return ModelSpec(stage=_stage, loss=_loud_mse, batch=_batch, autocast="fp16")
