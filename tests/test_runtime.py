@@ -565,3 +565,12 @@ def test_save_kill_resume_elsewhere_equals_uninterrupted_and_bad_input(
         assert code == 2 and message in err, err
         assert "Traceback" not in err
     assert before == {p: p.read_bytes() for p in (tmp_path / "other").rglob("*") if p.is_file()}
+
+
+def test_profile_takes_structured_activations_and_parameterless_stages() -> None:
+    from pipeir.runtime.profile import profile_stages
+
+    times = profile_stages(resolve(STRUCTURED), 4, 2, warmup=0, iters=1)
+    # 4 samples x 4 positions: hidden, skip, raw (6 float32 each) and the bool mask
+    assert [t.activation_bytes for t in times] == [4 * 4 * (6 * 4 * 3 + 1)] * 3 + [0.0]
+    assert times[1].W == 0.0 and times[2].W > 0 and times[1].I > 0
