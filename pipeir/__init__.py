@@ -6,6 +6,8 @@
     (4, 3, 2, 1)
 """
 
+from typing import Any
+
 from pipeir import library
 from pipeir.api import compile, load, parse
 from pipeir.config import PipelineConfig
@@ -17,6 +19,17 @@ from pipeir.sim import CostModel, SimResult, simulate
 from pipeir.verify import VerifyReport, verify
 
 __version__ = "0.1.0"
+
+
+def torch_schedule(stages: Any, schedule: Any, *, n_microbatches: int, loss_fn: Any = None,
+                   **kwargs: Any) -> Any:
+    """A torch.distributed.pipelining schedule object running a verified pipeir schedule (a
+    library name, a `.sched` path or a `Schedule`) on this rank's `PipelineStage`s; see
+    `pipeir.runtime.pipelining.torch_schedule`. Imports torch (only when called)."""
+    from pipeir.runtime.pipelining import torch_schedule as build
+
+    return build(stages, schedule, n_microbatches=n_microbatches, loss_fn=loss_fn, **kwargs)
+
 
 __all__ = [
     "B",
@@ -41,5 +54,6 @@ __all__ = [
     "parse",
     "print_schedule",
     "simulate",
+    "torch_schedule",
     "verify",
 ]

@@ -42,6 +42,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="re-plan the micro-batch order every step from the micro-batches' "
                         "sizes (variable-length data; see `reorder` in `pipeirc passes`); "
                         "--costs gives how cost grows with size (default: linear)")
+    p.add_argument("--check", action="store_true",
+                   help="also train single-process on the same data and report per stage the "
+                        "largest relative difference of parameters and gradients; exit 1 "
+                        "beyond --tolerance")
+    p.add_argument("--tolerance", type=float, metavar="T",
+                   help="for --check (default 1e-5, 2e-2 under autocast)")
+    p.add_argument("--metrics", metavar="FILE",
+                   help="write per-step metrics (loss, samples/s, tokens/s, lr, grad norm) "
+                        "as JSON lines")
+    p.add_argument("--save", metavar="DIR", help="checkpoint per stage into DIR (atomically)")
+    p.add_argument("--save-every", type=int, default=0, metavar="N",
+                   help="with --save: every N steps as well as after the last")
+    p.add_argument("--resume", metavar="DIR",
+                   help="continue from the newest checkpoint in DIR (any schedule or rank "
+                        "count with the same stages); --steps counts from step 0")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,13 +78,22 @@ def run(args: argparse.Namespace) -> int:
 
     spec = resolve(args.model)  # bad --model values fail here, before any process starts
     _check_batch(spec, args.model, lowered.microbatches * lowered.accumulate)
+    from pipeir.runtime.preflight import preflight
     from pipeir.runtime.worker import Job
 
+    if args.metrics and not Path(args.metrics).parent.is_dir():
+        raise UsageError(f"--metrics {args.metrics}: directory "
+                         f"{Path(args.metrics).parent} does not exist")
+    preflight(spec, args.model, lowered.stages, lowered.microbatches * lowered.accumulate,
+              args.steps, save=args.save, save_every=args.save_every, resume=args.resume)
     sources = tuple(rank_source(lowered, r) for r in range(lowered.ranks))
-    job = Job(lowered, sources, args.model, args.steps, plan=_planner(compiled, args))
+    job = Job(lowered, sources, args.model, args.steps, plan=_planner(compiled, args),
+              collect=args.check, save=args.save, save_every=args.save_every,
+              resume=args.resume)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         return _under_torchrun(job, args)
     from pipeir.runtime.launch import StepReport, launch
+    from pipeir.runtime.metrics import MetricsFile, describe, metrics
 
     c = schedule.config
     print(f"training {args.model} with {schedule.name}: {c.ranks} ranks, {c.stages} stages, "
@@ -79,9 +103,14 @@ def run(args: argparse.Namespace) -> int:
     live = sys.stdout.isatty()  # a terminal: one progress line, rewritten in place
     pending = [False]  # a progress line without its newline is on the terminal
 
+    log = MetricsFile(args.metrics)
+
     def progress(rep: StepReport) -> None:
         loss = "-" if rep.loss is None else format(rep.loss, ".5f")
-        line = f"step {rep.step + 1:>4}/{args.steps}  loss {loss}  {rep.time * 1e3:8.1f} ms"
+        m = metrics(rep)
+        log.write(m)
+        line = (f"step {rep.step + 1:>4}/{args.steps}  loss {loss}  {rep.time * 1e3:8.1f} ms  "
+                f"{describe(m)}").rstrip()
         if live:
             sys.stdout.write(f"\r{line}\x1b[K")
             sys.stdout.flush()
@@ -92,10 +121,15 @@ def run(args: argparse.Namespace) -> int:
     try:
         result = launch([job], lowered.ranks, timeout_s=args.timeout, on_step=progress)
     finally:
+        log.close()
         if pending[0]:  # keep the last step's line (and any error below it)
             sys.stdout.write("\n")
             sys.stdout.flush()
     _report(compiled, result, args)
+    if args.check:
+        from pipeir.runtime.compare import check
+
+        check(spec, job, result, args.tolerance)
     return EXIT_OK
 
 

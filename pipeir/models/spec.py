@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -53,21 +53,88 @@ def _sgd(params: Iterable[Any]) -> Any:
     return torch.optim.SGD(list(params), lr=0.05)
 
 
+#: `ModelSpec.autocast` values -> torch dtype names.
+AUTOCAST = {"bf16": "bfloat16", "fp16": "float16"}
+
+#: A tied group: (stage, parameter name) pairs that are one weight.
+TiedGroup = Sequence[tuple[int, str]]
+
+
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model split into pipeline stages, its loss and its data.
+    """A model split into pipeline stages, its loss, its data and how it trains.
 
-    `stage(s, stages)` builds stage s as an nn.Module (it maps the previous stage's output to
-    its own); `loss(output, target)` is the mean loss of one micro-batch; `batch(step)` returns
-    (inputs, targets) whose first dimension is split into micro-batches (uneven splits are
-    allowed: micro-batches then differ in size). `optimizer(params)` defaults to SGD(lr=0.05).
+    `stage(s, stages)` builds stage s as an nn.Module; it maps the previous stage's output to
+    its own. An output may be a tensor or a (nested) tuple / list / dict of tensors and
+    constants; the next stage is called with exactly that value. `loss(output, target)` is the
+    mean loss of one micro-batch. `batch(step)` returns (inputs, targets), each a tensor or a
+    dict of tensors whose first dimension is split into micro-batches (uneven splits are
+    allowed), or a list of per-micro-batch values.
+
+    Training: `optimizer(params)` (default SGD(lr=0.05)) is called once per stage with that
+    stage's trainable parameters (elementwise optimizers such as SGD, Adam and AdamW then train
+    exactly as one optimizer over the whole model); `scheduler(optimizer)` builds an LR
+    scheduler stepped after every optimizer step; `clip_grad_norm` clips by the global norm
+    over all stages; `autocast` is "bf16" or "fp16" (fp16 with dynamic loss scaling) for the
+    stages' forwards and the loss; `tied(stages)` lists groups of (stage, parameter name)
+    that are one weight (e.g. the embedding and the output head); `tokens(inputs)` counts the
+    tokens of a batch's inputs for the tokens/s metric.
     """
 
     stage: Callable[[int, int], torch.nn.Module]
-    loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
-    batch: Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+    loss: Callable[[Any, Any], torch.Tensor]
+    batch: Callable[[int], tuple[Any, Any]]
     optimizer: Callable[[Iterable[Any]], Any] = _sgd
     seed: int = 0
+    scheduler: Callable[[Any], Any] | None = None
+    clip_grad_norm: float | None = None
+    autocast: str | None = None
+    tied: Callable[[int], Sequence[TiedGroup]] | None = None
+    tokens: Callable[[Any], int] | None = None
+
+
+def autocast_dtype(spec: ModelSpec) -> torch.dtype | None:
+    """The autocast dtype of the spec, or None for full precision."""
+    import torch
+
+    return None if spec.autocast is None else getattr(torch, AUTOCAST[spec.autocast])
+
+
+def tied_groups(spec: ModelSpec, stages: int) -> list[list[tuple[int, str]]]:
+    """The spec's tied groups for `stages` stages (groups of fewer than two are dropped)."""
+    if spec.tied is None:
+        return []
+    return [[(int(s), str(n)) for s, n in g] for g in spec.tied(stages) if len(g) > 1]
+
+
+def check_spec(spec: ModelSpec, stages: int) -> None:
+    """Problems that need no data: unknown autocast, tied groups naming a missing stage or
+    parameter or joining parameters of different shapes (UsageError naming them)."""
+    if spec.autocast is not None and spec.autocast not in AUTOCAST:
+        raise UsageError(f"autocast '{spec.autocast}': expected one of "
+                         f"{', '.join(AUTOCAST)} or None")
+    groups = tied_groups(spec, stages)
+    if not groups:
+        return
+    import torch
+
+    with torch.device("meta"):
+        shapes = {s: {k: tuple(p.shape) for k, p in spec.stage(s, stages).named_parameters()}
+                  for s in sorted({s for g in groups for s, _ in g if 0 <= s < stages})}
+    for i, g in enumerate(groups):
+        first = None
+        for s, name in g:
+            if not 0 <= s < stages:
+                raise UsageError(f"tied group {i}: stage {s} does not exist (the model has "
+                                 f"{stages} stages)")
+            if name not in shapes[s]:
+                raise UsageError(f"tied group {i}: stage {s} has no parameter '{name}'")
+            if first is None:
+                first = (s, name, shapes[s][name])
+            elif shapes[s][name] != first[2]:
+                raise UsageError(f"tied group {i}: stage {s} parameter '{name}' has shape "
+                                 f"{list(shapes[s][name])}, stage {first[0]} parameter "
+                                 f"'{first[1]}' {list(first[2])}")
 
 
 def build_stage(spec: ModelSpec, s: int, stages: int) -> torch.nn.Module:

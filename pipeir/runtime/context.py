@@ -4,11 +4,13 @@ Generated per-rank programs are straight-line calls on a `Context`, one call per
 instruction (so `ctx.pc` is the instruction index, and an error names the instruction and the
 `.sched` line it came from). Every call is timed for the measured bubble and `--trace`.
 
-Tensor state, keyed by (stage, micro-batch):
-  inputs    the stage input (a leaf that requires grad for stages > 0)
+Tensor state, keyed by (stage, micro-batch). Inputs and outputs are structures (a tensor, or
+a nested tuple / list / dict of tensors and constants, see `pipeir.runtime.shapes`); gradients
+are lists, one per tensor of the structure that carries a gradient (in pytree order):
+  inputs    the stage input (its tensors that carry a gradient are leaves requiring grad)
   outputs   the stage output (for the last stage: the scaled loss)
-  out_grads the gradient w.r.t. a stage output (received, or handed off locally)
-  in_grads  the gradient w.r.t. a stage input, waiting to be sent or handed off
+  out_grads the gradients w.r.t. a stage output (received, or handed off locally)
+  in_grads  the gradients w.r.t. a stage input, waiting to be sent or handed off
   weight_work what an I left for its W (saved gradients at the weight-feeding nodes)
 Entries are popped as soon as the backward that needs them has run, which frees activations.
 
@@ -20,6 +22,7 @@ asynchronous work objects are the overlap and no streams are used.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,10 +30,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.utils import _pytree as pytree
 
-from pipeir.models.spec import ModelSpec
-from pipeir.runtime import splitgrad
-from pipeir.runtime.shapes import ShapePlan
+from pipeir.models.spec import ModelSpec, autocast_dtype
+from pipeir.runtime import shapes, splitgrad
+from pipeir.runtime.optim import Optim, StepStats
+from pipeir.runtime.shapes import Layout, ShapePlan, TensorMeta
 
 Key = tuple[int, int]
 
@@ -49,21 +54,24 @@ class Handle:
     mb: int
     work: Any
     buf: torch.Tensor
+    layout: Layout | None = None  # a receive: what the buffer carries
+    metas: Sequence[TensorMeta] = ()
 
 
 class Context:
     """One rank's modules, optimizer, tensors and timers."""
 
     def __init__(self, spec: ModelSpec, modules: dict[int, torch.nn.Module], stages: int,
-                 device: torch.device, plan: ShapePlan,
+                 device: torch.device, plan: ShapePlan, optim: Optim,
                  on_instr: Callable[[int], None] | None = None):
         self.spec = spec
         self.modules = modules
         self.stages = stages
         self.device = device
         self.plan = plan
-        params = [p for m in modules.values() for p in m.parameters()]
-        self.optimizer = spec.optimizer(params)
+        self.optim = optim
+        self.autocast = autocast_dtype(spec)
+        self.stats = StepStats(None, False, None)
         self.on_instr = on_instr
         self.cuda = device.type == "cuda"
         self.comm_stream = (torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
@@ -75,15 +83,15 @@ class Context:
 
     # ---- step framing (called by the worker, not by generated code) -----------------------
     def _reset(self) -> None:
-        self.inputs: dict[Key, torch.Tensor] = {}
-        self.outputs: dict[Key, torch.Tensor] = {}
-        self.out_grads: dict[Key, torch.Tensor] = {}
-        self.in_grads: dict[Key, torch.Tensor] = {}
+        self.inputs: dict[Key, Any] = {}
+        self.outputs: dict[Key, Any] = {}
+        self.out_grads: dict[Key, list[torch.Tensor]] = {}
+        self.in_grads: dict[Key, list[torch.Tensor]] = {}
         self.weight_work: dict[Key, splitgrad.WeightWork] = {}
-        self.targets: dict[int, torch.Tensor] = {}
+        self.targets: dict[int, Any] = {}
         self.sends: list[Handle] = []
 
-    def begin_step(self, xs: Sequence[torch.Tensor], ys: Sequence[torch.Tensor]) -> None:
+    def begin_step(self, xs: Sequence[Any], ys: Sequence[Any]) -> None:
         self._reset()
         self.xs, self.ys = xs, ys
         self.plan.plan(xs)
@@ -103,7 +111,7 @@ class Context:
     # ---- compute ---------------------------------------------------------------------------
     def zero_grad(self) -> None:
         t0 = self._enter()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optim.zero_grad()
         self._leave(t0)
 
     def step(self) -> None:
@@ -111,57 +119,59 @@ class Context:
         for h in self.sends:  # sends not waited yet (none without overlap)
             self._wait(h)
         self.sends = []
-        self.optimizer.step()
+        self.stats = self.optim.step()
         self._leave(t0)
 
     def load(self, mb: int, part: str) -> None:
         t0 = self._enter()
         if part == "input":
-            self.inputs[(0, mb)] = self.xs[mb].to(self.device)
+            self.inputs[(0, mb)] = to_device(self.xs[mb], self.device)
         else:
-            self.targets[mb] = self.ys[mb].to(self.device)
+            self.targets[mb] = to_device(self.ys[mb], self.device)
         self._leave(t0)
 
     def forward(self, stage: int, mb: int) -> None:
         t0 = self._enter()
-        self.outputs[(stage, mb)] = self.modules[stage](self.inputs[(stage, mb)])
+        with self._autocast():
+            self.outputs[(stage, mb)] = self.modules[stage](self.inputs[(stage, mb)])
         self._leave(t0)
 
     def loss(self, stage: int, mb: int, scale: float) -> None:
         t0 = self._enter()
-        value = self.spec.loss(self.outputs[(stage, mb)], self.targets.pop(mb))
+        with self._autocast():
+            value = self.spec.loss(self.outputs[(stage, mb)], self.targets.pop(mb))
         self.loss_sum += float(value.detach()) * scale
-        self.outputs[(stage, mb)] = value * scale
+        scaled = value * scale
+        self.outputs[(stage, mb)] = scaled * self.optim.scale if self.optim.fp16 else scaled
         self._leave(t0)
 
     def backward(self, stage: int, mb: int) -> None:
         t0 = self._enter()
         key = (stage, mb)
-        out = self.outputs.pop(key)
-        torch.autograd.backward(out, self.out_grads.pop(key, None))
+        roots, grads = self._roots(key)
+        if roots:
+            torch.autograd.backward(roots, grads)
         x = self.inputs.pop(key)
         if stage > 0:
-            self.in_grads[key] = _grad_of(x)
+            self.in_grads[key] = [_or_zeros(t.grad, t) for t in shapes.grad_leaves(x)]
         self._leave(t0)
 
     def backward_input(self, stage: int, mb: int) -> None:
-        """I: the input gradient only; what W needs is kept in `weight_work` (see
+        """I: the input gradients only; what W needs is kept in `weight_work` (see
         `pipeir.runtime.splitgrad`), so W does not redo the activation-gradient path."""
         t0 = self._enter()
         key = (stage, mb)
-        x = self.inputs.pop(key)
-        gx, work = splitgrad.backward_input(self.outputs.pop(key), self.out_grads.pop(key, None),
-                                            x)
+        roots, grads = self._roots(key)
+        xs = shapes.grad_leaves(self.inputs.pop(key)) if stage > 0 else []
+        gxs, work = splitgrad.backward_input_many(roots, grads, xs)
         if stage > 0:
-            if gx is None:
-                raise RuntimeError("the stage input got no gradient: does the stage use its "
-                                   "input?")
-            self.in_grads[key] = gx
+            self.in_grads[key] = [_or_zeros(g, x) for g, x in zip(gxs, xs)]
         self.weight_work[key] = work
         self._leave(t0)
 
     def backward_weight(self, stage: int, mb: int) -> None:
-        """W: parameter gradients from the gradients I saved; frees the activations."""
+        """W: parameter gradients from the gradients I saved; frees the activations (a no-op
+        for a stage without parameters)."""
         t0 = self._enter()
         splitgrad.backward_weight(self.weight_work.pop((stage, mb)))
         self._leave(t0)
@@ -169,11 +179,29 @@ class Context:
     def handoff(self, tensor: str, stage: int, mb: int) -> None:
         t0 = self._enter()
         if tensor == "act":
-            out = self.outputs[(stage, mb)]
-            self.inputs[(stage + 1, mb)] = out.detach().requires_grad_(out.is_floating_point())
+            self.inputs[(stage + 1, mb)] = shapes.detached(self._sent_act(stage, mb),
+                                                           self.plan.act(stage, mb))
         else:
             self.out_grads[(stage - 1, mb)] = self.in_grads.pop((stage, mb))
         self._leave(t0)
+
+    def _roots(self, key: Key) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """The output tensors a backward starts from, and their gradients (None: the loss)."""
+        out = self.outputs.pop(key)
+        if key[0] == self.stages - 1:
+            return [out], None
+        return shapes.grad_leaves(out), self.out_grads.pop(key)
+
+    def _sent_act(self, stage: int, mb: int) -> Any:
+        """Stage `stage`'s output for `mb`, checked against the shape plan."""
+        out = self.outputs[(stage, mb)]
+        shapes.check(out, self.plan.act(stage, mb), f"stage {stage}'s output (micro-batch {mb})")
+        return out
+
+    def _autocast(self) -> contextlib.AbstractContextManager[Any]:
+        if self.autocast is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast)
 
     # ---- communication ---------------------------------------------------------------------
     def send(self, tensor: str, stage: int, mb: int, peer: int, tag: int) -> None:
@@ -232,13 +260,15 @@ class Context:
     def _handle(self, kind: str, tensor: str, stage: int, mb: int, peer: int, tag: int
                 ) -> Handle:
         if kind == "send":
-            src = (self.outputs[(stage, mb)] if tensor == "act"
-                   else self.in_grads.pop((stage, mb)))
-            buf = src.detach().contiguous()
-        else:
-            shape, dtype = self.plan.act(stage if tensor == "act" else stage - 1, mb)
-            buf = torch.empty(shape, dtype=dtype, device=self.device)
-        return Handle(kind, tensor, stage, mb, None, buf)
+            if tensor == "act":
+                sent = shapes.tensor_leaves(self._sent_act(stage, mb))
+            else:
+                sent = self.in_grads.pop((stage, mb))
+            return Handle(kind, tensor, stage, mb, None, shapes.pack(sent, self.device))
+        layout = self.plan.act(stage if tensor == "act" else stage - 1, mb)
+        metas = layout.tensors if tensor == "act" else layout.grads
+        return Handle(kind, tensor, stage, mb, None, shapes.empty(metas, self.device), layout,
+                      metas)
 
     def _post(self, kind: str, tensor: str, stage: int, mb: int, peer: int, tag: int
               ) -> Handle:
@@ -267,14 +297,20 @@ class Context:
         if self.comm_stream is not None:
             torch.cuda.current_stream(self.device).wait_stream(self.comm_stream)
         if h.kind == "recv":
+            got = shapes.unpack(h.buf, h.metas)
             if h.tensor == "act":
-                self.inputs[(h.stage + 1, h.mb)] = h.buf.requires_grad_(
-                    h.buf.is_floating_point())
+                assert h.layout is not None
+                self.inputs[(h.stage + 1, h.mb)] = shapes.structure(h.layout, got)
             else:
-                self.out_grads[(h.stage - 1, h.mb)] = h.buf
+                self.out_grads[(h.stage - 1, h.mb)] = got
 
 
-def _grad_of(x: torch.Tensor) -> torch.Tensor:
-    if x.grad is None:
-        raise RuntimeError("the stage input got no gradient: does the stage use its input?")
-    return x.grad
+def to_device(value: Any, device: torch.device) -> Any:
+    """A batch value (tensor or structure) with its tensors moved to `device`."""
+    return pytree.tree_map(
+        lambda x: x.to(device) if isinstance(x, torch.Tensor) else x, value)
+
+
+def _or_zeros(grad: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """A stage input that got no gradient (the stage does not use it) sends zeros."""
+    return torch.zeros_like(like) if grad is None else grad

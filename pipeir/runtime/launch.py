@@ -48,6 +48,9 @@ class StepReport:
     end: float = 0.0
     ranks: int = 0
     time: float = 0.0
+    #: from the last stage's rank: samples, tokens (None unless the spec counts them),
+    #: grad_norm (None without clipping), lr, skipped (fp16: non-finite gradients)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
@@ -174,11 +177,13 @@ def _record(msg: tuple[Any, ...], result: RunResult, exited: set[int],
             n: int) -> None:
     kind = msg[0]
     if kind == "step":
-        _, job, rank, step, loss, t0, t1, times = msg
+        _, job, rank, step, loss, t0, t1, times, info = msg
         rep = result.steps.setdefault((job, step), StepReport(job, step))
         rep.start, rep.end, rep.ranks = min(rep.start, t0), max(rep.end, t1), rep.ranks + 1
         if loss is not None:
             rep.loss = loss
+        if info is not None:
+            rep.info = info
         result.times[(job, rank, step)] = times
         if rep.ranks == n:
             prev = result.steps.get((job, step - 1))

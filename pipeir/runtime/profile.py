@@ -25,9 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
-from pipeir.models.spec import ModelSpec, build_stage
-from pipeir.runtime.splitgrad import backward_input, backward_weight
+from pipeir.models.spec import ModelSpec, autocast_dtype, build_stage
+from pipeir.runtime.shapes import grad_leaves, tensor_leaves
+from pipeir.runtime.splitgrad import backward_input_many, backward_weight
 from pipeir.runtime.worker import split_batch
 
 SMALL_BYTES = 64
@@ -76,18 +78,20 @@ def profile_stages(spec: ModelSpec, stages: int, microbatches: int, warmup: int 
         torch.set_num_threads(threads)
 
 
-def _profile_stage(spec: ModelSpec, s: int, stages: int, x: torch.Tensor, y: torch.Tensor,
-                   warmup: int, iters: int) -> tuple[StageTimes, torch.Tensor]:
-    """Stage s's times on input `x`, and its output (the next stage's input)."""
+def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
+                   warmup: int, iters: int) -> tuple[StageTimes, Any]:
+    """Stage s's times on input `x` (a tensor or a structure whose tensors that carry a
+    gradient require grad), and its output (the next stage's input, likewise)."""
     module = build_stage(spec, s, stages)
     params = [p for p in module.parameters() if p.requires_grad]
-    needs_grad = s > 0 and x.is_floating_point()
     last = s == stages - 1
+    dtype = autocast_dtype(spec)
 
-    def fresh() -> tuple[torch.Tensor, torch.Tensor]:
-        inp = x.detach().requires_grad_(needs_grad)
-        o = module(inp)
-        return inp, spec.loss(o, y) if last else o
+    def fresh() -> tuple[Any, Any]:
+        inp = pytree.tree_map(_leaf, x)
+        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+            o = module(inp)
+            return inp, spec.loss(o, y) if last else o
 
     saved = [0]
 
@@ -97,24 +101,42 @@ def _profile_stage(spec: ModelSpec, s: int, stages: int, x: torch.Tensor, y: tor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         _, o = fresh()
-    grad = None if last else torch.ones_like(o)
+    roots = grad_leaves(o)
+    grads = None if last else [torch.ones_like(t) for t in roots]
+    needs_grad = s > 0 and bool(grad_leaves(pytree.tree_map(_leaf, x)))
+
+    def full(i: Any, o: Any) -> None:
+        if grad_leaves(o):
+            torch.autograd.backward(grad_leaves(o), grads)
+
+    def split(i: Any, o: Any) -> tuple[Any, Any]:
+        return backward_input_many(grad_leaves(o), grads, grad_leaves(i) if s else [])
+
     f = _median_ms(fresh, warmup, iters)
-    b = _timed_after(fresh, lambda i, o: torch.autograd.backward(o, grad), warmup, iters)
+    b = _timed_after(fresh, full, warmup, iters)
     # I and W as the runtime computes them (pipeir.runtime.splitgrad): I saves what W needs,
     # so W does not walk the activation-gradient path again
     i_t = 0.0
     if needs_grad:
-        i_t = _timed_after(fresh, lambda i, o: backward_input(o, grad, i), warmup, iters)
+        i_t = _timed_after(fresh, split, warmup, iters)
     w = 0.0
     if params:
         def after_input() -> tuple[Any, Any]:
-            i, o = fresh()
-            return backward_input(o, grad, i)[1], None
+            return split(*fresh())[1], None
         w = _timed_after(after_input, lambda work, _: backward_weight(work), warmup, iters)
     for p in module.parameters():
         p.grad = None
-    act = 0.0 if last else float(o.numel() * o.element_size())
-    return StageTimes(f, b, i_t, w, act, float(saved[0])), o.detach()
+    act = 0.0 if last else float(sum(t.numel() * t.element_size() for t in tensor_leaves(o)))
+    return (StageTimes(f, b, i_t, w, act, float(saved[0])),
+            pytree.tree_map(lambda t: _leaf(t, keep=True), o))
+
+
+def _leaf(t: Any, keep: bool = False) -> Any:
+    """A tensor detached from its graph, requiring grad if it did (`keep`: and is floating
+    point); other values as they are."""
+    if not isinstance(t, torch.Tensor):
+        return t
+    return t.detach().requires_grad_(t.requires_grad and (keep or t.is_floating_point()))
 
 
 def _timed_after(setup: Callable[[], tuple[Any, Any]], fn: Callable[[Any, Any], Any],

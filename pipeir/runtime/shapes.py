@@ -1,54 +1,220 @@
-"""Shape plans: the shape and dtype of every tensor that crosses a stage boundary, known before
-any transfer so receivers allocate buffers without a per-transfer handshake.
+"""Shape plans: the structure, shapes, dtypes and gradient flags of everything that crosses a
+stage boundary, known before any transfer so receivers allocate buffers without a per-transfer
+handshake.
 
-The plan is traced once per distinct micro-batch input shape, on the meta device (no memory,
-no compute), so micro-batches of different sizes each get their own entry.
+A stage output (and the next stage's input) may be a tensor or a nested tuple / list / dict of
+tensors and non-tensor constants (torch's pytree). Its `Layout` is the tree structure, one
+`TensorMeta` per tensor leaf and the constants themselves: a receiver rebuilds the whole
+structure from the bytes of the tensors alone. A floating tensor that requires grad carries a
+gradient back; integer and boolean tensors, and tensors that do not require grad, do not.
+
+The plan is traced once per distinct micro-batch input layout (so micro-batches of different
+sizes, e.g. variable sequence lengths, each get their own entry) under a `FakeTensorMode`: no
+memory, no compute, but real devices, so autocast picks the dtypes the real run will see (the
+meta device ignores autocast).
+
+NOTE (one buffer per transfer): a structure with one tensor is sent as that tensor; with more,
+the tensors' bytes are packed into one uint8 buffer (offsets aligned to 16 bytes) and unpacked
+as views. A transfer stays one send/recv, so the lowered programs, tags and batched posts are
+the same whatever the model passes between stages.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils import _pytree as pytree
 
-from pipeir.models.spec import ModelSpec
+from pipeir.models.spec import ModelSpec, autocast_dtype
 
-Shape = tuple[tuple[int, ...], torch.dtype]
+ALIGN = 16
 
+
+class PlanError(ValueError):
+    """A stage cannot take the previous stage's output (found while tracing the plan)."""
+
+
+@dataclass(frozen=True, repr=False)
+class TensorMeta:
+    """One tensor leaf of a structure."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    grad: bool  # requires grad: its gradient travels back
+
+    @property
+    def nbytes(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n * self.dtype.itemsize
+
+    def __repr__(self) -> str:
+        dims = "x".join(map(str, self.shape)) or "scalar"
+        return f"{str(self.dtype).removeprefix('torch.')}[{dims}]" + (" (grad)" if self.grad
+                                                                      else "")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The structure of one stage output: the pytree spec, and its leaves (a `TensorMeta` for a
+    tensor, the value itself for a constant)."""
+
+    spec: pytree.TreeSpec
+    leaves: tuple[Any, ...]
+
+    @staticmethod
+    def of(value: Any) -> Layout:
+        leaves, spec = pytree.tree_flatten(value)
+        return Layout(spec, tuple(
+            TensorMeta(tuple(x.shape), x.dtype, x.requires_grad) if isinstance(x, torch.Tensor)
+            else x for x in leaves))
+
+    @property
+    def tensors(self) -> list[TensorMeta]:
+        return [x for x in self.leaves if isinstance(x, TensorMeta)]
+
+    @property
+    def grads(self) -> list[TensorMeta]:
+        """The tensors whose gradients travel back, in order."""
+        return [t for t in self.tensors if t.grad]
+
+    def __str__(self) -> str:
+        return repr(pytree.tree_unflatten(list(self.leaves), self.spec))
+
+
+def tensor_leaves(value: Any) -> list[torch.Tensor]:
+    return [x for x in pytree.tree_leaves(value) if isinstance(x, torch.Tensor)]
+
+
+def grad_leaves(value: Any) -> list[torch.Tensor]:
+    """The tensors of a structure that carry a gradient back (those that require grad)."""
+    return [x for x in tensor_leaves(value) if x.requires_grad]
+
+
+def detached(value: Any, layout: Layout) -> Any:
+    """A stage input made from a stage output: every tensor detached, the ones the layout
+    marks as carrying a gradient made leaves that require grad."""
+    leaves, spec = pytree.tree_flatten(value)
+    out = [x.detach().requires_grad_(m.grad) if isinstance(x, torch.Tensor) else x
+           for x, m in zip(leaves, layout.leaves)]
+    return pytree.tree_unflatten(out, spec)
+
+
+def check(value: Any, layout: Layout, what: str) -> None:
+    """Raise when an actual stage output differs from what the plan traced."""
+    got = Layout.of(value)
+    if got != layout:
+        raise PlanError(f"{what} is {got}, but the shape plan traced {layout} (does the "
+                        "stage's output structure depend on the data's values?)")
+
+
+# ---- one buffer per transfer ---------------------------------------------------------------
+
+def pack(tensors: Sequence[torch.Tensor], device: torch.device) -> torch.Tensor:
+    """The buffer that carries `tensors` (see the module NOTE)."""
+    if len(tensors) == 1:
+        return tensors[0].detach().contiguous()
+    metas = [TensorMeta(tuple(t.shape), t.dtype, False) for t in tensors]
+    buf = torch.empty(max(1, _packed_size(metas)), dtype=torch.uint8, device=device)
+    for t, (off, n) in zip(tensors, _offsets(metas)):
+        if n:
+            buf[off:off + n].copy_(t.detach().contiguous().reshape(-1).view(torch.uint8))
+    return buf
+
+
+def empty(metas: Sequence[TensorMeta], device: torch.device) -> torch.Tensor:
+    """A receive buffer for tensors `metas`."""
+    if len(metas) == 1:
+        return torch.empty(metas[0].shape, dtype=metas[0].dtype, device=device)
+    return torch.empty(max(1, _packed_size(metas)), dtype=torch.uint8, device=device)
+
+
+def unpack(buf: torch.Tensor, metas: Sequence[TensorMeta]) -> list[torch.Tensor]:
+    """The tensors a buffer from `pack` / `empty` carries (views into it)."""
+    if len(metas) == 1:
+        return [buf]
+    return [buf[off:off + n].view(m.dtype).view(m.shape)
+            for m, (off, n) in zip(metas, _offsets(metas))]
+
+
+def _offsets(metas: Sequence[TensorMeta]) -> list[tuple[int, int]]:
+    out, off = [], 0
+    for m in metas:
+        out.append((off, m.nbytes))
+        off += -(-m.nbytes // ALIGN) * ALIGN
+    return out
+
+
+def _packed_size(metas: Sequence[TensorMeta]) -> int:
+    return sum(-(-m.nbytes // ALIGN) * ALIGN for m in metas)
+
+
+def structure(layout: Layout, tensors: Sequence[torch.Tensor]) -> Any:
+    """The stage input rebuilt from its layout and received tensors (gradient flags set)."""
+    it = iter(tensors)
+    leaves = [next(it).requires_grad_(x.grad) if isinstance(x, TensorMeta) else x
+              for x in layout.leaves]
+    return pytree.tree_unflatten(leaves, layout.spec)
+
+
+# ---- the plan ------------------------------------------------------------------------------
 
 class ShapePlan:
-    """`act(stage, mb)`: the output shape of `stage` for micro-batch `mb` (which is also the
-    shape of the gradient sent back into that stage)."""
+    """`act(stage, mb)`: the layout of `stage`'s output for micro-batch `mb` (the gradients sent
+    back into that stage are those of its `grads` tensors)."""
 
-    def __init__(self, spec: ModelSpec, stages: int):
+    def __init__(self, spec: ModelSpec, stages: int, device: torch.device | None = None):
         self.spec = spec
         self.stages = stages
-        self._meta: list[torch.nn.Module] | None = None
-        self._by_input: dict[tuple[tuple[int, ...], torch.dtype], list[Shape]] = {}
-        self._mb: list[list[Shape]] = []
+        self.device = device or torch.device("cpu")
+        self._mode: FakeTensorMode | None = None
+        self._fake: list[torch.nn.Module] = []
+        self._by_input: dict[Layout, list[Layout]] = {}
+        self._mb: list[list[Layout]] = []
 
-    def _modules(self) -> list[torch.nn.Module]:
-        if self._meta is None:
-            with torch.device("meta"):
-                self._meta = [self.spec.stage(s, self.stages) for s in range(self.stages)]
-        return self._meta
+    def _modules(self) -> tuple[FakeTensorMode, list[torch.nn.Module]]:
+        if self._mode is None:
+            self._mode = FakeTensorMode()
+            with self._mode, self.device:
+                self._fake = [self.spec.stage(s, self.stages) for s in range(self.stages)]
+        return self._mode, self._fake
 
-    def plan(self, inputs: Sequence[torch.Tensor]) -> None:
-        """Trace (or look up) the shapes for this step's micro-batch inputs."""
-        self._mb = [self._trace(x) for x in inputs]
+    def plan(self, inputs: Sequence[Any]) -> None:
+        """Trace (or look up) the layouts for this step's micro-batch inputs."""
+        self._mb = [self.trace(x) for x in inputs]
 
-    def _trace(self, x: torch.Tensor) -> list[Shape]:
-        key = (tuple(x.shape), x.dtype)
+    def trace(self, x: Any) -> list[Layout]:
+        """Every stage's output layout for micro-batch input `x`."""
+        key = Layout.of(x)
         found = self._by_input.get(key)
         if found is None:
-            found = []
-            h = torch.empty(x.shape, dtype=x.dtype, device="meta")
-            with torch.no_grad():
-                for mod in self._modules():
-                    h = mod(h)
-                    found.append((tuple(h.shape), h.dtype))
+            found = self._trace(key)
             self._by_input[key] = found
         return found
 
-    def act(self, stage: int, mb: int) -> Shape:
+    def _trace(self, key: Layout) -> list[Layout]:
+        mode, modules = self._modules()
+        found: list[Layout] = []
+        dtype = autocast_dtype(self.spec)
+        with mode:
+            h = pytree.tree_unflatten(
+                [torch.empty(m.shape, dtype=m.dtype, device=self.device)
+                 if isinstance(m, TensorMeta) else m for m in key.leaves], key.spec)
+            for s, mod in enumerate(modules):
+                try:
+                    with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
+                        h = mod(h)
+                except Exception as e:
+                    given = "the micro-batch input" if s == 0 else f"stage {s - 1}'s output"
+                    raise PlanError(f"stage {s} cannot take {given} {found[-1] if s else key}: "
+                                    f"{type(e).__name__}: {e}") from None
+                found.append(Layout.of(h))
+        return found
+
+    def act(self, stage: int, mb: int) -> Layout:
         return self._mb[mb][stage]

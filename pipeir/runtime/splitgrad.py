@@ -38,7 +38,7 @@ class WeightWork:
 
     groups: list[tuple[list[Node], list[torch.Tensor]]]
     saved: dict[Node, Grads]
-    full: tuple[torch.Tensor, torch.Tensor | None] | None = None
+    full: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor] | None] | None = None
 
 
 def _node_of(t: torch.Tensor) -> Node | None:
@@ -50,10 +50,10 @@ def _node_of(t: torch.Tensor) -> Node | None:
     return t.view_as(t).grad_fn.next_functions[0][0]  # type: ignore[union-attr]
 
 
-def _graph(root: Node) -> list[Node]:
-    """Every node reachable from `root`, in discovery order."""
-    seen = {root}
-    order = [root]
+def _graph(roots: Sequence[Node]) -> list[Node]:
+    """Every node reachable from `roots`, in discovery order."""
+    seen = set(roots)
+    order = list(dict.fromkeys(roots))
     for node in order:
         for fn, _ in node.next_functions:
             if fn is not None and fn not in seen:
@@ -62,15 +62,15 @@ def _graph(root: Node) -> list[Node]:
     return order
 
 
-def _on_path(nodes: list[Node], target: Node) -> set[Node]:
-    """The nodes among `nodes` from which `target` is reachable (the input path)."""
+def _on_path(nodes: list[Node], targets: set[Node]) -> set[Node]:
+    """The nodes among `nodes` from which a target is reachable (the input path)."""
     parents: dict[Node, list[Node]] = {}
     for node in nodes:
         for fn, _ in node.next_functions:
             if fn is not None:
                 parents.setdefault(fn, []).append(node)
-    hit = {target}
-    todo = [target]
+    hit = set(targets)
+    todo = list(targets)
     while todo:
         for parent in parents.get(todo.pop(), ()):
             if parent not in hit:
@@ -115,15 +115,29 @@ def backward_input(output: torch.Tensor, grad: torch.Tensor | None, x: torch.Ten
                    ) -> tuple[torch.Tensor | None, WeightWork]:
     """The gradient w.r.t. the stage input `x` (None when x needs none) and the work W does;
     the autograd graph stays alive (retained) until W has run."""
-    root = output.grad_fn
-    x_node = _node_of(x)
-    if root is None or x_node is None:
-        return None, WeightWork([], {}, (output, grad))
-    nodes = _graph(root)
-    on_path = _on_path(nodes, x_node)
+    needs = x.requires_grad
+    gxs, work = backward_input_many([output] if output.requires_grad else [],
+                                    None if grad is None else [grad], [x] if needs else [])
+    return (gxs[0] if needs else None), work
+
+
+def backward_input_many(outputs: Sequence[torch.Tensor],
+                        grads: Sequence[torch.Tensor] | None, inputs: Sequence[torch.Tensor]
+                        ) -> tuple[list[torch.Tensor | None], WeightWork]:
+    """`backward_input` for a stage whose output and input are several tensors: `outputs`
+    are the output tensors that carry a gradient (with `grads`, or None for a scalar loss),
+    `inputs` the input tensors that need one. Returns one gradient per input (None where the
+    output does not depend on it)."""
+    if not outputs:  # nothing flows back into this stage
+        return [None] * len(inputs), WeightWork([], {})
+    if not inputs:
+        return [], WeightWork([], {}, (outputs, grads))
+    x_nodes = {n for n in map(_node_of, inputs) if n is not None}
+    nodes = _graph([n for n in map(_node_of, outputs) if n is not None])
+    on_path = _on_path(nodes, x_nodes)
     boundary: list[tuple[Node, set[Node], list[torch.Tensor]]] = []
     for node in nodes:
-        if node not in on_path or node is x_node:
+        if node not in on_path or node in x_nodes:
             continue
         heads = [fn for fn, _ in node.next_functions if fn is not None and fn not in on_path]
         side, params = _side(heads)
@@ -132,11 +146,11 @@ def backward_input(output: torch.Tensor, grad: torch.Tensor | None, x: torch.Ten
     saved: dict[Node, Grads] = {}
     handles = [node.register_prehook(_saver(saved, node)) for node, _, _ in boundary]
     try:
-        (gx,) = torch.autograd.grad(output, [x], grad, retain_graph=True)
+        gxs = torch.autograd.grad(outputs, inputs, grads, retain_graph=True, allow_unused=True)
     finally:
         for h in handles:
             h.remove()
-    return gx, WeightWork(_groups(boundary), saved)
+    return list(gxs), WeightWork(_groups(boundary), saved)
 
 
 def _saver(saved: dict[Node, Grads], node: Node) -> Callable[[Grads], None]:
@@ -148,9 +162,8 @@ def _saver(saved: dict[Node, Grads], node: Node) -> Callable[[Grads], None]:
 def backward_weight(work: WeightWork) -> None:
     """Accumulate the parameter gradients into `.grad` from what `backward_input` saved."""
     if work.full is not None:
-        output, grad = work.full  # the input needs no gradient: W is the whole backward
-        if output.grad_fn is not None:
-            torch.autograd.backward(output, grad)
+        outputs, grads = work.full  # the input needs no gradient: W is the whole backward
+        torch.autograd.backward(outputs, grads)
         return
     for nodes, params in work.groups:
         edges: list[GradientEdge] = []

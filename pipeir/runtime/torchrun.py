@@ -37,7 +37,7 @@ def main(directory: Path, argv: list[str]) -> int:
 
     def emit(msg: tuple[Any, ...]) -> None:
         if msg[0] == "step" and msg[4] is not None:
-            _, _, _, step, loss, t0, t1, _ = msg
+            _, _, _, step, loss, t0, t1, _, _ = msg
             sys.stdout.write(f"step {step + 1}/{args.steps}  loss {loss:.5f}  "
                              f"{(t1 - t0) * 1e3:.1f} ms\n")
             sys.stdout.flush()

@@ -20,11 +20,14 @@ from types import ModuleType
 from typing import Any
 
 import torch
+from torch.utils import _pytree as pytree
 
 from pipeir.backend.lower import Lowered
 from pipeir.models.spec import build_stage, resolve
+from pipeir.runtime import checkpoint, shapes
 from pipeir.runtime import dist as pdist
 from pipeir.runtime.context import CommFailure, Context
+from pipeir.runtime.optim import Optim
 from pipeir.runtime.shapes import ShapePlan
 
 Emit = Callable[[tuple[Any, ...]], None]
@@ -42,6 +45,9 @@ class Job:
     #: per-step plan (issue 7): a `pipeir.passes.reorder.StepPlanner`; each step, slot k
     #: runs micro-batch `plan.order(sizes)[k]`, the same order on every rank
     plan: Any = None
+    save: str | None = None  # checkpoint directory (pipeir.runtime.checkpoint)
+    save_every: int = 0  # save after every N steps (and after the last); 0: after the last
+    resume: str | None = None  # start from the newest checkpoint in this directory
 
 
 def load_program(source: str, name: str) -> Callable[[Context], None]:
@@ -52,10 +58,11 @@ def load_program(source: str, name: str) -> Callable[[Context], None]:
     return fn
 
 
-def split_batch(batch: Sequence[torch.Tensor], n: int) -> list[tuple[torch.Tensor, ...]]:
-    """Split each tensor of the batch into n micro-batches along dim 0 (sizes may differ).
-    A list or tuple instead of a tensor is taken as the n micro-batches themselves (a data
-    source of variable-length micro-batches)."""
+def split_batch(batch: Sequence[Any], n: int) -> list[tuple[Any, ...]]:
+    """Split each part of the batch (inputs, targets) into n micro-batches along dim 0 (sizes
+    may differ). A part is a tensor or a dict (nested: any pytree but a list or tuple) of
+    tensors, each split alike, and constants, repeated. A list or tuple instead is taken as the
+    n micro-batches themselves (a data source of variable-length micro-batches)."""
     out = []
     for t in batch:
         if isinstance(t, list | tuple):
@@ -64,11 +71,29 @@ def split_batch(batch: Sequence[torch.Tensor], n: int) -> list[tuple[torch.Tenso
                                  f"{n} (microbatches x accumulate)")
             out.append(tuple(t))
             continue
-        if t.shape[0] < n:
-            raise ValueError(f"a batch of {t.shape[0]} samples cannot be split into {n} "
-                             "micro-batches (microbatches x accumulate)")
-        out.append(torch.tensor_split(t, n))
+        leaves, tree = pytree.tree_flatten(t)
+        parts = []
+        for x in leaves:
+            if not isinstance(x, torch.Tensor):
+                parts.append([x] * n)
+                continue
+            if x.dim() == 0 or x.shape[0] < n:
+                raise ValueError(f"a batch of {x.shape[0] if x.dim() else 0} samples cannot be "
+                                 f"split into {n} micro-batches (microbatches x accumulate)")
+            parts.append(list(torch.tensor_split(x, n)))
+        out.append(tuple(pytree.tree_unflatten([p[k] for p in parts], tree) for k in range(n)))
     return out
+
+
+def samples(x: Any) -> int:
+    """The samples of one micro-batch input: the first dimension of its first tensor."""
+    t = shapes.tensor_leaves(x)
+    return int(t[0].shape[0]) if t and t[0].dim() else 1
+
+
+def size(x: Any) -> int:
+    """The elements of one micro-batch input (for --reorder's planner)."""
+    return sum(t.numel() for t in shapes.tensor_leaves(x))
 
 
 def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
@@ -77,8 +102,12 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
     spec = resolve(job.model)
     mine = [s for s, r in enumerate(low.placement) if r == rank]
     modules = {s: build_stage(spec, s, low.stages).to(device) for s in mine}
-    ctx = Context(spec, modules, low.stages, device, ShapePlan(spec, low.stages),
-                  on_instr=lambda pc: track(index, pc))
+    optim = Optim(spec, modules, low.stages, low.placement, rank, distributed=True)
+    start = 0
+    if job.resume is not None:
+        start = checkpoint.load(job.resume, modules, optim, device)
+    ctx = Context(spec, modules, low.stages, device, ShapePlan(spec, low.stages, device),
+                  optim, on_instr=lambda pc: track(index, pc))
     step_fn = load_program(job.sources[rank], f"rank{rank}")
     last = (low.stages - 1) in mine
     # NOTE: a full garbage collection walks the ~300k objects torch creates at import; one
@@ -87,10 +116,10 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
     # with what exists before the first step frozen out of collection, as here.
     gc.freeze()
     n = low.microbatches * low.accumulate
-    for step in range(job.steps):
+    for step in range(start, job.steps):
         xs, ys = split_batch(spec.batch(step), n)
         if job.plan is not None:
-            order = job.plan.order([x.numel() for x in xs])
+            order = job.plan.order([size(x) for x in xs])
             xs, ys = tuple(xs[k] for k in order), tuple(ys[k] for k in order)
         ctx.begin_step(xs, ys)
         t0 = time.perf_counter()
@@ -98,16 +127,31 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t1 = time.perf_counter()
+        info = None
+        if last:
+            st = ctx.stats
+            info = {"samples": sum(samples(x) for x in xs),
+                    "tokens": (sum(spec.tokens(x) for x in xs) if spec.tokens is not None
+                               else None),
+                    "grad_norm": st.grad_norm, "lr": st.lr, "skipped": st.skipped}
         emit(("step", index, rank, step, ctx.loss_sum if last else None, t0, t1,
-              list(ctx.times)))
+              list(ctx.times), info))
         track(index, -1)
+        done = step + 1
+        if job.save is not None and (done == job.steps or
+                                     (job.save_every and done % job.save_every == 0)):
+            checkpoint.save(job.save, done, spec, job.model, low.stages, modules, optim, rank)
     if job.collect:
         emit(("params", index, rank,
-              {s: {k: v.detach().cpu().numpy().copy() for k, v in m.state_dict().items()}
+              {s: {k: _numpy(v) for k, v in m.state_dict().items()}
                for s, m in modules.items()},
-              {s: {k: v.grad.detach().cpu().numpy().copy()
-                   for k, v in m.named_parameters() if v.grad is not None}
+              {s: {k: _numpy(v.grad) for k, v in m.named_parameters() if v.grad is not None}
                for s, m in modules.items()}))
+
+
+def _numpy(t: torch.Tensor) -> Any:
+    t = t.detach().cpu()
+    return (t.float() if t.dtype in (torch.bfloat16, torch.float16) else t).numpy().copy()
 
 
 def run_rank(rank: int, world: int, init_method: str, jobs: Sequence[Job], emit: Emit,

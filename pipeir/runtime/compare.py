@@ -1,0 +1,69 @@
+"""`pipeirc run --check`: train the same model single-process on the same data and compare,
+per stage, the parameters after the last step and that step's gradients."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pipeir.models.spec import ModelSpec
+from pipeir.runtime.launch import RunError, RunResult
+from pipeir.runtime.reference import train_reference
+from pipeir.runtime.worker import Job
+
+#: Default tolerances of --check: full precision, and under autocast (bf16 keeps 8 bits of
+#: mantissa: the two runs round a few values differently and that spreads over the steps;
+#: measured 5e-3 after 10 steps of examples/gpt.py).
+RTOL, RTOL_AUTOCAST = 1e-5, 2e-2
+
+
+def rel_diff(got: Any, want: Any) -> float:
+    """max |got - want| / max |want| over one tensor (0 for an all-zero pair)."""
+    a, b = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    scale = float(np.abs(b).max()) if b.size else 0.0
+    err = float(np.abs(a - b).max()) if b.size else 0.0
+    return err / scale if scale > 0 else err
+
+
+def differences(spec: ModelSpec, job: Job, result: RunResult, index: int = 0
+                ) -> list[tuple[int, float, float, str]]:
+    """Per stage: (stage, largest parameter difference, largest gradient difference, the
+    worst tensor's name). A tensor present on one side only counts as infinitely different."""
+    low = job.lowered
+    want, want_grads = train_reference(spec, low.stages, low.microbatches, low.accumulate,
+                                       job.steps)
+    rows = []
+    for s in range(low.stages):
+        worst = ""
+        diffs = []
+        for mine, ref in ((result.params[index][s], want[s]),
+                          (result.grads[index][s], want_grads[s])):
+            d = 0.0
+            for k in sorted(set(mine) | set(ref)):
+                x = (rel_diff(mine[k], ref[k].float().numpy()) if k in mine and k in ref
+                     else float("inf"))
+                if x > d:
+                    d, worst = x, k
+            diffs.append(d)
+        rows.append((s, diffs[0], diffs[1], worst))
+    return rows
+
+
+def check(spec: ModelSpec, job: Job, result: RunResult, tolerance: float | None) -> None:
+    """Print the comparison; raise RunError (exit 1) when a stage is beyond tolerance."""
+    tol = tolerance if tolerance is not None else (RTOL if spec.autocast is None
+                                                   else RTOL_AUTOCAST)
+    rows = differences(spec, job, result)
+    print(f"\ncheck: single-process training of the same model and data, {job.steps} "
+          "step(s); largest relative difference per stage (max |a-b| / max |b| per tensor)")
+    print(f"{'stage':>6} {'parameters':>11} {'gradients':>11}")
+    for s, p, g, _ in rows:
+        print(f"{s:>6} {p:>11.2e} {g:>11.2e}")
+    bad = [r for r in rows if max(r[1], r[2]) > tol]
+    if bad:
+        s, p, g, name = max(bad, key=lambda r: max(r[1], r[2]))
+        raise RunError(f"--check: stage {s} differs from single-process training by "
+                       f"{max(p, g):.2e} in '{name}' ({'parameter' if p >= g else 'gradient'}; "
+                       f"tolerance {tol:.0e})")
+    print(f"all stages within {tol:.0e} of single-process training")

@@ -1,0 +1,175 @@
+"""The optimizer step of one rank: per-stage optimizers and LR schedulers, tied parameters,
+fp16 loss scaling and clipping by the global gradient norm over all pipeline ranks.
+
+NOTE (why one optimizer per stage): the stage, not the rank, is the unit of a checkpoint, so a
+run saved on one rank count resumes on another. For elementwise optimizers (SGD, Adam, AdamW,
+...) one optimizer per stage updates exactly as one over the whole model; a stage without
+trainable parameters has none (torch refuses an empty parameter list).
+
+NOTE (tied parameters): each stage in a tied group owns a copy. At set-up every copy takes the
+value of the group's first member (broadcast from its rank); before each optimizer step the
+copies' gradients are summed (locally, then all-reduced among the owning ranks), so every copy
+gets the gradient the one shared tensor gets in single-process training and the copies stay
+equal. The global norm counts each group once (at its first member). A group whose copies all
+got no gradient keeps `None`, as a shared tensor would.
+
+The order at the step, as `torch.amp.GradScaler` and `clip_grad_norm_` do it in one process:
+tied sum, unscale (fp16), skip if any rank saw inf/NaN, clip, step, scheduler.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from pipeir.models.spec import ModelSpec, autocast_dtype, tied_groups
+
+#: fp16 dynamic loss scaling, as torch.amp.GradScaler's defaults.
+INIT_SCALE, GROWTH, BACKOFF, GROWTH_INTERVAL = 2.0**16, 2.0, 0.5, 2000
+
+
+@dataclass
+class StepStats:
+    grad_norm: float | None  # before clipping; None without clipping
+    skipped: bool  # fp16: non-finite gradients, no update
+    lr: float | None  # the step's learning rate (this rank's first optimizer)
+
+
+@dataclass
+class _Tied:
+    members: list[tuple[int, torch.nn.Parameter]]  # this rank's copies (stage, parameter)
+    first: bool  # this rank holds the group's first member (counted in the norm)
+    src: int  # the rank of the first member
+    group: Any  # process group of the owning ranks, None when they are one rank
+
+
+def param(module: torch.nn.Module, name: str) -> torch.nn.Parameter:
+    return module.get_parameter(name)
+
+
+class Optim:
+    """Optimizers, schedulers, tied groups and loss scale of the stages on one rank."""
+
+    def __init__(self, spec: ModelSpec, modules: dict[int, torch.nn.Module], stages: int,
+                 placement: Sequence[int], rank: int, distributed: bool):
+        self.spec = spec
+        self.modules = modules
+        self.distributed = distributed
+        self.optimizers: dict[int, Any] = {}
+        self.schedulers: dict[int, Any] = {}
+        for s, m in modules.items():
+            params = [p for p in m.parameters() if p.requires_grad]
+            if params:
+                self.optimizers[s] = spec.optimizer(params)
+                if spec.scheduler is not None:
+                    self.schedulers[s] = spec.scheduler(self.optimizers[s])
+        self.fp16 = autocast_dtype(spec) == torch.float16
+        self.scale = INIT_SCALE if self.fp16 else 1.0
+        self.good_steps = 0
+        self.tied: list[_Tied] = []
+        for g in tied_groups(spec, stages):
+            ranks = sorted({placement[s] for s, _ in g})
+            # every rank creates every group's process group, in the same order
+            pg = dist.new_group(ranks) if distributed and len(ranks) > 1 else None
+            if rank in ranks:
+                mine = [(s, param(modules[s], n)) for s, n in g if placement[s] == rank]
+                self.tied.append(_Tied(mine, placement[g[0][0]] == rank, placement[g[0][0]],
+                                       pg))
+        self._copy_tied()
+
+    # ---- set-up -------------------------------------------------------------------------------
+    def _copy_tied(self) -> None:
+        """Every copy takes the first member's value (see the module NOTE)."""
+        with torch.no_grad():
+            for t in self.tied:
+                value: torch.Tensor = t.members[0][1]
+                if t.group is not None:
+                    value = value.detach().clone() if t.first else torch.empty_like(value)
+                    dist.broadcast(value, t.src, group=t.group)
+                for _, p in t.members[0 if t.group is not None else 1:]:
+                    p.copy_(value)
+
+    # ---- the step -----------------------------------------------------------------------------
+    def zero_grad(self) -> None:
+        for m in self.modules.values():
+            m.zero_grad(set_to_none=True)
+
+    def step(self) -> StepStats:
+        self._sum_tied()
+        grads = self._grads()
+        if self.fp16:
+            for g in grads:
+                g.div_(self.scale)
+        norm = self._global_norm(grads) if (self.spec.clip_grad_norm is not None
+                                            or self.fp16) else None
+        skipped = norm is not None and not math.isfinite(norm)
+        if skipped:
+            self.scale *= BACKOFF
+            self.good_steps = 0
+        else:
+            if self.spec.clip_grad_norm is not None and norm is not None:
+                coef = min(1.0, self.spec.clip_grad_norm / (norm + 1e-6))
+                for g in grads:
+                    g.mul_(coef)
+            for opt in self.optimizers.values():
+                opt.step()
+            if self.fp16:
+                self.good_steps += 1
+                if self.good_steps == GROWTH_INTERVAL:
+                    self.scale *= GROWTH
+                    self.good_steps = 0
+        lr = next((float(o.param_groups[0]["lr"]) for o in self.optimizers.values()), None)
+        for sched in self.schedulers.values():
+            sched.step()
+        return StepStats(norm if self.spec.clip_grad_norm is not None else None, skipped, lr)
+
+    def _sum_tied(self) -> None:
+        for t in self.tied:
+            got = [p.grad for _, p in t.members if p.grad is not None]
+            total = torch.zeros_like(t.members[0][1]) if not got else sum(got[1:], got[0].clone())
+            if t.group is not None:
+                flag = torch.tensor([float(bool(got))], device=total.device)
+                dist.all_reduce(total, group=t.group)
+                dist.all_reduce(flag, group=t.group)
+                if flag.item() == 0:
+                    continue
+            elif not got:
+                continue
+            for _, p in t.members:
+                p.grad = total.clone()
+
+    def _grads(self) -> list[torch.Tensor]:
+        return [p.grad for m in self.modules.values() for p in m.parameters()
+                if p.grad is not None]
+
+    def _global_norm(self, grads: list[torch.Tensor]) -> float:
+        """The L2 norm of all stages' gradients (tied groups once), over all ranks; inf or NaN
+        when any gradient is not finite."""
+        repeated = {id(p.grad) for t in self.tied for i, (_, p) in enumerate(t.members)
+                    if (i > 0 or not t.first) and p.grad is not None}
+        dev = grads[0].device if grads else torch.device("cpu")
+        sq = torch.zeros((), dtype=torch.float64, device=dev)
+        for g in grads:
+            if id(g) not in repeated:
+                sq += torch.linalg.vector_norm(g.float()).double() ** 2
+        if self.distributed:
+            dist.all_reduce(sq)
+        return float(sq.sqrt())
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def stage_state(self, s: int) -> dict[str, Any]:
+        return {"optimizer": self.optimizers[s].state_dict() if s in self.optimizers else None,
+                "scheduler": self.schedulers[s].state_dict() if s in self.schedulers else None,
+                "scale": self.scale, "good_steps": self.good_steps}
+
+    def load_stage_state(self, s: int, state: dict[str, Any]) -> None:
+        if s in self.optimizers and state["optimizer"] is not None:
+            self.optimizers[s].load_state_dict(state["optimizer"])
+        if s in self.schedulers and state["scheduler"] is not None:
+            self.schedulers[s].load_state_dict(state["scheduler"])
+        self.scale, self.good_steps = float(state["scale"]), int(state["good_steps"])

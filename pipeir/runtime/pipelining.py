@@ -1,0 +1,79 @@
+"""pipeir inside torch.distributed.pipelining: `torch_schedule(stages, "zb-v", ...)` returns
+a torch schedule object that runs a verified pipeir schedule, so a training script that builds
+`PipelineStage`s and calls `schedule.step(...)` adopts pipeir by changing one line.
+
+The schedule goes through torch's own `_PipelineScheduleRuntime` CSV path: pipeir writes the
+`compute_comms` CSV (every SEND/RECV placed as torch's lowering places them, which pipeir
+proves deadlock-free) and torch loads and executes it, action by action.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from torch.distributed.pipelining import PipelineStage
+from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+from pipeir import library
+from pipeir.api import parse
+from pipeir.backend.torch_export import dumps_csv
+from pipeir.diagnostics import UsageError
+from pipeir.schedule import Schedule
+
+
+def torch_schedule(stages: PipelineStage | Sequence[PipelineStage],
+                   schedule: str | os.PathLike[str] | Schedule, *, n_microbatches: int,
+                   loss_fn: Callable[..., Any] | None = None, **kwargs: Any
+                   ) -> _PipelineScheduleRuntime:
+    """A torch schedule (call `.step(...)` as with any) running `schedule` on this rank's
+    `stages`: a library name ("1f1b", "interleaved-1f1b", "zb-v", ...), a `.sched` path, or a
+    `Schedule`. Names and files are instantiated for the stages' pipeline group size, their
+    stage count and `n_microbatches`; the schedule is verified and must place exactly these
+    stages on this rank. Other keyword arguments go to torch's schedule (e.g.
+    `scale_grads`)."""
+    mine = [stages] if isinstance(stages, PipelineStage) else list(stages)
+    if not mine:
+        raise UsageError("torch_schedule: no stages given")
+    ranks, rank, total = mine[0].group_size, mine[0].group_rank, mine[0].num_stages
+    sched = _instantiate(schedule, ranks, n_microbatches, total)
+    c = sched.config
+    for what, ours, theirs in (("ranks", c.ranks, ranks), ("stages", c.stages, total),
+                               ("microbatches", c.microbatches, n_microbatches)):
+        if ours != theirs:
+            raise UsageError(f"torch_schedule: schedule '{sched.name}' has {what} = {ours}, "
+                             f"the pipeline {theirs}")
+    want = sorted(c.stages_of(rank))
+    have = sorted(s.stage_index for s in mine)
+    if want != have:
+        raise UsageError(f"torch_schedule: schedule '{sched.name}' places stages {want} on "
+                         f"rank {rank}, which holds stages {have}")
+    text = dumps_csv(sched, "compute_comms")  # verifies
+    runtime = _PipelineScheduleRuntime(  # type: ignore[no-untyped-call]
+        mine, n_microbatches, loss_fn=loss_fn, **kwargs)
+    fd, path = tempfile.mkstemp(suffix=".csv", prefix="pipeir-")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+        runtime._load_csv(path, format="compute_comms")
+    finally:
+        os.unlink(path)
+    return runtime
+
+
+def _instantiate(schedule: str | os.PathLike[str] | Schedule, ranks: int, microbatches: int,
+                 stages: int) -> Schedule:
+    if isinstance(schedule, Schedule):
+        return schedule
+    if isinstance(schedule, str) and library.resolve(schedule) is not None:
+        kw: dict[str, int] = {"stages": stages}
+        if "v" in library.params(schedule):
+            kw["v"] = stages // ranks
+        return library.get(schedule, ranks, microbatches, **kw)
+    if not Path(schedule).is_file():
+        raise UsageError(f"torch_schedule: '{schedule}' is neither a library schedule nor a "
+                         f".sched file; the library has {', '.join(library.names())}")
+    return parse(Path(schedule), overrides={"ranks": ranks, "microbatches": microbatches})

@@ -1,0 +1,122 @@
+"""Test models for the runtime (loaded by path: `tests/zoo.py:structured`).
+
+`structured`: stages hand over a nested structure, (hidden, {"mask": bool, "skip": float that
+carries a gradient, "raw": float that does not, "n": an int constant}), on sequences whose
+length changes from step to step. Odd middle stages have no parameters; even middle stages
+have a frozen Linear and a Linear the output does not depend on.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from pipeir.models import ModelSpec
+
+D = 6
+
+
+class First(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+        self.skip = nn.Linear(D, D)
+
+    def forward(self, x: dict[str, torch.Tensor]) -> Any:
+        h = torch.tanh(self.lin(x["x"]))
+        return h, {"mask": x["mask"], "skip": self.skip(x["x"]), "raw": x["x"], "n": 3}
+
+
+class NoParams(nn.Module):
+    def forward(self, x: Any) -> Any:
+        h, aux = x
+        return torch.tanh(h) + 0.5 * aux["skip"], {**aux, "skip": aux["skip"] * 2}
+
+
+class Frozen(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+        self.frozen = nn.Linear(D, D).requires_grad_(False)
+        self.unused = nn.Linear(D, D)
+
+    def forward(self, x: Any) -> Any:
+        h, aux = x
+        h = torch.tanh(self.lin(h) + self.frozen(aux["skip"]))
+        h = h.masked_fill(~aux["mask"][..., None], 0.0) + 0.1 * aux["raw"]
+        return h, aux
+
+
+class Last(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+
+    def forward(self, x: Any) -> torch.Tensor:
+        h, aux = x
+        out: torch.Tensor = self.lin(h + aux["skip"]) * aux["n"]
+        return out
+
+
+def _stage(s: int, n: int) -> nn.Module:
+    if s == 0:
+        return First()
+    if s == n - 1:
+        return Last()
+    return NoParams() if s % 2 else Frozen()
+
+
+def _batch(step: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    g = torch.Generator().manual_seed(5 + step)
+    t = 4 + 2 * (step % 2)
+    x = torch.randn(8, t, D, generator=g)
+    return {"x": x, "mask": torch.rand(8, t, generator=g) > 0.3}, torch.randn(8, t, D,
+                                                                              generator=g)
+
+
+def structured() -> ModelSpec:
+    return ModelSpec(stage=_stage, loss=nn.functional.mse_loss, batch=_batch)
+
+
+def structured_adam() -> ModelSpec:
+    """`structured` with Adam, a step LR schedule and clipping (small max norm: it clips)."""
+    return ModelSpec(stage=_stage, loss=nn.functional.mse_loss, batch=_batch,
+                     optimizer=lambda ps: torch.optim.Adam(list(ps), lr=0.01),
+                     scheduler=lambda o: torch.optim.lr_scheduler.StepLR(o, 1, gamma=0.5),
+                     clip_grad_norm=0.05)
+
+
+def mismatched() -> ModelSpec:
+    """Stage 1 expects a tensor but stage 0 hands over a tuple."""
+    def stage(s: int, n: int) -> nn.Module:
+        return First() if s == 0 else nn.Linear(D, D)
+    return ModelSpec(stage=stage, loss=nn.functional.mse_loss, batch=_batch)
+
+
+def bad_tied() -> ModelSpec:
+    return ModelSpec(stage=_stage, loss=nn.functional.mse_loss, batch=_batch,
+                     tied=lambda n: [[(0, "lin.weight"), (n - 1, "lin.wieght")]])
+
+
+def noisy() -> ModelSpec:
+    """Dropout in every stage: pipelined training draws other random numbers."""
+    def stage(s: int, n: int) -> nn.Module:
+        return nn.Sequential(*([] if s else [_Pick()]), nn.Dropout(0.5), nn.Linear(D, D))
+    return ModelSpec(stage=stage, loss=nn.functional.mse_loss, batch=_batch)
+
+
+class _Pick(nn.Module):
+    def forward(self, x: dict[str, torch.Tensor]) -> torch.Tensor:
+        return x["x"]
+
+
+def _loud_mse(out: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    return 4 * nn.functional.mse_loss(out.float(), target)
+
+
+def structured_fp16() -> ModelSpec:
+    """`structured` under fp16 autocast with a loss large enough that the first two steps'
+    scaled gradients overflow fp16: the loss scale backs off and those steps are skipped."""
+    return ModelSpec(stage=_stage, loss=_loud_mse, batch=_batch, autocast="fp16")
