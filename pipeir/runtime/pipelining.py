@@ -20,8 +20,8 @@ from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
 from pipeir import library
 from pipeir.api import parse
-from pipeir.backend.torch_export import dumps_csv
 from pipeir.diagnostics import UsageError
+from pipeir.interop.writer import dumps_csv
 from pipeir.schedule import Schedule
 
 
@@ -68,7 +68,7 @@ def _instantiate(schedule: str | os.PathLike[str] | Schedule, ranks: int, microb
                  stages: int) -> Schedule:
     if isinstance(schedule, Schedule):
         return schedule
-    if isinstance(schedule, str) and library.resolve(schedule) is not None:
+    if isinstance(schedule, str) and library.find(schedule) is not None:
         kw: dict[str, int] = {"stages": stages}
         if "v" in library.params(schedule):
             kw["v"] = stages // ranks
