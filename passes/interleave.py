@@ -28,6 +28,7 @@ from pipeir.diagnostics import Note, Span, UsageError
 from pipeir.ops import Op
 from pipeir.passes.base import OptionError, Pass
 from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
+from pipeir.passes.dp_reduce import reject_reductions
 from pipeir.schedule import Schedule
 from pipeir.sim.engine import Timing
 from pipeir.verify import memory_report
@@ -56,6 +57,7 @@ class Interleave(Pass):
 
     def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
         c = schedule.config
+        reject_reductions(schedule, self.name)
         warmups = _shape(schedule)
         rounds = max(1, c.microbatches // c.ranks)
         if c.microbatches % rounds:

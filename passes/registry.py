@@ -32,6 +32,7 @@ BUILTINS: Final[dict[str, str]] = {
     "verify": "pipeir.passes.verify:Verify",
     "overlap": "pipeir.passes.overlap:Overlap",
     "reorder": "pipeir.passes.reorder:Reorder",
+    "dp-reduce": "pipeir.passes.dp_reduce:DpReduce",
 }
 
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
-from pipeir.ops import Kind, Op
+from pipeir.ops import NO_MB, Kind, Op
 from pipeir.passes.base import OptionError, Pass
 from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
 from pipeir.schedule import Schedule
@@ -97,7 +97,8 @@ def relabel(schedule: Schedule, order: Sequence[int]) -> Schedule:
     m = schedule.config.microbatches
     if sorted(order) != list(range(m)):
         raise ValueError(f"order must be a permutation of 0..{m - 1}")
-    progs = [[Op(op.kind, op.stage, order[op.mb]) for op in prog] for prog in schedule.programs]
+    progs = [[Op(op.kind, op.stage, order[op.mb]) if op.mb != NO_MB else op for op in prog]
+             for prog in schedule.programs]
     return schedule.with_programs(progs)
 
 
@@ -119,7 +120,8 @@ class SlotSimulator:
         groups: dict[tuple[Kind, int], int] = {}
         self.group = [groups.setdefault((op.kind, op.stage), len(groups))
                       for op in self.timing.ops]
-        self.slot = [op.mb for op in self.timing.ops]
+        # a reduction has no micro-batch; its cost is the same in any slot
+        self.slot = [max(op.mb, 0) for op in self.timing.ops]
         self.table = [[costs.cost(Op(kind, stage, k)) for k in range(m)]
                       for (kind, stage) in groups]
         self.weight = [sum(row[k] for row in self.table) for k in range(m)]

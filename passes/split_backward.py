@@ -37,6 +37,7 @@ from pipeir.diagnostics import UsageError
 from pipeir.ops import Op
 from pipeir.passes.base import OptionError, Pass
 from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
+from pipeir.passes.dp_reduce import reject_reductions
 from pipeir.schedule import Schedule
 from pipeir.verify import memory_report
 
@@ -58,6 +59,7 @@ class SplitBackward(Pass):
             raise OptionError("mode", f"split-backward: mode must be h1 or h2, got {self.mode!r}")
 
     def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
+        reject_reductions(schedule, self.name)
         plain = split_in_place(schedule)
         if self.mode == "h1":
             built = schedule.with_programs(lagged_w(schedule))

@@ -12,7 +12,7 @@ from pipeir import library
 from pipeir.api import compile, load, parse
 from pipeir.config import PipelineConfig
 from pipeir.diagnostics import Diagnostic, PipeirError, UsageError, VerifyError
-from pipeir.ops import B, F, I, Op, W
+from pipeir.ops import B, F, I, Op, R, W
 from pipeir.printer import print_schedule
 from pipeir.schedule import EdgeKind, Schedule, ScheduleBuilder
 from pipeir.sim import CostModel, SimResult, simulate
@@ -41,6 +41,7 @@ __all__ = [
     "Op",
     "PipeirError",
     "PipelineConfig",
+    "R",
     "Schedule",
     "ScheduleBuilder",
     "SimResult",

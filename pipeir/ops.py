@@ -10,10 +10,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-Kind = Literal["F", "B", "I", "W"]
+Kind = Literal["F", "B", "I", "W", "R"]
 
-#: Every op kind, in canonical order: forward, full backward, input-grad, weight-grad.
+#: Every compute kind, in canonical order: forward, full backward, input-grad, weight-grad.
 KINDS: Final[tuple[Kind, ...]] = ("F", "B", "I", "W")
+
+#: The gradient reduction: R(s) all-reduces stage s's weight gradients across the
+#: data-parallel replicas (torch's REDUCE_GRAD). It has no micro-batch (`mb` is `NO_MB`).
+REDUCE: Final = "R"
+NO_MB: Final = -1
+
+#: Every op kind with the number of arguments it takes in the language: R(s), the others
+#: K(s, mb). The frontend recognises ops by these names.
+OP_ARITY: Final[dict[str, int]] = {"F": 2, "B": 2, "I": 2, "W": 2, REDUCE: 1}
 
 #: What each kind means, for messages and legends.
 KIND_NAMES: Final[dict[str, str]] = {
@@ -21,12 +30,14 @@ KIND_NAMES: Final[dict[str, str]] = {
     "B": "backward",
     "I": "input-grad",
     "W": "weight-grad",
+    "R": "gradient all-reduce",
 }
 
 
 @dataclass(frozen=True, slots=True, order=True)
 class Op:
-    """One compute op: `kind` of micro-batch `mb` through stage `stage`."""
+    """One op: `kind` of micro-batch `mb` through stage `stage` (for R: all of the stage's
+    micro-batches, `mb` = NO_MB)."""
 
     kind: Kind
     stage: int
@@ -42,6 +53,8 @@ class Op:
         return self._hash
 
     def __str__(self) -> str:
+        if self.kind == REDUCE:
+            return f"R({self.stage})"
         return f"{self.kind}({self.stage},{self.mb})"
 
 
@@ -63,3 +76,8 @@ def I(stage: int, mb: int) -> Op:  # noqa: E743 - the paper's name for the op
 def W(stage: int, mb: int) -> Op:
     """The weight-gradient half of a backward (zero-bubble schedules)."""
     return Op("W", stage, mb)
+
+
+def R(stage: int) -> Op:
+    """The all-reduce of stage `stage`'s weight gradients across data-parallel replicas."""
+    return Op("R", stage, NO_MB)

@@ -4,7 +4,9 @@ Node attributes: ``rank`` (who runs it), ``pos`` (index in that rank's program) 
 (where the user wrote it, or None); the two ops of an overlapped pair (run together, as in
 DualPipe) are next to each other in program order and carry ``pair_next`` / ``pair_prev``.
 Edge attribute ``kind`` is an `EdgeKind` flag set: DATA for a tensor dependency, ORDER for
-"runs next on the same rank"; an edge can be both.
+"runs next on the same rank"; an edge can be both. A gradient reduction R(s) (data
+parallelism) has a DATA edge from every weight-gradient op of its stage and none out: only
+the optimizer step, outside the schedule, waits for it.
 
 NOTE: the graph is the single source of truth. Per-rank programs are derived from it (and
 cached, so treat a built Schedule as immutable: passes build new schedules). A Schedule can
@@ -30,21 +32,23 @@ class EdgeKind(IntFlag):
     ORDER = 2  # the target runs right after the source on the same rank
 
 
-def data_predecessors(op: Op, present: Mapping[Op, Any] | set[Op], stages: int) -> list[Op]:
+def data_predecessors(op: Op, present: Mapping[Op, Any] | set[Op], stages: int,
+                      microbatches: int = 0) -> list[Op]:
     """The ops whose results `op` consumes, among those `present`.
 
     F(s) needs F(s-1); the first backward of the last stage needs its F; B/I(s) needs F(s) and
     the input-gradient of stage s+1 (from B(s+1) or I(s+1)); W(s) needs I(s) (or F(s) if the
-    schedule has no I(s), which verification reports).
+    schedule has no I(s), which verification reports); R(s) needs the weight gradients of
+    every micro-batch of stage s (each B(s, mb) or W(s, mb)).
     """
     def lookup(kind: str, s: int, m: int) -> Op | None:
         o = Op(kind, s, m)  # type: ignore[arg-type]
         return o if o in present else None
-    return _predecessors(op, lookup, stages)
+    return _predecessors(op, lookup, stages, microbatches)
 
 
 def _predecessors(op: Op, lookup: Callable[[str, int, int], Op | None],
-                  stages: int) -> list[Op]:
+                  stages: int, microbatches: int) -> list[Op]:
     kind, s, m = op.kind, op.stage, op.mb
     if kind == "F":
         found = [lookup("F", s - 1, m)] if s > 0 else []
@@ -52,6 +56,8 @@ def _predecessors(op: Op, lookup: Callable[[str, int, int], Op | None],
         found = [lookup("F", s, m)]
         if s + 1 < stages:
             found.append(lookup("B", s + 1, m) or lookup("I", s + 1, m))
+    elif kind == "R":
+        found = [lookup("B", s, k) or lookup("W", s, k) for k in range(microbatches)]
     else:
         found = [lookup("I", s, m) or lookup("F", s, m)]
     return [p for p in found if p is not None]
@@ -260,10 +266,10 @@ class ScheduleBuilder:
 
         def lookup(kind: str, s: int, m: int) -> Op | None:
             return get_op((kind, s, m))  # type: ignore[arg-type]
-        stages = self.config.stages
+        stages, microbatches = self.config.stages, self.config.microbatches
         get = edges.get
         for op in where:
-            for pred in _predecessors(op, lookup, stages):
+            for pred in _predecessors(op, lookup, stages, microbatches):
                 key = (pred, op)
                 edges[key] = get(key, 0) | data
         g = _digraph(where, edges)

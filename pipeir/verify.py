@@ -1,4 +1,5 @@
-"""Static verification of a schedule: ranges, placement, completeness, deadlock, memory.
+"""Static verification of a schedule: ranges, placement, completeness, gradient reductions,
+deadlock, memory.
 
 `verify(schedule)` raises `VerifyError` (its `check` names what failed) or returns a
 `VerifyReport` with the peak in-flight activations per rank. Checks run in that order and stop
@@ -14,7 +15,7 @@ from dataclasses import dataclass
 
 from pipeir._gc import paused_gc
 from pipeir.diagnostics import Diagnostic, Note, Span, UsageError, VerifyError
-from pipeir.ops import Op
+from pipeir.ops import NO_MB, REDUCE, Op
 from pipeir.schedule import EdgeKind, Schedule, pair_waits
 
 MAX_LISTED = 8  # diagnostics listed per failing check before "... and N more"
@@ -39,6 +40,7 @@ def verify(schedule: Schedule, memory_limit: int | None = None) -> VerifyReport:
         _raise("range", check_ranges(schedule))
         _raise("placement", check_placement(schedule))
         _raise("completeness", check_completeness(schedule))
+        _raise("reduction", check_reductions(schedule))
         _raise("overlap", check_pairs(schedule))
         _raise("deadlock", check_deadlock(schedule))
         report = memory_report(schedule)
@@ -63,6 +65,8 @@ def check_ranges(schedule: Schedule) -> list[Diagnostic]:
         if not 0 <= op.stage < c.stages:
             out.append(Diagnostic(f"{op}: stage {op.stage} is out of range (stages are "
                                   f"0..{c.stages - 1})", schedule.span_of(op)))
+        elif op.kind == REDUCE:
+            continue  # no micro-batch
         elif not 0 <= op.mb < c.microbatches:
             out.append(Diagnostic(f"{op}: micro-batch {op.mb} is out of range (micro-batches "
                                   f"are 0..{c.microbatches - 1})", schedule.span_of(op)))
@@ -112,6 +116,46 @@ def check_completeness(schedule: Schedule) -> list[Diagnostic]:
                     f"missing {' and '.join(map(str, missing))}: the schedule never runs "
                     f"{'them' if len(missing) > 1 else 'it'} (stage {s} lives on rank {rank})",
                     _program_span(schedule, rank)))
+    return out
+
+
+def check_reductions(schedule: Schedule) -> list[Diagnostic]:
+    """Gradient reductions (data parallelism): none, or one R(s) per stage (a duplicate is
+    already an error when building); each after every weight gradient of its stage on its
+    rank (B or W of each micro-batch), and not half of an overlapped pair. The optimizer step
+    closes every rank's program, so an R always precedes it (lowering waits for it there)."""
+    c = schedule.config
+    g = schedule.graph
+    reduced = [s for s in range(c.stages) if Op(REDUCE, s, NO_MB) in g]
+    if not reduced:
+        return []
+    out = []
+    missing = [s for s in range(c.stages) if s not in reduced]
+    if missing:
+        s = missing[0]
+        first = Op(REDUCE, reduced[0], NO_MB)
+        out.append(Diagnostic(
+            f"stage {s} never reduces its gradients (no {Op(REDUCE, s, NO_MB)}) while "
+            f"{first} does: with data parallelism every stage needs one reduction "
+            f"(missing for stage{'s' if len(missing) > 1 else ''} "
+            f"{', '.join(map(str, missing))}; the pass dp-reduce places them all)",
+            _program_span(schedule, c.placement[s]),
+            (Note(f"{first} is here", schedule.span_of(first)),)
+            if schedule.span_of(first) is not None else ()))
+    for s in reduced:
+        r = Op(REDUCE, s, NO_MB)
+        pos = g.nodes[r]["pos"]
+        if schedule.pair_of(r) is not None:
+            out.append(Diagnostic(f"{r} is half of an overlapped pair: a reduction runs on "
+                                  "its own channel and cannot be paired", schedule.span_of(r)))
+        later = [op for op in schedule.program(schedule.rank_of(r))[pos + 1:]
+                 if op.stage == s and op.kind in ("B", "W")]
+        if later:
+            out.append(Diagnostic(
+                f"{r} comes before {later[0]} on rank {schedule.rank_of(r)}: a reduction "
+                "must follow every weight gradient (B or W) of its stage", schedule.span_of(r),
+                (Note(f"{later[0]} is here", schedule.span_of(later[0])),)
+                if schedule.span_of(later[0]) is not None else ()))
     return out
 
 

@@ -144,8 +144,14 @@ def summary(result: SimResult) -> str:
              f"{len(s)} ops; {result.comm} communication, {len(result.transfers)} transfers",
              f"makespan {_n(result.makespan)}{unit}; bubble {result.bubble:.1%} of the step, "
              f"{result.bubble_vs_ideal:.1%} of the ideal step; critical path "
-             f"{len(result.critical_path)} ops, {_n(result.critical_path_time)}{unit} of compute",
-             ""]
+             f"{len(result.critical_path)} ops, {_n(result.critical_path_time)}{unit} of compute"]
+    if result.has_reductions:
+        lines.append(
+            f"gradient all-reduce (dp = {result.costs.dp}): {_n(result.reduction_time)}{unit} on "
+            f"the busiest rank, {_n(result.exposed_reduction)}{unit} exposed, "
+            f"{result.hidden_reduction:.1%} hidden; step {_n(result.makespan)}{unit} with "
+            f"reductions vs {_n(result.compute_makespan or 0.0)}{unit} if all were hidden")
+    lines.append("")
     head = ["rank", "busy", "idle", "util", "peak act", "peak at"]
     if result.comm == "blocking":
         head.insert(3, "sending")

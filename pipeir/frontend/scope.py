@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from pipeir.config import PipelineConfig, spell
 from pipeir.diagnostics import Note, Span, UsageError
-from pipeir.ops import KINDS
+from pipeir.ops import OP_ARITY
 from pipeir.schedule import ScheduleBuilder
 
 Value = int | float | bool | str | tuple[Any, ...]
@@ -87,7 +87,7 @@ BUILTINS: Final[dict[str, Binding]] = {
     "owner": Binding("builtin", None, 1),
     "local_stage": Binding("builtin", None, 2),
     "num_local_stages": Binding("builtin", None, 1),
-    **{k: Binding("op", None, 2) for k in KINDS},
+    **{k: Binding("op", None, n) for k, n in OP_ARITY.items()},
 }
 
 CONSTANTS: Final[dict[str, bool]] = {"true": True, "false": False}

@@ -23,7 +23,7 @@ from pipeir.frontend.scope import (
     type_name,
     want_int,
 )
-from pipeir.ops import Op
+from pipeir.ops import NO_MB, OP_ARITY, Op
 
 
 class Compiler(ExprCompiler):
@@ -76,8 +76,8 @@ class Compiler(ExprCompiler):
         span = s.span
         if b.kind == "op":
             kind = s.name
-            sf, mf = args
-            sspan, mspan = s.args[0].span, s.args[1].span
+            sf, mf = args if len(args) == 2 else (args[0], lambda env, ctx: NO_MB)  # R(s)
+            sspan, mspan = s.args[0].span, s.args[-1].span
 
             def emit(env: Env, ctx: RunContext) -> None:
                 st, mb = sf(env, ctx), mf(env, ctx)
@@ -86,7 +86,7 @@ class Compiler(ExprCompiler):
                 if type(mb) is not int:
                     want_int(mb, mspan, "the micro-batch")
                 if ctx.rank is None:
-                    raise UsageError(f"{kind}({st},{mb}) is outside any 'rank' block; "
+                    raise UsageError(f"{Op(kind, st, mb)} is outside any 'rank' block; "  # type: ignore[arg-type]
                                      "ops run on a rank: 'rank r { ... }'", span)
                 ctx.builder.add(ctx.rank, Op(kind, st, mb), span)  # type: ignore[arg-type]
             return emit
@@ -103,9 +103,9 @@ class Compiler(ExprCompiler):
         ops = []
         for call in (s.first, s.second):
             b = self.callee(call.name, call.name_span, len(call.args), call.span, scope)
-            if b.kind != "op":
+            if b.kind != "op" or OP_ARITY[call.name] != 2:
                 raise UsageError(f"'overlap' pairs two ops (F, B, I, W); '{call.name}' is not "
-                                 "an op", call.name_span)
+                                 "one of them", call.name_span)
             sf, mf = (self.expr(a, scope) for a in call.args)
             ops.append((call.name, sf, mf, call.args[0].span, call.args[1].span, call.span))
         span = s.span

@@ -18,6 +18,12 @@ Costs are written as *settings*, one dotted name per value, the same in a `.sche
 ``memory_bytes``                bytes of activations one micro-batch keeps on a stage from
                                 its F until its backward frees them (enables peak_bytes)
 ``stage.S.memory_bytes``        the same for stage S
+``param_bytes``                 bytes of one stage's weight gradients, all-reduced by its
+                                R op under data parallelism (default 0)
+``stage.S.param_bytes``         the same for stage S (`pipeirc profile` measures it)
+``dp``                          data-parallel replicas D (default 1: R ops cost nothing)
+``dp_latency``, ``dp_bandwidth``  the link between replicas (default: ``latency``,
+                                ``bandwidth``)
 ``unit``                        the time unit, for display only (e.g. "ms"; default none)
 ``lengths``, ``length_cost``,   per-micro-batch costs from sequence lengths
 ``length_ref``                  (see `pipeir.sim.lengths`)
@@ -26,7 +32,8 @@ Costs are written as *settings*, one dotted name per value, the same in a `.sche
 The most specific setting wins: stage+micro-batch, then micro-batch, then stage, then the
 kind's default. At each level a B that is not given but whose I and W both are costs I + W.
 A transfer between stages on the same rank is free; otherwise it takes
-``latency + activation_bytes / bandwidth``.
+``latency + activation_bytes / bandwidth``. A gradient reduction R(s) is a ring all-reduce
+over the D replicas: ``2(D-1) * dp_latency + 2(D-1)/D * param_bytes / dp_bandwidth``.
 
 A cost file is a JSON object or TOML document of those names. Nested tables are joined with
 dots, so TOML's ``[stage.2]`` / ``F = 1.5`` and JSON's ``{"stage": {"2": {"F": 1.5}}}`` both
@@ -63,8 +70,8 @@ from pipeir.sim.lengths import LENGTH_KEYS, LengthCost, split_length_settings
 
 #: Settings that hold a time per op, and the settings about transfers and memory.
 OP_KINDS = KINDS
-COMM_KEYS = ("latency", "bandwidth")
-SIZE_KEYS = ("activation_bytes", "memory_bytes")
+COMM_KEYS = ("latency", "bandwidth", "dp", "dp_latency", "dp_bandwidth")
+SIZE_KEYS = ("activation_bytes", "memory_bytes", "param_bytes")
 META_KEYS = ("version", "meta", "unit")
 TOP_KEYS = (*OP_KINDS, *COMM_KEYS, *SIZE_KEYS, *META_KEYS, *LENGTH_KEYS)
 
@@ -88,6 +95,10 @@ class CostModel:
     bandwidth: float | None = None
     activation_bytes: float = 0.0
     memory_bytes: float | None = None
+    param_bytes: float = 0.0
+    dp: int = 1
+    dp_latency: float | None = None  # None: `latency`
+    dp_bandwidth: float | None = None  # None: `bandwidth`
     stage: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
     mb: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
     stage_mb: Mapping[tuple[int, int], Mapping[str, float]] = field(default_factory=dict)
@@ -102,8 +113,15 @@ class CostModel:
                 base[k] = v
         for k, v in base.items():
             _check_time(k, v)
-        for k in ("latency", "activation_bytes"):
+        for k in ("latency", "activation_bytes", "param_bytes"):
             _check_time(k, getattr(self, k))
+        if self.dp_latency is not None:
+            _check_time("dp_latency", self.dp_latency)
+        if type(self.dp) is not int or self.dp < 1:
+            raise ValueError(f"dp must be a positive integer, got {self.dp!r}")
+        if self.dp_bandwidth is not None and not (_is_number(self.dp_bandwidth)
+                                                  and self.dp_bandwidth > 0):
+            raise ValueError(f"dp_bandwidth must be a positive number, got {self.dp_bandwidth!r}")
         if self.memory_bytes is not None:
             _check_time("memory_bytes", self.memory_bytes)
         if self.bandwidth is not None and not (_is_number(self.bandwidth) and self.bandwidth > 0):
@@ -138,8 +156,10 @@ class CostModel:
 
     # ---- queries --------------------------------------------------------------------------
     def cost(self, op: Op) -> float:
-        """How long `op` takes."""
+        """How long `op` takes (a reduction: `allreduce_time` of its stage)."""
         kind, s, m = op.kind, op.stage, op.mb
+        if kind == "R":
+            return self.allreduce_time(s)
         if self.stage_mb:
             v = _pick(self.stage_mb.get((s, m)), kind)
             if v is not None:
@@ -171,6 +191,27 @@ class CostModel:
         t = self.latency
         if self.bandwidth is not None:
             t += self.boundary_bytes(min(src_stage, dst_stage)) / self.bandwidth
+        return t
+
+    def stage_param_bytes(self, stage: int) -> float:
+        """Bytes of stage `stage`'s weight gradients (what its R op all-reduces)."""
+        level = self.stage.get(stage)
+        if level is not None and "param_bytes" in level:
+            return level["param_bytes"]
+        return self.param_bytes
+
+    def allreduce_time(self, stage: int) -> float:
+        """A ring all-reduce of stage `stage`'s gradients over `dp` replicas: 2(D-1) steps,
+        each paying the dp link's latency, moving 2(D-1)/D of the bytes in all. Zero when
+        D = 1 (nothing to reduce)."""
+        d = self.dp
+        if d <= 1:
+            return 0.0
+        latency = self.latency if self.dp_latency is None else self.dp_latency
+        bandwidth = self.bandwidth if self.dp_bandwidth is None else self.dp_bandwidth
+        t = 2 * (d - 1) * latency
+        if bandwidth is not None:
+            t += 2 * (d - 1) / d * self.stage_param_bytes(stage) / bandwidth
         return t
 
     def activation_memory(self, stage: int) -> float | None:
@@ -225,6 +266,14 @@ class CostModel:
         out["activation_bytes"] = self.activation_bytes
         if self.memory_bytes is not None:
             out["memory_bytes"] = self.memory_bytes
+        if self.param_bytes:
+            out["param_bytes"] = self.param_bytes
+        if self.dp != 1:
+            out["dp"] = self.dp
+        if self.dp_latency is not None:
+            out["dp_latency"] = self.dp_latency
+        if self.dp_bandwidth is not None:
+            out["dp_bandwidth"] = self.dp_bandwidth
         for s, level in sorted(self.stage.items()):
             out.update({f"stage.{s}.{k}": v for k, v in level.items()})
         for m, level in sorted(self.mb.items()):
@@ -311,9 +360,13 @@ def _build(items: Mapping[str, tuple[Any, Span | None]], where: str | None) -> C
             raise UsageError(f"{where_prefix(where, span)}unknown cost '{name}'", span,
                              did_you_mean(name, _known_names(name)) or
                              (Note("costs are F, B, I, W, latency, bandwidth, activation_bytes, "
-                                   "memory_bytes, and stage.S.K, mb.M.K, stage.S.mb.M.K for "
-                                   "K in F, B, I, W"),))
-        v = _number(name, value, span, where, positive=(name == "bandwidth"))
+                                   "memory_bytes, param_bytes, dp, dp_latency, dp_bandwidth, "
+                                   "and stage.S.K, mb.M.K, stage.S.mb.M.K for K in F, B, I, "
+                                   "W"),))
+        v = _number(name, value, span, where, positive=name in ("bandwidth", "dp_bandwidth", "dp"))
+        if name == "dp" and v != int(v):
+            raise UsageError(f"{where_prefix(where, span)}cost 'dp' (data-parallel replicas) "
+                             f"must be a positive integer, got {value}", span)
         level[key] = v
     try:
         return CostModel(
@@ -322,6 +375,9 @@ def _build(items: Mapping[str, tuple[Any, Span | None]], where: str | None) -> C
             bandwidth=_top(items, "bandwidth", None),
             activation_bytes=_top(items, "activation_bytes", 0.0),
             memory_bytes=_top(items, "memory_bytes", None),
+            param_bytes=_top(items, "param_bytes", 0.0), dp=int(_top(items, "dp", 1)),
+            dp_latency=_top(items, "dp_latency", None),
+            dp_bandwidth=_top(items, "dp_bandwidth", None),
             stage=stage, mb=mb, stage_mb=stage_mb, unit=unit)
     except ValueError as e:  # pragma: no cover - every value was checked above
         raise UsageError(f"{where_prefix(where, None)}{e}") from None

@@ -10,6 +10,11 @@ consumes has arrived. Two communication models:
   produced it, so the sender is busy until the data has arrived; receives are posted
   ahead (as torch's irecv), so the receiver waits for the data but is not occupied.
 
+Gradient reductions (R ops, data parallelism) run on a third kind of channel, one per rank:
+the rank issues an R when its program reaches it (once the weight gradients it reduces are
+done) and goes on with its next op at once; the reductions of one rank run one after another
+on its channel; the step ends when every rank's compute and reductions are done.
+
 NOTE: both models are contention-free (transfers never queue behind one another on a
 link), so an op's start is the longest path to it through program-order and data edges. The
 simulation is therefore one pass over a topological order (`Timing.sweep`, the one timing
@@ -82,6 +87,9 @@ class Timing:
         stage = [op.stage for op in ops]
         gpred = schedule.graph._pred  # NOTE: networkx's adjacency dict, read-only, for speed
         preds = [[idx[p] for p in gpred[op]] for op in ops]
+        self.reduce = [op.kind == "R" for op in ops]
+        if any(self.reduce):
+            _reduction_channels(preds, rank, self.reduce)
         succs: list[list[int]] = [[] for _ in range(n)]
         for i, ps in enumerate(preds):
             for j in ps:
@@ -202,6 +210,39 @@ class Timing:
         return max(self.sweep(dur).release, default=0.0)
 
 
+def _reduction_channels(preds: list[list[int]], rank: list[int], reduce: list[bool]) -> None:
+    """Rewire `preds` (op numbers in program order, rank by rank) for reductions on their
+    own channel, so that the one sweep times them with no special case.
+
+    NOTE: an R's release (when what follows it on its channel may start) is its end. The
+    compute op after an R in program order must not wait for that: it waits instead for the
+    last compute op before the R (the R is issued and the rank goes on). Each R waits for
+    the previous R of its rank, which serializes the channel; its other predecessors (its
+    weight gradients, the op before it) are on its rank, so it starts at
+    max(issued, channel free).
+    """
+    last: dict[int, int] = {}  # rank -> its latest R so far
+    for i, ps in enumerate(preds):
+        if reduce[i]:
+            prev = last.get(rank[i])
+            if prev is not None and prev not in ps:
+                ps.append(prev)
+            last[rank[i]] = i
+            continue
+        fixed = []
+        for j in ps:
+            if reduce[j]:  # only the program-order edge leaves an R
+                k = j - 1
+                while k >= 0 and rank[k] == rank[i] and reduce[k]:
+                    k -= 1
+                if k < 0 or rank[k] != rank[i]:
+                    continue  # the rank's program starts with reductions
+                j = k
+            if j not in fixed:
+                fixed.append(j)
+        preds[i] = fixed
+
+
 def _topological(succs: list[list[int]], joins: list[list[tuple[int, int]]],
                  indeg: list[int]) -> list[int]:
     """The ops that can run, in an order where each comes after its predecessors (`succs`,
@@ -264,9 +305,15 @@ def _result(schedule: Schedule, costs: CostModel, comm: str, ops: list[Op], rank
     makespan = max(release, default=0.0)
     busy = [0.0] * ranks
     sending = [0.0] * ranks
+    reducing = [0.0] * ranks
+    computed = 0.0  # when the last compute op releases its rank
     for i, r in enumerate(rank):
+        if ops[i].kind == "R":  # on the rank's reduction channel, not its compute
+            reducing[r] += end[i] - start[i]
+            continue
         busy[r] += end[i] - start[i]
         sending[r] += release[i] - end[i]
+        computed = max(computed, release[i])
     start_of = dict(zip(ops, start))
     peaks, peak_time = _peaks(schedule, start_of)
     peak_bytes = _peak_bytes(schedule.programs, costs) if costs.knows_memory else None
@@ -276,7 +323,8 @@ def _result(schedule: Schedule, costs: CostModel, comm: str, ops: list[Op], rank
                      end=dict(zip(ops, end)), makespan=makespan, busy=tuple(busy),
                      idle=tuple(makespan - b for b in busy), sending=tuple(sending),
                      peak_activations=peaks, peak_time=peak_time, peak_bytes=peak_bytes,
-                     critical_path=_critical_path(ops, release, why), transfers=transfers)
+                     critical_path=_critical_path(ops, release, why), transfers=transfers,
+                   reducing=tuple(reducing), compute_makespan=computed)
 
 
 def _by_start(t: tuple[int, int, float, float, float]) -> tuple[float, int]:

@@ -52,6 +52,35 @@ class SimResult:
     peak_bytes: tuple[float, ...] | None
     critical_path: list[Op]
     transfers: list[Transfer]
+    #: time each rank's reduction channel spent all-reducing gradients (R ops)
+    reducing: tuple[float, ...] = ()
+    #: when the last compute op ended (the step without its reductions); None: unknown
+    compute_makespan: float | None = None
+
+    @property
+    def has_reductions(self) -> bool:
+        return any(r > 0 for r in self.reducing)
+
+    @property
+    def reduction_time(self) -> float:
+        """The reduction time of the busiest rank: what the reductions would add to the step
+        if none of them overlapped compute."""
+        return max(self.reducing, default=0.0)
+
+    @property
+    def exposed_reduction(self) -> float:
+        """How much the reductions lengthen the step: makespan minus the end of the last
+        compute op (the step time with reductions exposed vs hidden)."""
+        if self.compute_makespan is None:
+            return 0.0
+        return max(0.0, self.makespan - self.compute_makespan)
+
+    @property
+    def hidden_reduction(self) -> float:
+        """The fraction of `reduction_time` hidden behind compute (1.0 when nothing is
+        reduced)."""
+        total = self.reduction_time
+        return 1.0 - min(1.0, self.exposed_reduction / total) if total > 0 else 1.0
 
     @property
     def ranks(self) -> int:
@@ -79,8 +108,9 @@ class SimResult:
 
     @property
     def critical_path_time(self) -> float:
-        """The compute time along the critical path (transfers and sends excluded)."""
-        return sum(self.end[op] - self.start[op] for op in self.critical_path)
+        """The compute time along the critical path (transfers, sends and reductions
+        excluded)."""
+        return sum(self.end[op] - self.start[op] for op in self.critical_path if op.kind != "R")
 
     def to_json(self, ops: bool = False) -> dict[str, Any]:
         """A JSON-ready summary; `ops=True` adds every op's times and every transfer."""
@@ -108,6 +138,12 @@ class SimResult:
             "critical_path": [str(op) for op in self.critical_path],
             "critical_path_time": _num(self.critical_path_time),
             "transfers": len(self.transfers),
+            **({"reduction": {"time": _num(self.reduction_time),
+                              "exposed": _num(self.exposed_reduction),
+                              "hidden": _num(self.hidden_reduction),
+                              "compute_makespan": _num(self.compute_makespan or 0.0),
+                              "per_rank": [_num(x) for x in self.reducing]}}
+               if self.has_reductions else {}),
             "costs": {k: _num(v) if isinstance(v, float) else v
                       for k, v in self.costs.settings().items()},
         }

@@ -30,12 +30,13 @@ def label(op: Op, schedule: Schedule) -> str:
 def render_grid(schedule: Schedule, width: int = 100) -> str:
     """The grid as text: a legend, then blocks of time steps that fit in `width` columns."""
     steps = unit_steps(schedule)
-    n_steps = max(steps.values(), default=-1) + 1
+    n_steps = max((t for op, t in steps.items() if op.kind != "R"), default=-1) + 1
     ranks = schedule.config.ranks
     cells = [[IDLE] * n_steps for _ in range(ranks)]
     for op, t in steps.items():
-        cells[schedule.rank_of(op)][t] = label(op, schedule)
-    cw = max([len(IDLE), *(len(label(op, schedule)) for op in steps)])
+        if op.kind != "R":  # reductions run beside compute, on their own channel
+            cells[schedule.rank_of(op)][t] = label(op, schedule)
+    cw = max([len(IDLE), *(len(label(op, schedule)) for op in steps if op.kind != "R")])
     head = f"r{ranks - 1}"
     prefix = len(head) + 3
     per_block = max(1, (width - prefix) // (cw + 1))

@@ -2,19 +2,21 @@
 
 Each column covers makespan / width time units and shows the op that covers most of it:
 its kind letter (F, B, I, W), upper case for even micro-batches and lower case
-for odd ones, so neighbouring ops stay apart; '.' is idle and '>' a blocking send. With
+for odd ones, so neighbouring ops stay apart; '.' is idle and '>' a blocking send. A rank
+with gradient reductions (R ops, data parallelism) gets a second row for its reduction
+channel ('R', lower case for odd stages), since reductions run beside its compute. With
 colour, each kind gets its own background as well.
 """
 
 from __future__ import annotations
 
-from pipeir.ops import KIND_NAMES, KINDS, Op
+from pipeir.ops import KIND_NAMES, REDUCE, Op
 from pipeir.sim.result import SimResult
 
 IDLE = "."
 SEND = ">"
 #: ANSI background colours per op kind (and for sends), used when colour is on.
-COLOURS = {"F": "44", "B": "42", "I": "43", "W": "45", SEND: "41"}
+COLOURS = {"F": "44", "B": "42", "I": "43", "W": "45", "R": "46", SEND: "41"}
 RESET = "\x1b[0m"
 
 
@@ -34,6 +36,11 @@ def render_timeline(result: SimResult, width: int = 80, color: bool = False) -> 
         text = _paint_row(cells) if color else "".join(cells)
         util = result.utilisation[r]
         lines.append(f"{f'r{r}':>{label_w}} |{text}| {util:6.1%}")
+        reductions = [op for op in prog if op.kind == REDUCE]
+        if reductions:
+            cells = _channel_row(result, reductions, width, scale)
+            text = _paint_row(cells) if color else "".join(cells)
+            lines.append(f"{'':>{label_w}} |{text}| all-reduce")
     lines.append(_legend(result, color))
     return "\n".join(lines) + "\n"
 
@@ -46,11 +53,24 @@ def _row(result: SimResult, prog: tuple[Op, ...], width: int, scale: float,
     busy = [0.0] * width
     cells = [IDLE] * width
     for op in prog:
+        if op.kind == REDUCE:
+            continue  # on the rank's reduction channel, its own row
         t0, t1 = result.start[op], result.end[op]
         _cover(t0, t1, op.kind if op.mb % 2 == 0 else op.kind.lower(), scale, best, busy, cells)
         sent = sent_until.get(op, t1)
         if sent > t1:
             _cover(t1, sent, SEND, scale, best, busy, cells)
+    return [c if busy[k] >= scale / 2 else IDLE for k, c in enumerate(cells)]
+
+
+def _channel_row(result: SimResult, reductions: list[Op], width: int, scale: float
+                 ) -> list[str]:
+    best = [0.0] * width
+    busy = [0.0] * width
+    cells = [IDLE] * width
+    for op in reductions:
+        char = REDUCE if op.stage % 2 == 0 else REDUCE.lower()
+        _cover(result.start[op], result.end[op], char, scale, best, busy, cells)
     return [c if busy[k] >= scale / 2 else IDLE for k, c in enumerate(cells)]
 
 
@@ -96,7 +116,7 @@ def _axis(result: SimResult, width: int) -> str:
 
 
 def _legend(result: SimResult, color: bool) -> str:
-    kinds = sorted({op.kind for op in result.start}, key=KINDS.index)
+    kinds = sorted({op.kind for op in result.start}, key=list(KIND_NAMES).index)
     parts = [f"{_paint(k, color)} {KIND_NAMES[k]}" for k in kinds]
     parts.append(f"{_paint(IDLE, color)} idle")
     if result.comm == "blocking":

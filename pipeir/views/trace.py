@@ -2,7 +2,8 @@
 
 One process per rank ("rank r"), a "compute" thread with every op as a complete ("X") event
 of its real duration, and "comm" threads with each transfer shown on both the sending and the
-receiving rank. A flow arrow ("s" then "f", same id, binding to the enclosing slice) runs
+receiving rank, and an "all-reduce" thread with the gradient reductions of data parallelism.
+A flow arrow ("s" then "f", same id, binding to the enclosing slice) runs
 from each send to its receive. Transfers that overlap in time on one rank go on separate comm
 threads ("comm", "comm 2", ...), because a trace viewer draws one thread as a single stack.
 """
@@ -17,6 +18,7 @@ from pipeir.sim.result import SimResult, Transfer
 US_PER_UNIT = {"s": 1e6, "ms": 1e3, "us": 1.0, "µs": 1.0, "ns": 1e-3}
 DEFAULT_US_PER_UNIT = 1e3  # unitless costs are drawn as milliseconds
 COMPUTE_TID = 0
+REDUCE_TID = 1000  # gradient all-reduces (data parallelism), below the comm threads
 
 
 def chrome_trace(result: SimResult) -> dict[str, Any]:
@@ -29,6 +31,14 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
         events.append(_meta("thread_name", r, COMPUTE_TID, {"name": "compute"}))
         for op in prog:
             t0 = result.start[op]
+            if op.kind == "R":  # gradient all-reduce: the rank's reduction channel
+                if not any(e.get("tid") == REDUCE_TID and e["pid"] == r for e in events):
+                    events.append(_meta("thread_name", r, REDUCE_TID, {"name": "all-reduce"}))
+                events.append({"name": f"all-reduce stage {op.stage}", "cat": "R", "ph": "X",
+                               "pid": r, "tid": REDUCE_TID, "ts": _ts(t0, scale),
+                               "dur": _ts(result.end[op] - t0, scale),
+                               "args": {"op": str(op), "stage": op.stage}})
+                continue
             events.append({"name": f"{op.kind}{op.mb}", "cat": op.kind, "ph": "X",
                            "pid": r, "tid": COMPUTE_TID, "ts": _ts(t0, scale),
                            "dur": _ts(result.end[op] - t0, scale),
