@@ -17,6 +17,11 @@ Memory is told in units of one reference micro-batch's activations on one stage 
 `peak act` counts for 1F1B), so it compares across v and M; `memory_limit` is in those units.
 The `overlap` backend pass corresponds to the simulator's comm model: "overlapped" with the
 pass, "blocking" without (see pipeir.sim.engine).
+
+Data parallelism (`dp` > 1 in the costs, or `search(dp=D)`): every candidate gets the
+`dp-reduce` pass last, so its step time includes the gradient all-reduces that the schedule
+does not hide. A chunk holds 1/v of its stage's parameters (`param_bytes`); the micro-batch
+count does not change them.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ class Candidate:
     peak_memory: float  # in reference micro-batch activations per stage, max over ranks
     peak_bytes: float | None
     messages: int
+    exposed_reduction: float = 0.0  # step time spent only on gradient all-reduces (dp > 1)
 
     @property
     def overlap(self) -> bool:
@@ -95,6 +101,8 @@ def rescale(costs: CostModel, ranks: int, v: int, scale: float = 1.0) -> CostMod
                 out[k] = x * scale
             elif k == "memory_bytes":
                 out[k] = x * t
+            elif k == "param_bytes":
+                out[k] = x / v
         return out
 
     stage = {s: times(dict(costs.stage[s // v])) for s in range(ranks * v)
@@ -106,6 +114,7 @@ def rescale(costs: CostModel, ranks: int, v: int, scale: float = 1.0) -> CostMod
     return replace(costs, F=float(base["F"]) * t, B=float(base["B"]) * t,
                    I=float(base["I"]) * t, W=float(base["W"]) * t,
                    activation_bytes=costs.activation_bytes * scale,
+                   param_bytes=costs.param_bytes / v,
                    memory_bytes=None if memory is None else memory * t,
                    stage=stage, mb=mb, stage_mb=stage_mb)
 
@@ -113,10 +122,16 @@ def rescale(costs: CostModel, ranks: int, v: int, scale: float = 1.0) -> CostMod
 def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
            memory_limit: float | None = None, max_v: int = 8,
            comms: Sequence[str] = ("overlapped", "blocking"),
-           splits: Sequence[str | None] = SPLITS, reorder: bool | None = None) -> TuneResult:
+           splits: Sequence[str | None] = SPLITS, reorder: bool | None = None,
+           dp: int | None = None) -> TuneResult:
     """Simulate every candidate; rank those within `memory_limit` by predicted step time
     (then fewer messages, then less memory). `reorder` (default: when micro-batches differ
-    in cost) adds the `reorder` pass to every candidate."""
+    in cost) adds the `reorder` pass to every candidate; `dp` (default: the costs' `dp`)
+    replicates the pipeline and adds `dp-reduce`."""
+    if dp is not None:
+        if dp < 1:
+            raise UsageError(f"--dp {dp}: need at least 1 replica")
+        costs = replace(costs, dp=dp)
     if ranks < 1:
         raise UsageError(f"--ranks {ranks}: need at least 1 rank")
     if not microbatches or min(microbatches) < 1:
@@ -175,6 +190,7 @@ def _families(ranks: int, m: int, max_v: int) -> list[tuple[str, int]]:
 def _evaluate(base: Schedule, costs: CostModel, family: str, v: int, m: int,
               split: str | None, comm: str, reorder: bool, scale: float) -> Candidate:
     from pipeir.passes import PassContext, PassManager
+    from pipeir.passes.dp_reduce import DpReduce
     from pipeir.passes.reorder import Reorder
     from pipeir.passes.split_backward import SplitBackward
 
@@ -182,17 +198,20 @@ def _evaluate(base: Schedule, costs: CostModel, family: str, v: int, m: int,
     if reorder:
         # bounded by evaluations, not time: the table must not depend on machine load
         passes.append(Reorder(budget_ms=10**9, evals=100))
+    if costs.dp > 1:
+        passes.append(DpReduce())
     ctx = PassContext(costs, "blocking" if comm == "blocking" else "overlapped")
     s = PassManager(passes, context=ctx, verify_each=False).run(base)
     r = simulate(s, costs, comm=comm)
     peak_units = max(r.peak_activations, default=0) * scale / v
     return Candidate(schedule=s, costs=costs, family=family, v=v, microbatches=m,
-                     passes=",".join(p.name if isinstance(p, Reorder) else
-                                     f"{p.name}{{mode={split}}}" for p in passes),
+                     passes=",".join(f"{p.name}{{mode={split}}}"
+                                     if isinstance(p, SplitBackward) else p.name
+                                     for p in passes),
                      comm=comm, step_time=r.makespan,
                      bubble=r.bubble, peak_memory=peak_units,
                      peak_bytes=None if r.peak_bytes is None else max(r.peak_bytes, default=0.0),
-                     messages=len(r.transfers))
+                     messages=len(r.transfers), exposed_reduction=r.exposed_reduction)
 
 
 def table(result: TuneResult, top: int | None = None) -> str:

@@ -15,6 +15,13 @@ run under rendezvous semantics, so no rank can wait forever; `pipeir.backend.com
 it again on the emitted programs. Transfers between a pair of ranks are posted in the same
 order on both sides (per-peer FIFO, as NCCL needs).
 
+Gradient reductions (data parallelism): R(s) becomes `reduce-grad stage=s` where the rank
+reaches it in the last round of the step (an asynchronous all-reduce of the stage's gradients
+on the data-parallel group; it never blocks the rank), and `wait-reduce stage=s` right before
+the optimizer step. Earlier rounds of a step with `accumulate` > 1 reduce nothing: the
+gradients are still accumulating. Every replica runs the same program, so the replicas issue
+their all-reduces in the same order and they cannot deadlock each other.
+
 The two ops of an overlapped pair are lowered back to back as one unit: the receives of both
 are waited before the first, the sends of both follow the second, and the instructions after
 the pair's first carry `paired` so that later passes put nothing in between.
@@ -132,6 +139,21 @@ class BackwardWeight(Instr):
 
 
 @dataclass(frozen=True)
+class ReduceGrad(Instr):
+    """Start the all-reduce (mean) of `stage`'s gradients across the data-parallel replicas;
+    asynchronous (torch's REDUCE_GRAD)."""
+
+    stage: int
+
+
+@dataclass(frozen=True)
+class WaitReduce(Instr):
+    """Wait for `stage`'s gradient all-reduce (before the optimizer step)."""
+
+    stage: int
+
+
+@dataclass(frozen=True)
 class Handoff(Instr):
     """Local hand-off between consecutive stages on the same rank (V placement): the `act`
     of `stage` becomes the input of stage+1, or the `grad` of `stage`'s input becomes the
@@ -201,7 +223,7 @@ _MNEMONICS: dict[type, str] = {
     Loss: "loss", Backward: "backward", BackwardInput: "backward-input",
     BackwardWeight: "backward-weight", Handoff: "handoff", Send: "send", Recv: "recv",
     ISend: "isend", IRecv: "irecv", WaitSend: "wait-send", WaitRecv: "wait-recv",
-    Batch: "batch",
+    Batch: "batch", ReduceGrad: "reduce-grad", WaitReduce: "wait-reduce",
 }
 _BY_MNEMONIC: dict[str, type] = {v: k for k, v in _MNEMONICS.items()}
 
@@ -249,6 +271,8 @@ def lower(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
         prog: list[Instr] = [ZeroGrad()]
         for rnd in rounds:
             prog.extend(rnd[rank])
+        prog.extend(WaitReduce(i.stage, op=i.op, at=i.at) for i in prog
+                    if isinstance(i, ReduceGrad))
         prog.append(OptimizerStep())
         programs.append(tuple(_post_early(prog)))
     return Lowered(schedule.name, cfg.ranks, cfg.stages, cfg.microbatches, cfg.accumulate,
@@ -287,6 +311,14 @@ def _times(schedule: Schedule, costs: CostModel) -> dict[Op, tuple[float, float]
         raise AssertionError("schedule deadlocks after verification")
     t = timing.sweep([costs.cost(op) for op in timing.ops])
     times = {op: (t.start[i], t.end[i]) for i, op in enumerate(timing.ops)}
+    # a reduction is issued when its rank reaches it (its channel may start it later)
+    for prog in schedule.programs:
+        reached = 0.0
+        for op in prog:
+            if op.kind == "R":
+                times[op] = (reached, reached)
+            else:
+                reached = times[op][1]
     for first, second in schedule.pairs:
         times[first] = times[second] = (times[first][0], times[second][1])
     return times
@@ -319,7 +351,8 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]], rn
     last = cfg.stages - 1
     offset = rnd * cfg.microbatches
     scale = 1.0 / (cfg.microbatches * cfg.accumulate)
-    busy = [sorted(times[op] for op in prog) for prog in schedule.programs]
+    busy = [sorted(times[op] for op in prog if op.kind != "R") for prog in schedule.programs]
+    final = rnd == cfg.accumulate - 1  # reductions run once per step, after the last round
     events: list[tuple[tuple[Any, ...], list[tuple[int, Instr]]]] = []
     waits: dict[Op, list[Instr]] = {}
 
@@ -331,6 +364,11 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]], rn
         for pos, op in enumerate(prog):
             if schedule.graph.nodes[op].get("pair_prev") is not None:
                 continue  # lowered with the first op of its pair
+            if op.kind == "R":
+                if final:
+                    events.append(((times[op][0], 2, rank, pos),
+                                   [(rank, ReduceGrad(op.stage, **origin(op)))]))
+                continue
             unit = _unit(schedule, op)
             start, end = times[op][0], times[unit[-1]][1]
             body: list[Instr] = []

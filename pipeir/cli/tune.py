@@ -32,6 +32,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="largest chunks per rank for interleaving (powers of 2; default 8)")
     p.add_argument("--comm", choices=("both", "overlapped", "blocking"), default="both",
                    help="overlapped = with the backend's overlap pass (default: both)")
+    p.add_argument("--dp", type=int, metavar="D",
+                   help="data-parallel replicas of the pipeline (default: the cost file's dp, "
+                        "else 1): adds the gradient all-reduces (dp-reduce) to every candidate")
     p.add_argument("--top", type=int, default=None, metavar="N", help="print only N rows")
     p.add_argument("-o", "--output", metavar="OUT", help="write the best schedule to OUT")
 
@@ -67,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
         check_count(spec, m)
     comms = ("overlapped", "blocking") if args.comm == "both" else (args.comm,)
     result = search(costs, ranks, mbs, memory_limit=args.memory_limit, max_v=args.max_v,
-                    comms=comms)
+                    comms=comms, dp=args.dp)
     best = result.best
     print(table(result, args.top), end="")
     if result.over_limit:
@@ -76,7 +79,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"best: {best.family}" + (f" v={best.v}" if best.v > 1 else "")
           + f", {best.microbatches} micro-batches" + (f", {best.passes}" if best.passes else "")
           + f", {'overlapped' if best.overlap else 'blocking'} communication: "
-          f"step {best.step_time:.6g}{' ' + best.costs.unit if best.costs.unit else ''}")
+          f"step {best.step_time:.6g}{' ' + best.costs.unit if best.costs.unit else ''}"
+          + (f" with dp = {best.costs.dp} ({best.exposed_reduction:.6g} of it waiting for "
+             "gradient all-reduces)" if best.costs.dp > 1 else ""))
     if args.output:
         verify(best.schedule)
         write_atomic(args.output, print_schedule(best.schedule, best.costs.settings()))
