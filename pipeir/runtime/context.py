@@ -34,6 +34,7 @@ from torch.utils import _pytree as pytree
 
 from pipeir.models.spec import ModelSpec, autocast_dtype
 from pipeir.runtime import shapes, splitgrad
+from pipeir.runtime.mesh import Mesh
 from pipeir.runtime.optim import Optim, StepStats
 from pipeir.runtime.shapes import Layout, ShapePlan, TensorMeta
 
@@ -60,6 +61,10 @@ class Handle:
 
 class Context:
     """One rank's modules, optimizer, tensors and timers."""
+
+    #: data parallelism: this replica's place and groups (None: one replica; peers in the
+    #: generated code are then global ranks)
+    mesh: Mesh | None = None
 
     def __init__(self, spec: ModelSpec, modules: dict[int, torch.nn.Module], stages: int,
                  device: torch.device, plan: ShapePlan, optim: Optim,
@@ -203,6 +208,26 @@ class Context:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast)
 
+    # ---- data parallelism (pipeir.runtime.mesh) ---------------------------------------------
+    def reduce_grad(self, stage: int) -> None:
+        """Start averaging `stage`'s gradients over its replicas (asynchronous)."""
+        t0 = self._enter()
+        if self.mesh is not None:
+            self._run_comm(lambda: self.mesh.start_reduce(  # type: ignore[union-attr]
+                stage, self.modules[stage]), stream=False)
+        self._leave(t0)
+
+    def wait_reduce(self, stage: int) -> None:
+        t0 = self._enter()
+        if self.mesh is not None:
+            self._run_comm(lambda: self.mesh.finish_reduce(stage),  # type: ignore[union-attr]
+                           stream=False)
+        self._leave(t0)
+
+    def _peer(self, peer: int) -> int:
+        """The global rank of pipeline rank `peer` in this replica."""
+        return peer if self.mesh is None else self.mesh.peer(peer)
+
     # ---- communication ---------------------------------------------------------------------
     def send(self, tensor: str, stage: int, mb: int, peer: int, tag: int) -> None:
         t0 = self._enter()
@@ -231,8 +256,9 @@ class Context:
         """Post several (kind, tensor, stage, mb, peer, tag) at once (batch_isend_irecv)."""
         t0 = self._enter()
         handles = [self._handle(*p) for p in posts]
-        ops = [dist.P2POp(dist.isend if h.kind == "send" else dist.irecv, h.buf, peer,
-                          tag=tag) for h, (_, _, _, _, peer, tag) in zip(handles, posts)]
+        ops = [dist.P2POp(dist.isend if h.kind == "send" else dist.irecv, h.buf,
+                          self._peer(peer), tag=tag)
+               for h, (_, _, _, _, peer, tag) in zip(handles, posts)]
         works = self._run_comm(lambda: dist.batch_isend_irecv(ops))
         if self.comm_stream is not None:
             for h in handles:
@@ -274,14 +300,14 @@ class Context:
               ) -> Handle:
         h = self._handle(kind, tensor, stage, mb, peer, tag)
         op = dist.isend if kind == "send" else dist.irecv
-        h.work = self._run_comm(lambda: op(h.buf, peer, tag=tag))
+        h.work = self._run_comm(lambda: op(h.buf, self._peer(peer), tag=tag))
         if self.comm_stream is not None:  # the comm stream uses a compute-stream allocation
             h.buf.record_stream(self.comm_stream)
         return h
 
-    def _run_comm(self, post: Callable[[], Any]) -> Any:
+    def _run_comm(self, post: Callable[[], Any], stream: bool = True) -> Any:
         try:
-            if self.comm_stream is None:
+            if self.comm_stream is None or not stream:
                 return post()
             self.comm_stream.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(self.comm_stream):

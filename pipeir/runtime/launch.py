@@ -20,6 +20,7 @@ from typing import Any
 
 from pipeir.backend.lower import Lowered
 from pipeir.diagnostics import PipeirError
+from pipeir.runtime.mesh import MeshShape
 from pipeir.runtime.worker import Job
 
 GRACE_S = 1.5
@@ -63,6 +64,8 @@ class RunResult:
     params: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)
     #: job -> stage -> parameter name -> gradient of the last step (numpy)
     grads: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)
+    #: job -> global rank -> (its params, its grads), to compare data-parallel replicas
+    by_rank: dict[int, dict[int, tuple[Any, Any]]] = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -152,7 +155,7 @@ def _watch(procs: list[Any], q: Any, pcs: Any, jobs: Sequence[Job], result: RunR
             raise RunError(_blame(errors, dead, procs, pcs, jobs))
         if now - last_news > stall:
             where = "; ".join(f"rank {r}: job {pcs[2 * r]} "
-                              f"{describe(jobs[pcs[2 * r]].lowered, r, pcs[2 * r + 1])}"
+                              f"{_describe(jobs[pcs[2 * r]], r, pcs[2 * r + 1])}"
                               for r in range(n))
             raise RunError(f"no rank made progress for {stall:.0f} s; stopped all {n} ranks "
                            f"({where})")
@@ -194,6 +197,7 @@ def _record(msg: tuple[Any, ...], result: RunResult, exited: set[int],
         _, job, rank, params, grads = msg
         result.params.setdefault(job, {}).update(params)
         result.grads.setdefault(job, {}).update(grads)
+        result.by_rank.setdefault(job, {})[rank] = (params, grads)
     elif kind == "exit":
         exited.add(msg[1])
     elif kind == "error":
@@ -207,8 +211,8 @@ def _blame(errors: list[tuple[Any, ...]], dead: list[int], procs: list[Any], pcs
     if real:
         _, rank, job, pc, _, text, where = real[0]
         at = f" (raised at {where})" if where else ""
-        return (f"rank {rank} failed {describe(jobs[job].lowered, rank, pc)}: "
-                f"{text}{at}; stopped all {n} ranks")
+        return (f"{_name(jobs[job], rank)} failed {_describe(jobs[job], rank, pc)}: "
+                f"{text}{at}{_groups(jobs[job], rank)}; stopped all {n} ranks")
     errored = {e[1] for e in errors}
     silent = [r for r in range(n) if procs[r].exitcode not in (0, None) and r not in errored]
     if silent:
@@ -216,10 +220,29 @@ def _blame(errors: list[tuple[Any, ...]], dead: list[int], procs: list[Any], pcs
         code = procs[r].exitcode
         how = f"killed by signal {-code}" if code < 0 else f"exit code {code}"
         job, pc = pcs[2 * r], pcs[2 * r + 1]
-        return (f"rank {r} died ({how}) {describe(jobs[job].lowered, r, pc)}; "
+        return (f"{_name(jobs[job], r)} died ({how}) {_describe(jobs[job], r, pc)}"
+                f"{_groups(jobs[job], r)}; "
                 f"stopped all {n} ranks")
     _, rank, job, pc, _, text, _ = errors[0]
-    others = "; ".join(f"rank {r} was {describe(jobs[pcs[2 * r]].lowered, r, pcs[2 * r + 1])}"
+    others = "; ".join(f"rank {r} was {_describe(jobs[pcs[2 * r]], r, pcs[2 * r + 1])}"
                        for r in range(n) if r not in errored)
-    return (f"rank {rank} lost communication {describe(jobs[job].lowered, rank, pc)}: "
+    return (f"{_name(jobs[job], rank)} lost communication {_describe(jobs[job], rank, pc)}"
+            f"{_groups(jobs[job], rank)}: "
             f"{text}" + (f" ({others})" if others else "") + f"; stopped all {n} ranks")
+
+
+def _shape(job: Job) -> MeshShape:
+    return MeshShape(job.lowered.ranks, job.dp)
+
+
+def _describe(job: Job, rank: int, pc: int) -> str:
+    """`describe` for global rank `rank` (its pipeline rank's program)."""
+    return describe(job.lowered, _shape(job).coords(rank)[0], pc)
+
+
+def _name(job: Job, rank: int) -> str:
+    return _shape(job).name(rank)
+
+
+def _groups(job: Job, rank: int) -> str:
+    return f" (in {_shape(job).groups(rank)})" if job.dp > 1 else ""

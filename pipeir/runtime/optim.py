@@ -22,12 +22,15 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 
 from pipeir.models.spec import ModelSpec, autocast_dtype, tied_groups
+
+if TYPE_CHECKING:
+    from pipeir.runtime.mesh import Mesh
 
 #: fp16 dynamic loss scaling, as torch.amp.GradScaler's defaults.
 INIT_SCALE, GROWTH, BACKOFF, GROWTH_INTERVAL = 2.0**16, 2.0, 0.5, 2000
@@ -56,10 +59,15 @@ class Optim:
     """Optimizers, schedulers, tied groups and loss scale of the stages on one rank."""
 
     def __init__(self, spec: ModelSpec, modules: dict[int, torch.nn.Module], stages: int,
-                 placement: Sequence[int], rank: int, distributed: bool):
+                 placement: Sequence[int], rank: int, distributed: bool,
+                 mesh: Mesh | None = None):
+        """`rank` is the pipeline rank; with data parallelism (`mesh`) the groups below are
+        those of this replica's pipeline (its gradients are already averaged over replicas
+        when the step runs)."""
         self.spec = spec
         self.modules = modules
         self.distributed = distributed
+        self.norm_group = None if mesh is None else mesh.pp_group
         self.optimizers: dict[int, Any] = {}
         self.schedulers: dict[int, Any] = {}
         for s, m in modules.items():
@@ -74,12 +82,19 @@ class Optim:
         self.tied: list[_Tied] = []
         for g in tied_groups(spec, stages):
             ranks = sorted({placement[s] for s, _ in g})
-            # every rank creates every group's process group, in the same order
-            pg = dist.new_group(ranks) if distributed and len(ranks) > 1 else None
+            # every rank creates every group's process group (each replica's), in the same order
+            pg = None
+            for d in range(1 if mesh is None else mesh.shape.dp):
+                made = dist.new_group([r if mesh is None else mesh.shape.rank(r, d)
+                                       for r in ranks]) \
+                    if distributed and len(ranks) > 1 else None
+                if mesh is None or d == mesh.replica:
+                    pg = made
             if rank in ranks:
                 mine = [(s, param(modules[s], n)) for s, n in g if placement[s] == rank]
-                self.tied.append(_Tied(mine, placement[g[0][0]] == rank, placement[g[0][0]],
-                                       pg))
+                src = placement[g[0][0]]
+                self.tied.append(_Tied(mine, src == rank,
+                                       src if mesh is None else mesh.peer(src), pg))
         self._copy_tied()
 
     # ---- set-up -------------------------------------------------------------------------------
@@ -158,7 +173,7 @@ class Optim:
             if id(g) not in repeated:
                 sq += torch.linalg.vector_norm(g.float()).double() ** 2
         if self.distributed:
-            dist.all_reduce(sq)
+            dist.all_reduce(sq, group=self.norm_group)
         return float(sq.sqrt())
 
     # ---- checkpoints ----------------------------------------------------------------------------

@@ -27,6 +27,7 @@ from pipeir.models.spec import build_stage, resolve
 from pipeir.runtime import checkpoint, shapes
 from pipeir.runtime import dist as pdist
 from pipeir.runtime.context import CommFailure, Context
+from pipeir.runtime.mesh import Mesh, shard
 from pipeir.runtime.optim import Optim
 from pipeir.runtime.shapes import ShapePlan
 
@@ -48,6 +49,8 @@ class Job:
     save: str | None = None  # checkpoint directory (pipeir.runtime.checkpoint)
     save_every: int = 0  # save after every N steps (and after the last); 0: after the last
     resume: str | None = None  # start from the newest checkpoint in this directory
+    #: data-parallel replicas: the job runs on lowered.ranks x dp processes (pipeir.runtime.mesh)
+    dp: int = 1
 
 
 def load_program(source: str, name: str) -> Callable[[Context], None]:
@@ -97,17 +100,20 @@ def size(x: Any) -> int:
 
 
 def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
-            track: Callable[[int, int], None]) -> None:
+            track: Callable[[int, int], None], mesh: Mesh | None = None) -> None:
     low = job.lowered
     spec = resolve(job.model)
+    gather, rank = (spec.batch, rank) if mesh is None else (
+        lambda step: shard(spec.batch(step), job.dp, mesh.replica), mesh.pp_rank)
     mine = [s for s, r in enumerate(low.placement) if r == rank]
     modules = {s: build_stage(spec, s, low.stages).to(device) for s in mine}
-    optim = Optim(spec, modules, low.stages, low.placement, rank, distributed=True)
+    optim = Optim(spec, modules, low.stages, low.placement, rank, distributed=True, mesh=mesh)
     start = 0
     if job.resume is not None:
         start = checkpoint.load(job.resume, modules, optim, device)
     ctx = Context(spec, modules, low.stages, device, ShapePlan(spec, low.stages, device),
                   optim, on_instr=lambda pc: track(index, pc))
+    ctx.mesh = mesh
     step_fn = load_program(job.sources[rank], f"rank{rank}")
     last = (low.stages - 1) in mine
     # NOTE: a full garbage collection walks the ~300k objects torch creates at import; one
@@ -117,7 +123,7 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
     gc.freeze()
     n = low.microbatches * low.accumulate
     for step in range(start, job.steps):
-        xs, ys = split_batch(spec.batch(step), n)
+        xs, ys = split_batch(gather(step), n)
         if job.plan is not None:
             order = job.plan.order([size(x) for x in xs])
             xs, ys = tuple(xs[k] for k in order), tuple(ys[k] for k in order)
@@ -134,15 +140,16 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
                     "tokens": (sum(spec.tokens(x) for x in xs) if spec.tokens is not None
                                else None),
                     "grad_norm": st.grad_norm, "lr": st.lr, "skipped": st.skipped}
-        emit(("step", index, rank, step, ctx.loss_sum if last else None, t0, t1,
-              list(ctx.times), info))
+        emit(("step", index, rank if mesh is None else mesh.rank, step,
+              ctx.loss_sum if last else None, t0, t1, list(ctx.times), info))
         track(index, -1)
         done = step + 1
-        if job.save is not None and (done == job.steps or
-                                     (job.save_every and done % job.save_every == 0)):
+        saver = mesh is None or mesh.replica == 0  # replicas hold the same state
+        if job.save is not None and saver and (
+                done == job.steps or (job.save_every and done % job.save_every == 0)):
             checkpoint.save(job.save, done, spec, job.model, low.stages, modules, optim, rank)
     if job.collect:
-        emit(("params", index, rank,
+        emit(("params", index, rank if mesh is None else mesh.rank,
               {s: {k: _numpy(v) for k, v in m.state_dict().items()}
                for s, m in modules.items()},
               {s: {k: _numpy(v.grad) for k, v in m.named_parameters() if v.grad is not None}
@@ -159,8 +166,9 @@ def run_rank(rank: int, world: int, init_method: str, jobs: Sequence[Job], emit:
     device = pdist.pick_device(rank)
     pdist.init(rank, world, init_method, timeout_s, device)
     try:
+        mesh = pdist.mesh(rank, world, jobs, device)
         for i, job in enumerate(jobs):
-            run_job(rank, i, job, device, emit, track)
+            run_job(rank, i, job, device, emit, track, mesh)
     finally:
         pdist.shutdown()
 
