@@ -5,13 +5,19 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pipeir.cli.common import add_schedule_args
 from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.diagnostics import EXIT_OK, UsageError
 from pipeir.files import write_atomic
 from pipeir.passes import Compiled
+
+if TYPE_CHECKING:
+    from pipeir.passes import Pipeline
+    from pipeir.schedule import Schedule
 
 ORDER = 90
 NAME = "compile"
@@ -26,6 +32,9 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
                    help="asynchronous communication (same as --passes overlap)")
     p.add_argument("--max-posted", type=int, metavar="K",
                    help="with overlap: at most K receives posted ahead (0 = no bound)")
+    p.add_argument("--dp", type=int, default=1, metavar="D",
+                   help="data-parallel replicas of the pipeline (P x D processes); with D > 1 "
+                        "a schedule without gradient reductions gets the dp-reduce pass")
     add_costs_arg(p)
 
 
@@ -42,8 +51,28 @@ def compile_args(args: argparse.Namespace) -> Compiled:
             isinstance(p, Overlap) for p in pipeline.passes):
         pipeline = pipeline.then(Overlap(max_posted=args.max_posted or 0))
     elab, costs = load_with_costs(args)
+    if args.dp < 1:
+        raise UsageError(f"--dp {args.dp}: need at least 1 replica")
+    if args.dp > 1:
+        costs = replace(costs, dp=args.dp)
+        pipeline = _with_reductions(pipeline, elab.schedule)
     ctx = PassContext(costs, pipeline.comm)
     return PassManager(pipeline, context=ctx).compile(elab.schedule)
+
+
+def _with_reductions(pipeline: Pipeline, schedule: Schedule) -> Pipeline:
+    """`pipeline` with `dp-reduce` before its first lowered pass, unless it has one or the
+    schedule places its own reductions (R ops)."""
+    from pipeir.passes import LoweredPass, Pipeline
+    from pipeir.passes.dp_reduce import DpReduce
+
+    if any(isinstance(p, DpReduce) for p in pipeline.passes) or any(
+            op.kind == "R" for op in schedule):
+        return pipeline
+    n = next((i for i, p in enumerate(pipeline.passes) if isinstance(p, LoweredPass)),
+             len(pipeline.passes))
+    return Pipeline((*pipeline.passes[:n], DpReduce(), *pipeline.passes[n:]),
+                    (*pipeline.spans[:n], None, *pipeline.spans[n:]))
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,7 +103,8 @@ def run(args: argparse.Namespace) -> int:
         if not args.emit:
             print(f"wrote {out}/: {', '.join(f'rank{r}.py' for r in range(lowered.ranks))}, "
                   f"main.py, lowered.json; run with: torchrun --nproc-per-node "
-                  f"{lowered.ranks} {out}/main.py --model mlp")
+                  f"{lowered.ranks * args.dp} {out}/main.py --model mlp"
+                  + (f" (pipeline x {args.dp} data-parallel replicas)" if args.dp > 1 else ""))
     if args.emit == "lowered":
         sys.stdout.write(format_lowered(lowered))
     elif args.emit == "json":

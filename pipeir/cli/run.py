@@ -18,6 +18,7 @@ from pipeir.passes import Compiled
 if TYPE_CHECKING:
     from pipeir.passes.reorder import StepPlanner
     from pipeir.runtime.launch import RunResult
+    from pipeir.runtime.worker import Job
 from pipeir.files import write_atomic
 
 ORDER = 100
@@ -32,7 +33,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="mlp, transformer, package.module:function or file.py[:function]")
     p.add_argument("--steps", type=int, default=10, metavar="N", help="optimizer steps")
     p.add_argument("--nproc", type=int, metavar="P",
-                   help="processes to start (default and only accepted value: the ranks)")
+                   help="processes to start (default and only accepted value: the ranks "
+                        "times --dp)")
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="process-group timeout in seconds; a run stuck this long is stopped")
     p.add_argument("--trace", metavar="OUT",
@@ -70,14 +72,16 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--trace {args.trace}: directory {parent} does not exist")
     compiled = compile_args(args)
     schedule, lowered = compiled.schedule, compiled.lowered
-    if args.nproc is not None and args.nproc != lowered.ranks:
-        raise UsageError(f"--nproc {args.nproc}: the schedule runs on {lowered.ranks} ranks; "
-                         f"use --nproc {lowered.ranks} or --set ranks={args.nproc}")
+    world = lowered.ranks * args.dp
+    if args.nproc is not None and args.nproc != world:
+        raise UsageError(f"--nproc {args.nproc}: the schedule runs on {lowered.ranks} ranks"
+                         + (f" x {args.dp} replicas" if args.dp > 1 else "")
+                         + f"; use --nproc {world} or --set ranks={args.nproc}")
     from pipeir.backend.codegen import rank_source
     from pipeir.models import resolve
 
     spec = resolve(args.model)  # bad --model values fail here, before any process starts
-    _check_batch(spec, args.model, lowered.microbatches * lowered.accumulate)
+    _check_batch(spec, args.model, lowered.microbatches * lowered.accumulate, args.dp)
     from pipeir.runtime.preflight import preflight
     from pipeir.runtime.worker import Job
 
@@ -89,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     sources = tuple(rank_source(lowered, r) for r in range(lowered.ranks))
     job = Job(lowered, sources, args.model, args.steps, plan=_planner(compiled, args),
               collect=args.check, save=args.save, save_every=args.save_every,
-              resume=args.resume)
+              resume=args.resume, dp=args.dp)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         return _under_torchrun(job, args)
     from pipeir.runtime.launch import StepReport, launch
@@ -98,7 +102,9 @@ def run(args: argparse.Namespace) -> int:
     c = schedule.config
     print(f"training {args.model} with {schedule.name}: {c.ranks} ranks, {c.stages} stages, "
           f"{c.microbatches} micro-batches x {c.accumulate} round(s)"
-          f"{', overlap' if lowered.overlap else ''}; {args.steps} steps", flush=True)
+          f"{', overlap' if lowered.overlap else ''}; {args.steps} steps"
+          + (f"; x {args.dp} data-parallel replicas ({world} processes, rank = pp x "
+             f"{args.dp} + dp)" if args.dp > 1 else ""), flush=True)
 
     live = sys.stdout.isatty()  # a terminal: one progress line, rewritten in place
     pending = [False]  # a progress line without its newline is on the terminal
@@ -119,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
             print(line, flush=True)
 
     try:
-        result = launch([job], lowered.ranks, timeout_s=args.timeout, on_step=progress)
+        result = launch([job], world, timeout_s=args.timeout, on_step=progress)
     finally:
         log.close()
         if pending[0]:  # keep the last step's line (and any error below it)
@@ -149,11 +155,12 @@ def _planner(compiled: Compiled, args: argparse.Namespace) -> StepPlanner | None
     return planner
 
 
-def _check_batch(spec: object, model: str, n: int) -> None:
+def _check_batch(spec: object, model: str, n: int, dp: int = 1) -> None:
+    from pipeir.runtime.mesh import shard
     from pipeir.runtime.worker import split_batch
 
     try:
-        split_batch(spec.batch(0), n)  # type: ignore[attr-defined]
+        split_batch(shard(spec.batch(0), dp, 0), n)  # type: ignore[attr-defined]
     except ValueError as e:
         raise UsageError(f"--model {model}: {e}") from None
     except Exception as e:
@@ -165,9 +172,12 @@ def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace) -> 
     from pipeir.runtime.measure import measured_result, run_report, steps_trace
 
     lowered, ranks = compiled.lowered, compiled.lowered.ranks
-    times = {s: {r: result.times[(0, r, s)] for r in range(ranks)} for (_, s) in result.steps}
-    rep = run_report(lowered, compiled.schedule, times,
-                     {s: st.time for (_, s), st in result.steps.items()})
+    every = {s: {g: result.times[(0, g, s)] for g in range(ranks * args.dp)}
+             for (_, s) in result.steps}
+    rep = run_report(lowered, compiled.schedule, every,
+                     {s: st.time for (_, s), st in result.steps.items()}, args.dp)
+    # with data parallelism: replica 0's pipeline (global rank = pp rank x dp)
+    times = {s: {r: t[r * args.dp] for r in range(ranks)} for s, t in every.items()}
     predicted, free = rep.predicted, rep.free
     print(f"\nmedian step time {rep.step_time * 1e3:.1f} ms over {len(rep.measured)} step(s); "
           f"simulated {predicted.makespan * 1e3:.1f} ms")
@@ -179,6 +189,11 @@ def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace) -> 
         print(f"{r:>6} {rep.rank_bubble(r):>9.1%} {predicted.idle[r] / predicted.makespan:>10.1%} "
               f"{free.idle[r] / free.makespan:>10.1%}")
     print(f"{'all':>6} {rep.bubble:>9.1%} {predicted.bubble:>10.1%} {free.bubble:>10.1%}")
+    if predicted.has_reductions or any(m.has_reductions for m in rep.measured):
+        exposed = sorted(m.exposed_reduction for m in rep.measured)[len(rep.measured) // 2]
+        print(f"gradient all-reduce ({args.dp} replicas): {exposed * 1e3:.1f} ms of the step "
+              f"waits for it (median), simulated {predicted.exposed_reduction * 1e3:.1f} ms "
+              f"with the measured all-reduce times ({predicted.hidden_reduction:.0%} hidden)")
     cores = compute_slots()
     if ranks > cores:
         print(f"note: {ranks} ranks share {cores} CPU core(s), so ranks that compute at the "
@@ -194,17 +209,9 @@ def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace) -> 
               "https://ui.perfetto.dev)")
 
 
-def _under_torchrun(job: object, args: argparse.Namespace) -> int:
-    """Started by torchrun: this process is one rank; the last stage's rank prints."""
-    from pipeir.runtime.worker import run_rank
+def _under_torchrun(job: Job, args: argparse.Namespace) -> int:
+    """Started by torchrun: this process is one rank (of P x D); the last stage's rank
+    prints."""
+    from pipeir.runtime.torchrun import run_env
 
-    def emit(msg: tuple[object, ...]) -> None:
-        if msg[0] == "step" and msg[4] is not None:
-            step, loss, t0, t1 = msg[3], msg[4], msg[5], msg[6]
-            sys.stdout.write(f"step {step + 1}/{args.steps}  loss {loss:.5f}  "  # type: ignore[operator]
-                             f"{(t1 - t0) * 1e3:.1f} ms\n")  # type: ignore[operator]
-            sys.stdout.flush()
-
-    run_rank(int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), "env://", [job],  # type: ignore[list-item]
-             emit, lambda j, pc: None, args.timeout)
-    return EXIT_OK
+    return run_env(job, args.timeout, args.dp)

@@ -55,7 +55,8 @@ def compute_slots() -> int:
         return os.cpu_count() or 1
 
 
-def mesh(rank: int, world: int, jobs: Sequence[Job], device: torch.device) -> Mesh | None:
+def mesh(rank: int, world: int, jobs: Sequence[Job], device: torch.device,
+         timeout_s: float) -> Mesh | None:
     """The (pp, dp) mesh of jobs with data parallelism (every job of a launch has the same
     dp), or None without it."""
     from pipeir.runtime.mesh import Mesh, check_world
@@ -67,4 +68,4 @@ def mesh(rank: int, world: int, jobs: Sequence[Job], device: torch.device) -> Me
     if dp == 1:
         return None
     shape = check_world(world, jobs[0].lowered.ranks, dp)
-    return Mesh.build(shape, rank, device)
+    return Mesh.build(shape, rank, device, timeout_s)

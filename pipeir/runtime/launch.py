@@ -45,6 +45,7 @@ class StepReport:
     job: int
     step: int
     loss: float | None = None
+    losses: int = 0  # ranks that reported a loss (one per data-parallel replica)
     start: float = float("inf")
     end: float = 0.0
     ranks: int = 0
@@ -183,10 +184,16 @@ def _record(msg: tuple[Any, ...], result: RunResult, exited: set[int],
         _, job, rank, step, loss, t0, t1, times, info = msg
         rep = result.steps.setdefault((job, step), StepReport(job, step))
         rep.start, rep.end, rep.ranks = min(rep.start, t0), max(rep.end, t1), rep.ranks + 1
-        if loss is not None:
-            rep.loss = loss
+        if loss is not None:  # data-parallel replicas: the mean of their (equal) shards'
+            rep.losses += 1
+            rep.loss = loss if rep.loss is None else rep.loss + (loss - rep.loss) / rep.losses
         if info is not None:
-            rep.info = info
+            if not rep.info:
+                rep.info = dict(info)
+            else:  # another replica's last stage: its samples and tokens add up
+                for k in ("samples", "tokens"):
+                    if rep.info.get(k) is not None and info.get(k) is not None:
+                        rep.info[k] += info[k]
         result.times[(job, rank, step)] = times
         if rep.ranks == n:
             prev = result.steps.get((job, step - 1))

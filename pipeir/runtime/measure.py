@@ -18,6 +18,7 @@ from statistics import mean, median
 from typing import Any
 
 from pipeir.backend.lower import (
+    COMPUTE,
     Backward,
     BackwardInput,
     BackwardWeight,
@@ -29,11 +30,13 @@ from pipeir.backend.lower import (
     Loss,
     Lowered,
     Recv,
+    ReduceGrad,
     Send,
     WaitRecv,
+    WaitReduce,
 )
 from pipeir.config import PipelineConfig
-from pipeir.ops import Op
+from pipeir.ops import NO_MB, Op
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, SimResult, Transfer, simulate
 
@@ -65,18 +68,24 @@ class RunReport:
 
 
 def run_report(lowered: Lowered, schedule: Schedule,
-               times: Mapping[int, Mapping[int, Times]], step_times: Mapping[int, float]
-               ) -> RunReport:
+               times: Mapping[int, Mapping[int, Times]], step_times: Mapping[int, float],
+               dp: int = 1) -> RunReport:
     """The report for one job: `schedule` is the compiled schedule (after its passes, the
     one `lowered` was lowered from), `times[step][rank]` the instruction times of each step
-    and `step_times[step]` its duration."""
+    (of every global rank: with `dp` replicas, replica 0's pipeline is measured and all of
+    them time the all-reduces) and `step_times[step]` its duration."""
+    replicas = times
+    times = {s: {r: t[r * dp] for r in range(lowered.ranks)} for s, t in times.items()}
     steps = tuple(sorted(times))
     keep = steps[1:] if len(steps) > 1 else steps  # the first step warms up
     expanded = expand_rounds(schedule)
     measured = tuple(measured_result(lowered, expanded, times[s]) for s in keep)
-    latency = transfer_latency(lowered, [times[s] for s in keep])
-    return RunReport(steps, measured, calibrated_prediction(lowered, measured, latency),
-                     calibrated_prediction(lowered, measured, 0.0), latency,
+    kept = [times[s] for s in keep]
+    latency = transfer_latency(lowered, kept)
+    reduce = allreduce_seconds(lowered, [replicas[s] for s in keep], dp) if dp > 1 else {}
+    return RunReport(steps, measured,
+                     calibrated_prediction(lowered, measured, latency, reduce, dp),
+                     calibrated_prediction(lowered, measured, 0.0, reduce, dp), latency,
                      median(step_times[s] for s in keep))
 
 
@@ -85,8 +94,10 @@ def expand_rounds(schedule: Schedule) -> Schedule:
     c = schedule.config
     if c.accumulate == 1:
         return schedule
-    progs = [[Op(op.kind, op.stage, op.mb + r * c.microbatches)
-              for r in range(c.accumulate) for op in prog] for prog in schedule.programs]
+    last = c.accumulate - 1  # gradient reductions run once, in the last round
+    progs = [[op if op.kind == "R" else Op(op.kind, op.stage, op.mb + r * c.microbatches)
+              for r in range(c.accumulate) for op in prog if op.kind != "R" or r == last]
+             for prog in schedule.programs]
     cfg = PipelineConfig(c.ranks, c.microbatches * c.accumulate, c.stages, c.placement)
     return Schedule.from_programs(cfg, progs, schedule.name)
 
@@ -117,7 +128,12 @@ def measured_result(lowered: Lowered, schedule: Schedule, times: Mapping[int, Ti
              if _op_of(lowered.program(r)[pc], schedule) is not None]
     first = min(t0 for t0, _ in spans)
     t_zero = first if t_zero is None else t_zero
-    t_end = max(t1 for _, t1 in spans)
+    computed = max(t1 for _, t1 in spans)
+    # gradient reductions: from the post (reduce-grad) to the end of its wait (wait-reduce)
+    reduced = [t1 for r in times for pc, _, t1 in times[r]
+               if isinstance(lowered.program(r)[pc], WaitReduce)]
+    t_end = max([computed, *reduced])
+    reducing = [0.0] * lowered.ranks
     start: dict[Op, float] = {}
     end: dict[Op, float] = {}
     busy = [0.0] * lowered.ranks
@@ -127,6 +143,14 @@ def measured_result(lowered: Lowered, schedule: Schedule, times: Mapping[int, Ti
         prog = lowered.program(r)
         for pc, t0, t1 in times.get(r, ()):
             ins = prog[pc]
+            if isinstance(ins, (ReduceGrad, WaitReduce)):
+                r_op = Op("R", ins.stage, NO_MB)
+                if isinstance(ins, ReduceGrad):
+                    start[r_op] = t0 - t_zero
+                else:
+                    end[r_op] = t1 - t_zero
+                    reducing[r] += end[r_op] - start.get(r_op, end[r_op])
+                continue
             op = _op_of(ins, schedule)
             if op is not None and op in schedule:
                 busy[r] += t1 - t0
@@ -142,7 +166,8 @@ def measured_result(lowered: Lowered, schedule: Schedule, times: Mapping[int, Ti
                  for key in sorted(sent) if key in arrived]
     return SimResult(schedule, CostModel(unit="s"), "measured", start, end, makespan,
                      tuple(busy), tuple(makespan - b for b in busy), tuple(0.0 for _ in busy),
-                     tuple(0 for _ in busy), tuple(0.0 for _ in busy), None, [], transfers)
+                     tuple(0 for _ in busy), tuple(0.0 for _ in busy), None, [], transfers,
+                     tuple(reducing), computed - first)
 
 
 def _transfer(key: tuple[str, int, int], src: tuple[int, float], dst: tuple[int, float],
@@ -192,22 +217,82 @@ def transfer_latency(lowered: Lowered, steps: Sequence[Mapping[int, Times]]) -> 
     return max(0.0, median(samples)) if samples else 0.0
 
 
+def allreduce_seconds(lowered: Lowered, steps: Sequence[Mapping[int, Times]], dp: int
+                      ) -> dict[int, float]:
+    """The measured time of each stage's gradient all-reduce (median over steps), from the
+    instruction times of all P x D ranks (`steps[k][global rank]`, global rank = pp x dp +
+    replica). A pipeline rank's reductions run one after another on its channel, from when
+    the last replica posted the first of them to when the first replica's wait for the last
+    ends; that time is shared equally among the rank's stages. Only meaningful when every
+    reduction is waited for in full, i.e. nothing overlaps them (`dp-reduce{at=end}`)."""
+    got: dict[int, list[float]] = {}
+    for times in steps:
+        first: dict[int, list[float]] = {}  # pp rank -> per replica: its first post
+        last: dict[int, list[float]] = {}  # pp rank -> per replica: end of its last wait
+        stages: dict[int, set[int]] = {}
+        for g, tt in times.items():
+            pp = g // dp
+            prog = lowered.program(pp)
+            posts = [t0 for pc, t0, _ in tt if isinstance(prog[pc], ReduceGrad)]
+            ends = [t1 for pc, _, t1 in tt if isinstance(prog[pc], WaitReduce)]
+            if posts and ends:
+                first.setdefault(pp, []).append(min(posts))
+                last.setdefault(pp, []).append(max(ends))
+                stages.setdefault(pp, set()).update(
+                    prog[pc].stage for pc, _, _ in tt  # type: ignore[attr-defined]
+                    if isinstance(prog[pc], ReduceGrad))
+        for pp, starts in first.items():
+            took = min(last[pp]) - max(starts)
+            if len(starts) == dp and took > 0:
+                for s in stages[pp]:
+                    got.setdefault(s, []).append(took / len(stages[pp]))
+    return {s: median(v) for s, v in sorted(got.items())}
+
+
+def exposed_reduction(lowered: Lowered, times: Mapping[int, Times], dp: int) -> float:
+    """How long one measured step waits for gradient all-reduces after its compute: the end
+    of the last `wait-reduce` minus the end of the last compute instruction, over all P x D
+    ranks (`times[global rank]`), as the simulator's `exposed_reduction` (replicas that run
+    behind delay everyone's all-reduce, and count)."""
+    computed = reduced = float("-inf")
+    for g, tt in times.items():
+        prog = lowered.program(g // dp)
+        for pc, _, t1 in tt:
+            ins = prog[pc]
+            if isinstance(ins, WaitReduce):
+                reduced = max(reduced, t1)
+            elif isinstance(ins, COMPUTE):
+                computed = max(computed, t1)
+    return max(0.0, reduced - computed) if reduced > float("-inf") else 0.0
+
+
 def calibrated_prediction(lowered: Lowered, measured: Sequence[SimResult],
-                          latency: float = 0.0) -> SimResult:
+                          latency: float = 0.0, allreduce: Mapping[int, float] | None = None,
+                          dp: int = 1) -> SimResult:
     """The simulator's prediction for the measured steps: op costs set to the measured mean
     time per stage and kind, `latency` per cross-rank transfer, and the communication model of
-    the program (`blocking` sends occupy the sender; with overlap they do not)."""
+    the program (`blocking` sends occupy the sender; with overlap they do not). With data
+    parallelism, `allreduce` gives each stage's measured all-reduce seconds over `dp`
+    replicas (expressed through the cost model's ring formula as the stage's parameter bytes
+    over a unit bandwidth)."""
     per_stage: dict[int, dict[str, list[float]]] = {}
     by_kind: dict[str, list[float]] = {}
     for m in measured:
         for op, t0 in m.start.items():
+            if op.kind == "R":
+                continue
             d = m.end[op] - t0
             per_stage.setdefault(op.stage, {}).setdefault(op.kind, []).append(d)
             by_kind.setdefault(op.kind, []).append(d)
     kw = {k: mean(v) for k, v in by_kind.items()}
     stage = {s: {k: mean(v) for k, v in kinds.items()} for s, kinds in per_stage.items()}
+    ring = 2 * (dp - 1) / dp if dp > 1 else 0.0
+    for s, t in (allreduce or {}).items():
+        if ring:
+            stage.setdefault(s, {})["param_bytes"] = t / ring
     costs = CostModel(F=kw.get("F", 1.0), B=kw.get("B"), I=kw.get("I"), W=kw.get("W"),
-                      latency=latency, stage=stage, unit="s")
+                      latency=latency, stage=stage, unit="s", dp=dp, dp_latency=0.0,
+                      dp_bandwidth=1.0)
     return simulate(measured[-1].schedule, costs,
                     comm="overlapped" if lowered.overlap else "blocking")
 

@@ -80,19 +80,30 @@ def check_world(world: int, pp: int, dp: int | None) -> MeshShape:
 
 def shard(batch: Sequence[Any], dp: int, replica: int) -> tuple[Any, ...]:
     """Replica `replica`'s equal share of a global batch: dim 0 of every tensor cut in `dp`
-    (a list of per-micro-batch tensors is cut by micro-batches). A ValueError when the batch
-    does not split evenly: unequal shards would weigh samples unequally in the average."""
+    (in a dict or other pytree part alike, constants kept; a list of per-micro-batch inputs is
+    cut by micro-batches). A ValueError when the batch does not split evenly: unequal shards
+    would weigh samples unequally in the average."""
+    from torch.utils import _pytree as pytree
+
     if dp == 1:
         return tuple(batch)
-    out = []
-    for t in batch:
-        n = len(t) if isinstance(t, list | tuple) else int(t.shape[0])
-        what = "micro-batches" if isinstance(t, list | tuple) else "samples"
+
+    def cut(x: Any, n: int, what: str) -> Any:
         if n % dp:
             raise ValueError(f"a batch of {n} {what} does not split over {dp} data-parallel "
                              f"replicas (use a batch that is a multiple of {dp})")
         k = n // dp
-        out.append(t[replica * k:(replica + 1) * k])
+        return x[replica * k:(replica + 1) * k]
+
+    out = []
+    for part in batch:
+        if isinstance(part, list | tuple):
+            out.append(cut(part, len(part), "micro-batches"))
+            continue
+        leaves, tree = pytree.tree_flatten(part)
+        out.append(pytree.tree_unflatten(
+            [cut(x, int(x.shape[0]), "samples") if isinstance(x, torch.Tensor) and x.dim()
+             else x for x in leaves], tree))
     return tuple(out)
 
 
@@ -110,11 +121,25 @@ class Mesh:
         default_factory=dict)
 
     @classmethod
-    def build(cls, shape: MeshShape, rank: int, device: torch.device) -> Mesh:
-        """Create the (pp, dp) device mesh; every rank calls this at the same point."""
+    def build(cls, shape: MeshShape, rank: int, device: torch.device,
+              timeout_s: float) -> Mesh:
+        """Create the (pp, dp) device mesh; every rank calls this at the same point.
+
+        NOTE: gloo runs a group's asynchronous collectives on two threads by default, so two
+        all-reduces could run at once; one thread serializes them, as NCCL's stream does and
+        as the simulator's reduction channel assumes."""
+        from datetime import timedelta
+
         from torch.distributed.device_mesh import init_device_mesh
 
-        mesh = init_device_mesh(device.type, (shape.pp, shape.dp), mesh_dim_names=("pp", "dp"))
+        override: dict[int | str, Any] = {}
+        if device.type == "cpu":
+            opts = dist.ProcessGroupGloo._Options()
+            opts._threads = 1
+            opts._timeout = timedelta(seconds=timeout_s)
+            override["dp"] = ("gloo", opts)
+        mesh = init_device_mesh(device.type, (shape.pp, shape.dp), mesh_dim_names=("pp", "dp"),
+                                backend_override=override or None)
         stream = (torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
                   if device.type == "cuda" else None)
         return cls(shape, rank, mesh.get_group("dp"), mesh.get_group("pp"), device, stream)

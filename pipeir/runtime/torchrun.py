@@ -1,8 +1,16 @@
 """Entry point of generated `main.py` under torchrun: one process per rank, env:// init.
 
     torchrun --nproc-per-node P DIR/main.py [--model mlp] [--steps 20] [--timeout 60]
+    torchrun --nnodes N --nproc-per-node K --rdzv-backend c10d --rdzv-endpoint HOST:PORT \\
+        DIR/main.py [--dp D]
 
-The rank that owns the last stage writes one line per step (loss and step time) to stdout.
+With N*K = P*D processes for a P-rank schedule, the pipeline is replicated D times (pipeline x
+data parallelism, see `pipeir.runtime.mesh`); `--dp` defaults to N*K / P. Plain `env://`
+variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) work the same. Every rank
+prints its place in the mesh at start; the rank that owns the last stage of replica 0 writes
+one line per step (loss and step time) to stdout. A failure (a bad world size, a batch that
+does not split over the replicas, a lost peer) is one line on stderr naming the rank and its
+groups, and exit code 1, on which torchrun stops every other process.
 """
 
 from __future__ import annotations
@@ -10,11 +18,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pipeir.backend.lower import from_json
+from pipeir.runtime.mesh import MeshShape, check_world
 from pipeir.runtime.worker import Job, run_rank
 
 
@@ -23,24 +34,55 @@ def main(directory: Path, argv: list[str]) -> int:
     p.add_argument("--model", default="mlp")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--timeout", type=float, default=60.0)
+    p.add_argument("--dp", type=int, default=None,
+                   help="data-parallel replicas (default: world size / pipeline ranks)")
     args = p.parse_args(argv)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         sys.stderr.write("main.py: start me with torchrun --nproc-per-node P main.py\n")
         return 2
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     lowered = from_json(json.loads((directory / "lowered.json").read_text()))
-    if world != lowered.ranks:
-        sys.stderr.write(f"main.py: compiled for {lowered.ranks} ranks, started with {world}\n")
-        return 2
-    sources = tuple((directory / f"rank{r}.py").read_text() for r in range(world))
+    sources = tuple((directory / f"rank{r}.py").read_text() for r in range(lowered.ranks))
     job = Job(lowered, sources, args.model, args.steps)
+    return run_env(job, args.timeout, args.dp)
+
+
+def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
+    """Run `job` as this process's rank of a torchrun / env:// world; 0, or 1 after one
+    message on stderr naming the rank and its groups, or 2 for a world of the wrong size."""
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    try:
+        shape = check_world(world, job.lowered.ranks, dp)
+    except ValueError as e:
+        sys.stderr.write(f"main.py: rank {rank}: {e}\n")
+        return 2
+    job = replace(job, dp=shape.dp)
+    pp, replica = shape.coords(rank)
+    sys.stdout.write(f"rank {rank}/{world} = pp {pp} of {shape.pp}, dp {replica} of {shape.dp} "
+                     f"(host {socket.gethostname()}, local rank "
+                     f"{os.environ.get('LOCAL_RANK', '?')})\n")
+    sys.stdout.flush()
 
     def emit(msg: tuple[Any, ...]) -> None:
-        if msg[0] == "step" and msg[4] is not None:
-            _, _, _, step, loss, t0, t1, _, _ = msg
-            sys.stdout.write(f"step {step + 1}/{args.steps}  loss {loss:.5f}  "
+        # the last stage's rank reports the loss; of data-parallel replicas, replica 0's
+        if msg[0] == "step" and msg[4] is not None and replica == 0:
+            step, loss, t0, t1 = msg[3], msg[4], msg[5], msg[6]
+            shard = " (replica 0's shard)" if shape.dp > 1 else ""
+            sys.stdout.write(f"step {step + 1}/{job.steps}  loss {loss:.5f}{shard}  "
                              f"{(t1 - t0) * 1e3:.1f} ms\n")
             sys.stdout.flush()
 
-    run_rank(rank, world, "env://", [job], emit, lambda job, pc: None, args.timeout)
+    try:
+        run_rank(rank, world, "env://", [job], emit, lambda j, pc: None, timeout_s)
+    except Exception as e:
+        sys.stderr.write(f"main.py: {_failure(shape, rank, e)}\n")
+        sys.stderr.flush()
+        os._exit(1)  # do not wait for peers that may be gone; torchrun stops the rest
     return 0
+
+
+def _failure(shape: MeshShape, rank: int, e: BaseException) -> str:
+    from pipeir.runtime.context import CommFailure
+
+    what = "lost communication" if isinstance(e, CommFailure) else "failed"
+    groups = f" (in {shape.groups(rank)})" if shape.dp > 1 else ""
+    return f"{shape.name(rank)} {what}{groups}: {type(e).__name__}: {e}".strip()

@@ -166,7 +166,7 @@ def run_rank(rank: int, world: int, init_method: str, jobs: Sequence[Job], emit:
     device = pdist.pick_device(rank)
     pdist.init(rank, world, init_method, timeout_s, device)
     try:
-        mesh = pdist.mesh(rank, world, jobs, device)
+        mesh = pdist.mesh(rank, world, jobs, device, timeout_s)
         for i, job in enumerate(jobs):
             run_job(rank, i, job, device, emit, track, mesh)
     finally:
