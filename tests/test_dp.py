@@ -1,0 +1,372 @@
+"""Pipeline x data parallelism: the R op, dp-reduce, the all-reduce cost and its channel in the
+simulator, tune --dp, lowering, and training on pp x dp ranks (single-process oracle)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import pipeir
+from pipeir import R
+from pipeir.diagnostics import UsageError, VerifyError
+from pipeir.ops import NO_MB, Op
+from pipeir.passes import PassManager, parse_pipeline
+from pipeir.schedule import Schedule
+from pipeir.sim import CostModel, simulate
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+TWO = """
+pipeline { ranks = 2  microbatches = 2 }
+schedule s {
+    rank 0 { F(0,0) F(0,1) B(0,0) B(0,1) R(0) }
+    rank 1 { F(1,0) B(1,0) F(1,1) B(1,1) R(1) }
+}
+"""
+
+
+def _opt(schedule: Schedule, spec: str) -> Schedule:
+    return PassManager(parse_pipeline(spec)).run(schedule)
+
+
+# ---- IR, language, verifier ----------------------------------------------------------------
+def test_reduction_op_parses_prints_and_round_trips() -> None:
+    s = pipeir.parse(TWO)
+    assert R(1) == Op("R", 1, NO_MB) and str(R(1)) == "R(1)"
+    assert s.program(1)[-1] == R(1)
+    assert {p for p, _ in s.graph.in_edges(R(0))} == {Op("B", 0, 0), Op("B", 0, 1)}
+    assert not list(s.graph.successors(R(0)))  # only the optimizer step waits for it
+    text = pipeir.print_schedule(s)
+    assert "B(0,1) R(0)" in text
+    assert pipeir.print_schedule(pipeir.parse(text)) == text
+    pipeir.verify(s)
+
+
+@pytest.mark.parametrize(("text", "check", "message"), [
+    (TWO.replace("B(0,0) B(0,1) R(0)", "B(0,0) R(0) B(0,1)"), "reduction",
+     "R(0) comes before B(0,1) on rank 0: a reduction must follow every weight gradient"),
+    (TWO.replace(" R(1) }", " }"), "reduction",
+     "stage 1 never reduces its gradients (no R(1)) while R(0) does"),
+    (TWO.replace("R(0) }", "R(0) R(0) }"), "duplicate", "duplicate op R(0)"),
+    (TWO.replace("R(1) }", "R(x) }").replace("R(0) }", "R(1) }").replace("R(x)", "R(0)"),
+     "placement", "R(1) runs on rank 0, but stage 1 lives"),
+    (TWO.replace("R(1) }", "R(1) R(2) }"), "range", "R(2): stage 2 is out of range"),
+], ids=["order", "missing", "duplicate", "placement", "range"])
+def test_verifier_rejects_misplaced_reductions(text: str, check: str, message: str) -> None:
+    with pytest.raises(VerifyError) as e:
+        pipeir.verify(pipeir.parse(text))
+    assert e.value.check == check
+    assert message in str(e.value)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    (TWO.replace("R(0) }", "R(0, 1) }"), "R takes 1 argument (stage, micro-batch), got 2"),
+    (TWO.replace("F(0,0) F(0,1)", "overlap { F(0,0) R(0) } F(0,1)"), "'R' is not one of them"),
+], ids=["arity", "overlap"])
+def test_language_rejects_bad_reductions(text: str, message: str) -> None:
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        pipeir.parse(text)
+
+
+@pytest.mark.parametrize(("name", "passes"), [
+    ("1f1b", ""), ("1f1b", "split-backward,"), ("1f1b", "interleave{v=2},split-backward,"),
+    ("zb-v", ""), ("dualpipe-v", ""), ("gpipe", "split-backward{mode=h2},"),
+])
+def test_dp_reduce_puts_each_reduction_right_after_its_stages_last_weight_gradient(
+        name: str, passes: str) -> None:
+    base = _opt(pipeir.library.get(name, 2, 4), passes.rstrip(",")) if passes else \
+        pipeir.library.get(name, 2, 4)
+    s = _opt(base, "dp-reduce")
+    for r, prog in enumerate(s.programs):
+        stripped = [op for op in prog if op.kind != "R"]
+        assert stripped == list(base.program(r))  # nothing else moves
+        for stage in s.config.stages_of(r):
+            i = prog.index(R(stage))
+            last = max(k for k, op in enumerate(prog) if op.stage == stage and op.kind in "BW")
+            prev = prog[i - 1]
+            assert last < i  # after every weight gradient of its stage ...
+            # ... and right after the last one (or its overlapped partner, or another R)
+            assert prev == prog[last] or s.pair_of(prog[last]) == prev or prev.kind == "R"
+    assert _opt(s, "dp-reduce") == s  # placing again changes nothing
+    end = _opt(base, "dp-reduce{at=end}")
+    assert all(all(op.kind == "R" for op in prog[len(prog) - len(s.config.stages_of(r)):])
+               for r, prog in enumerate(end.programs))
+    for out in (s, end):
+        text = pipeir.print_schedule(out)
+        assert pipeir.print_schedule(pipeir.parse(text)) == text
+
+
+def test_passes_that_move_backwards_ask_for_dp_reduce_after_them() -> None:
+    s = _opt(pipeir.library.get("1f1b", 2, 4), "dp-reduce")
+    for spec in ("split-backward", "interleave{v=2}"):
+        with pytest.raises(UsageError, match=f"run dp-reduce after it: '{spec.split('{')[0]},"):
+            _opt(s, spec)
+    assert len(_opt(s, "merge-backward,reorder")) == len(s)  # these keep R ops
+
+
+# ---- costs and the simulator ---------------------------------------------------------------
+@pytest.mark.parametrize("d", [1, 2, 3, 4, 8])
+def test_allreduce_cost_is_the_ring_formula(d: int) -> None:
+    c = CostModel.from_settings({"dp": d, "dp_latency": 0.25, "dp_bandwidth": 4.0,
+                                 "param_bytes": 100.0, "stage.1.param_bytes": 36.0})
+    for stage, size in ((0, 100.0), (1, 36.0)):
+        want = 2 * (d - 1) * 0.25 + 2 * (d - 1) / d * size / 4.0
+        assert c.allreduce_time(stage) == pytest.approx(want)
+        assert c.cost(R(stage)) == pytest.approx(want)
+    # the dp link defaults to the pipeline link
+    c = CostModel(dp=d, latency=0.5, bandwidth=2.0, param_bytes=10.0)
+    assert c.allreduce_time(0) == pytest.approx(2 * (d - 1) * 0.5 + 2 * (d - 1) / d * 5.0)
+
+
+@pytest.mark.parametrize(("settings", "message"), [
+    ({"dp": 1.5}, "'dp' (data-parallel replicas) must be a positive integer"),
+    ({"dp": 0}, "cost 'dp' must be positive"),
+    ({"dp_bandwidth": 0}, "cost 'dp_bandwidth' must be positive"),
+    ({"stage.0.param_bytes": -1}, "cost 'stage.0.param_bytes' must be non-negative"),
+])
+def test_bad_dp_costs_are_usage_errors(settings: dict[str, float], message: str) -> None:
+    with pytest.raises(UsageError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        CostModel.from_settings(settings)
+
+
+def test_reductions_run_on_their_own_channel() -> None:
+    """They never delay compute, they queue behind each other on their rank, and the step
+    ends when the last one does."""
+    plain = pipeir.library.get("interleaved-1f1b", 2, 4, v=2)
+    s = _opt(plain, "dp-reduce")
+    costs = CostModel(dp=2, dp_latency=1.5)  # each all-reduce takes 2 * 1 * 1.5 = 3
+    r, base = simulate(s, costs), simulate(plain, costs)
+    for op in plain:
+        assert (r.start[op], r.end[op]) == (base.start[op], base.end[op])
+    assert r.compute_makespan == base.makespan
+    for rank, prog in enumerate(s.programs):
+        reds = [op for op in prog if op.kind == "R"]
+        for a, b in itertools.pairwise(reds):
+            assert r.start[b] >= r.end[a]
+        for red in reds:
+            issued = max(r.end[op] for op in prog[:prog.index(red)] if op.kind != "R")
+            assert r.end[red] - r.start[red] == pytest.approx(3.0)
+            assert r.start[red] == max([issued, *(r.end[x] for x in reds[:reds.index(red)])])
+        assert r.reducing[rank] == pytest.approx(3.0 * len(reds))
+    assert r.makespan == max(r.end.values())
+    assert r.exposed_reduction == pytest.approx(r.makespan - base.makespan)
+    assert 0 < r.hidden_reduction < 1
+    assert r.busy == base.busy  # reductions are not compute
+
+
+@pytest.mark.parametrize(("name", "passes"), [
+    ("1f1b", "split-backward,"), ("interleaved-1f1b", ""), ("zb-v", ""), ("dualpipe-v", ""),
+])
+def test_reductions_placed_by_the_pass_never_lose_to_reductions_at_the_end(
+        name: str, passes: str) -> None:
+    base = pipeir.library.get(name, 4, 8, **({"v": 2} if name == "interleaved-1f1b" else {}))
+    costs = CostModel(F=1, I=1, W=1, dp=4, dp_latency=0.1, dp_bandwidth=1.0, param_bytes=4.0)
+    last = simulate(_opt(base, f"{passes}dp-reduce"), costs)
+    end = simulate(_opt(base, f"{passes}dp-reduce{{at=end}}"), costs)
+    assert last.makespan <= end.makespan + 1e-9
+    assert last.exposed_reduction <= end.exposed_reduction + 1e-9
+    if name != "1f1b":  # several stages per rank (or late W ops): something is hidden
+        assert last.hidden_reduction > end.hidden_reduction
+
+
+def test_simulate_shows_reductions_on_the_timeline_trace_and_json(cli, tmp_path: Path) -> None:
+    sched = tmp_path / "dp.sched"
+    assert cli("opt", "--schedule", "interleaved-1f1b", "--ranks", "2", "--microbatches", "4",
+               "--v", "2", "--passes", "dp-reduce", "-o", sched)[0] == 0
+    sets = ("--set", "dp=2", "--set", "param_bytes=4", "--set", "dp_bandwidth=2")
+    code, out, _ = cli("simulate", sched, *sets, "--width", "60", "--trace",
+                       tmp_path / "t.json")
+    assert code == 0
+    assert "gradient all-reduce (dp = 2): 4 on the busiest rank" in out
+    assert "with reductions vs" in out
+    assert out.count("| all-reduce") == 2 and "R gradient all-reduce" in out
+    trace = json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+    assert sum(e.get("cat") == "R" for e in trace) == 4
+    code, out, _ = cli("simulate", sched, *sets, "--json")
+    red = json.loads(out)["reduction"]
+    assert red["time"] == 4 and red["per_rank"] == [4, 4]
+
+
+def test_tune_with_dp_adds_the_reductions_to_every_candidate(cli) -> None:
+    from pipeir.tune import search
+
+    costs = CostModel(F=4, I=4, W=4, latency=0.005, param_bytes=4e8, dp_bandwidth=2.5e7,
+                      stage={3: {"F": 4.4}})
+    plain = search(costs, 4, [8])
+    dp = search(costs, 4, [8], dp=4)
+    assert all(c.passes.endswith("dp-reduce") for c in dp.ranked)
+    assert all(any(op.kind == "R" for op in c.schedule) for c in dp.ranked)
+    assert dp.best.step_time > plain.best.step_time
+    assert dp.best.exposed_reduction > 0
+    assert search(costs, 4, [8], dp=1).best.step_time == plain.best.step_time
+
+
+# ---- lowering --------------------------------------------------------------------------------
+def test_lowering_posts_reductions_in_the_last_round_and_waits_before_the_step() -> None:
+    from pipeir.backend.lower import OptimizerStep, ReduceGrad, WaitReduce
+
+    s = pipeir.parse(EXAMPLES / "1f1b.sched", overrides={"ranks": 2, "microbatches": 2,
+                                                         "accumulate": 2})
+    low = pipeir.compile(s, "split-backward,dp-reduce{at=last},overlap").lowered
+    for prog in low.programs:
+        kinds = [type(i).__name__ for i in prog]
+        assert kinds.count("ReduceGrad") == 1 and kinds.count("WaitReduce") == 1
+        post = next(k for k, i in enumerate(prog) if isinstance(i, ReduceGrad))
+        last_w = max(k for k, i in enumerate(prog) if i.mnemonic == "backward-weight")
+        assert post == last_w + 1  # right after the final round's last W, not in round 0
+        assert isinstance(prog[-1], OptimizerStep)
+        wait = next(k for k, i in enumerate(prog) if isinstance(i, WaitReduce))
+        assert all(i.mnemonic == "wait-send" for i in prog[wait + 1:-1])  # (overlap's)
+
+
+# ---- runtime -----------------------------------------------------------------------------------
+MLP = "pipeir.models.mlp:small"
+
+
+def test_pp2_x_dp2_trains_like_single_process_on_the_global_batch() -> None:
+    import torch
+
+    from pipeir.backend.codegen import rank_source
+    from pipeir.models import resolve
+    from pipeir.runtime.launch import launch
+    from pipeir.runtime.reference import train_reference
+    from pipeir.runtime.worker import Job
+
+    def job(s: Schedule, passes: str, steps: int = 2) -> Job:
+        low = pipeir.compile(s, passes).lowered
+        return Job(low, tuple(rank_source(low, r) for r in range(low.ranks)), MLP, steps,
+                   collect=True, dp=2)
+
+    one = pipeir.library.get("1f1b", 2, 4)
+    inter = pipeir.library.get("interleaved-1f1b", 2, 4, v=2)
+    split = pipeir.parse(EXAMPLES / "defer-w.sched", overrides={"ranks": 2, "microbatches": 4})
+    acc = pipeir.parse(EXAMPLES / "1f1b.sched", overrides={"ranks": 2, "microbatches": 2,
+                                                           "accumulate": 2})
+    jobs = [job(one, "dp-reduce"), job(one, "dp-reduce,overlap"),
+            job(inter, "dp-reduce"), job(inter, "dp-reduce,overlap{max_posted=1}"),
+            job(split, "dp-reduce"), job(split, "dp-reduce,overlap"),
+            job(one, "split-backward,dp-reduce{at=end},overlap"),
+            job(acc, "dp-reduce,overlap")]
+    result = launch(jobs, 4, timeout_s=60.0)
+    for j, jb in enumerate(jobs):
+        low = jb.lowered
+        want, want_grads = train_reference(resolve(MLP), low.stages, low.microbatches * 2,
+                                           low.accumulate, jb.steps)
+        what = f"job {j} {low.name} overlap={low.overlap}"
+        assert sorted(result.by_rank[j]) == [0, 1, 2, 3]
+        for rank, (params, grads) in result.by_rank[j].items():  # every replica
+            for s in params:
+                for mine, ref in ((params[s], want[s]), (grads[s], want_grads[s])):
+                    assert sorted(mine) == sorted(ref), what
+                    for k, r in ref.items():
+                        torch.testing.assert_close(
+                            torch.from_numpy(mine[k]), r, rtol=1e-5, atol=1e-8,
+                            msg=lambda m, w=f"{what} rank {rank} stage {s} {k}": f"{w}: {m}")
+        assert result.steps[(j, 0)].loss is not None
+
+
+DYING_MODEL = '''
+import os, signal
+import torch.distributed as dist
+from torch import nn
+from pipeir.models import ModelSpec
+from pipeir.models.mlp import small as mlp
+
+class Bomb(nn.Module):
+    """Global rank 3 (pp 1, dp 1) dies on its third forward."""
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.calls = inner, 0
+    def forward(self, x):
+        self.calls += 1
+        if self.calls == 3 and dist.get_rank() == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return self.inner(x)
+
+def spec():
+    base = mlp()
+    def stage(s, n):
+        m = base.stage(s, n)
+        return Bomb(m) if s == 1 else m
+    return ModelSpec(stage=stage, loss=base.loss, batch=base.batch)
+'''
+
+
+def test_bad_dp_input_is_one_clear_message(cli) -> None:
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                       "--model", MLP, "--dp", "3")
+    assert code == 2
+    assert "a batch of 64 samples does not split over 3 data-parallel replicas" in err
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                       "--dp", "2", "--nproc", "2")
+    assert code == 2 and "use --nproc 4" in err
+
+
+def test_a_lost_rank_names_its_groups_and_stops_every_rank(cli, tmp_path: Path) -> None:
+    """Replica 1's pipeline rank 1 (global rank 3) is killed mid-step: one message naming it,
+    its pipeline and data-parallel groups, every process stopped, exit 1."""
+    model = tmp_path / "bomb.py"
+    model.write_text(DYING_MODEL)
+    t0 = time.monotonic()
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                       "--model", f"{model}:spec", "--steps", "5", "--timeout", "5",
+                       "--dp", "2")
+    assert time.monotonic() - t0 < 40
+    assert code == 1
+    assert "rank 3 (pp 1, dp 1) died (killed by signal 9) at instruction" in err
+    assert "pipeline group ranks 1, 3; data-parallel group ranks 2, 3" in err
+    assert "stopped all 4 ranks" in err and "Traceback" not in err
+
+
+def _torchrun(gen: Path, port: int, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", *extra, str(gen / "main.py"),
+            "--steps", "2", "--model", MLP, "--timeout", "30"]
+
+
+def test_two_torchrun_nodes_on_localhost_train_pp2_x_dp2(tmp_path: Path) -> None:
+    """`compile -o DIR` output launched unchanged as two torchrun "nodes" of two processes
+    (c10d rendezvous on 127.0.0.1), and a world that is not P x D under plain env://."""
+    from pipeir.cli import main
+    from pipeir.runtime.launch import free_port
+
+    gen = tmp_path / "gen"
+    assert main(["compile", "--schedule", "interleaved-1f1b", "--ranks", "2",
+                 "--microbatches", "4", "--v", "2", "--dp", "2", "--overlap",
+                 "-o", str(gen)]) == 0
+    assert "reduce_grad" in (gen / "rank0.py").read_text()
+    port = free_port()
+    node = ["--nnodes", "2", "--nproc-per-node", "2", "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "pipeir-dp-test"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen(_torchrun(gen, port, *node), stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+    outs = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err[-3000:]
+        outs.append(out)
+    text = "".join(outs)
+    for g, (pp, dp) in enumerate([(0, 0), (0, 1), (1, 0), (1, 1)]):
+        assert f"rank {g}/4 = pp {pp} of 2, dp {dp} of 2" in text
+    assert "step 2/2  loss " in text
+
+    # plain env://, 3 processes for a 2-rank pipeline: every one says why and exits non-zero
+    port = free_port()
+    bad = []
+    for r in range(3):
+        e = {**env, "RANK": str(r), "WORLD_SIZE": "3", "LOCAL_RANK": str(r),
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        bad.append(subprocess.Popen([sys.executable, str(gen / "main.py"), "--dp", "2"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=e))
+    for r, p in enumerate(bad):
+        _, err = p.communicate(timeout=120)
+        assert p.returncode == 2
+        assert f"main.py: rank {r}: world size 3 is not P x D = 2 x 2 = 4" in err
