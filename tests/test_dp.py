@@ -370,3 +370,14 @@ def test_two_torchrun_nodes_on_localhost_train_pp2_x_dp2(tmp_path: Path) -> None
         _, err = p.communicate(timeout=120)
         assert p.returncode == 2
         assert f"main.py: rank {r}: world size 3 is not P x D = 2 x 2 = 4" in err
+
+
+def test_torch_csv_carries_reduce_grad(cli, tmp_path: Path) -> None:
+    s = _opt(pipeir.library.get("zb-v", 2, 4), "dp-reduce{at=end}")
+    sched, csv = tmp_path / "s.sched", tmp_path / "s.csv"
+    sched.write_text(pipeir.print_schedule(s))
+    assert cli("export-torch", sched, "-o", csv)[0] == 0
+    rows = csv.read_text().splitlines()
+    assert rows[0].rstrip(",").endswith("0W3,3REDUCE_GRAD,0REDUCE_GRAD")
+    code, printed, _ = cli("import-torch", csv)
+    assert code == 0 and pipeir.parse(printed).programs == s.programs

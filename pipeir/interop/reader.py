@@ -19,7 +19,7 @@ from pathlib import Path
 from pipeir.config import ConfigError, PipelineConfig
 from pipeir.diagnostics import Diagnostic, Note, Source, Span, UsageError, VerifyError
 from pipeir.interop.actions import COMMS, COMPUTE, FORMATS, OVERLAP, Action, Format, parse_action
-from pipeir.ops import Op
+from pipeir.ops import NO_MB, Op
 from pipeir.schedule import Schedule
 
 
@@ -140,6 +140,10 @@ def _build(rows: list[list[tuple[Action, Span]]], name: str, microbatches: int |
             elif a.kind in COMPUTE:
                 prog.append(a.op)
                 spans[a.op] = sp
+            elif a.kind == "REDUCE_GRAD":  # the gradient all-reduce of data parallelism
+                red = Op("R", a.stage, NO_MB)
+                prog.append(red)
+                spans[red] = sp
         programs.append(prog)
     schedule = Schedule.from_programs(config, programs, name=_identifier(Path(name).stem),
                                       spans=spans)

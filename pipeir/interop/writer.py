@@ -53,11 +53,16 @@ def compute_actions(schedule: Schedule) -> list[list[Action]]:
 
 
 def _act(kind: str, stage: int, mb: int | None) -> Action:
+    if kind == "R":  # the gradient all-reduce
+        return Action(stage, "REDUCE_GRAD")
     return Action(stage, kind, mb)
 
 
 def _with_reduce_grad(row: list[Action], microbatches: int) -> list[Action]:
-    """torch's `_add_reduce_grad`: REDUCE_GRAD right after a stage's m-th B or W."""
+    """torch's `_add_reduce_grad`: REDUCE_GRAD right after a stage's m-th B or W (unless the
+    schedule places its own: R ops)."""
+    if any(a.kind == "REDUCE_GRAD" for a in row):
+        return row
     count: dict[int, int] = {}
     out: list[Action] = []
     for a in row:
