@@ -24,6 +24,8 @@ def test_profile_mlp_on_two_ranks_feeds_simulate_and_tune(cli, tmp_path: Path) -
     assert data["stage"]["0"]["I"] == 0  # stage 0's input needs no gradient
     assert data["stage"]["1"]["I"] > 0
     assert data["stage"]["0"]["activation_bytes"] == 64 * 512 * 4  # 256 samples / 4, width 512
+    # 4 of the mlp's 8 blocks per stage: weights and biases, float32 (what dp all-reduces)
+    assert data["stage"]["0"]["param_bytes"] == 4 * (512 * 512 + 512) * 4
     assert data["latency"] > 0
     assert "-bound" in text or "balanced" in text
     code, sim, err = cli("simulate", "--schedule", "1f1b", "--ranks", "2", "--microbatches",

@@ -44,6 +44,7 @@ class StageTimes:
     W: float
     activation_bytes: float  # the output crossing to the next stage
     memory_bytes: float  # what autograd keeps from F until the backward
+    param_bytes: float = 0.0  # the weight gradients data parallelism all-reduces
 
 
 def _median_ms(fn: Callable[[], Any], warmup: int, iters: int) -> float:
@@ -127,7 +128,8 @@ def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
     for p in module.parameters():
         p.grad = None
     act = 0.0 if last else float(sum(t.numel() * t.element_size() for t in tensor_leaves(o)))
-    return (StageTimes(f, b, i_t, w, act, float(saved[0])),
+    grads = float(sum(p.numel() * p.element_size() for p in params))
+    return (StageTimes(f, b, i_t, w, act, float(saved[0]), grads),
             pytree.tree_map(lambda t: _leaf(t, keep=True), o))
 
 
@@ -235,8 +237,9 @@ def cost_settings(stages: list[StageTimes], link: tuple[float, float | None] | N
     out["stage"] = {str(k): {"F": s.F, "B": s.B, "I": s.I, "W": s.W,
                              **({"activation_bytes": s.activation_bytes}
                                 if k < len(stages) - 1 else {}),
-                             "memory_bytes": s.memory_bytes}
+                             "memory_bytes": s.memory_bytes, "param_bytes": s.param_bytes}
                     for k, s in enumerate(stages)}
+    out["param_bytes"] = max(s.param_bytes for s in stages)
     return out
 
 
