@@ -128,8 +128,8 @@ def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
     for p in module.parameters():
         p.grad = None
     act = 0.0 if last else float(sum(t.numel() * t.element_size() for t in tensor_leaves(o)))
-    grads = float(sum(p.numel() * p.element_size() for p in params))
-    return (StageTimes(f, b, i_t, w, act, float(saved[0]), grads),
+    weights = float(sum(p.numel() * p.element_size() for p in params))
+    return (StageTimes(f, b, i_t, w, act, float(saved[0]), weights),
             pytree.tree_map(lambda t: _leaf(t, keep=True), o))
 
 
