@@ -134,7 +134,7 @@ class Mesh:
 
         override: dict[int | str, Any] = {}
         if device.type == "cpu":
-            opts = dist.ProcessGroupGloo._Options()
+            opts = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
             opts._threads = 1
             opts._timeout = timedelta(seconds=timeout_s)
             override["dp"] = ("gloo", opts)
