@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-
-if TYPE_CHECKING:
-    from pipeir.runtime.mesh import Mesh
-    from pipeir.runtime.worker import Job
 
 
 def pick_device(rank: int) -> torch.device:
@@ -53,19 +47,3 @@ def compute_slots() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
         return os.cpu_count() or 1
-
-
-def mesh(rank: int, world: int, jobs: Sequence[Job], device: torch.device,
-         timeout_s: float) -> Mesh | None:
-    """The (pp, dp) mesh of jobs with data parallelism (every job of a launch has the same
-    dp), or None without it."""
-    from pipeir.runtime.mesh import Mesh, check_world
-
-    dps = {job.dp for job in jobs}
-    if len(dps) > 1:
-        raise ValueError(f"the jobs of one launch must have the same dp, got {sorted(dps)}")
-    dp = dps.pop() if dps else 1
-    if dp == 1:
-        return None
-    shape = check_world(world, jobs[0].lowered.ranks, dp)
-    return Mesh.build(shape, rank, device, timeout_s)

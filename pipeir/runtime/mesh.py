@@ -186,3 +186,15 @@ class Mesh:
             n = g.numel()
             g.copy_(flat[offset:offset + n].view_as(g))
             offset += n
+
+
+def mesh_for(rank: int, world: int, dps: set[int], pp: int, device: torch.device,
+             timeout_s: float) -> Mesh | None:
+    """The mesh of a launch whose jobs run `dps` replicas (one value: every job of a launch
+    has the same) of `pp`-rank pipelines, or None without data parallelism."""
+    if len(dps) > 1:
+        raise ValueError(f"the jobs of one launch must have the same dp, got {sorted(dps)}")
+    dp = dps.pop() if dps else 1
+    if dp == 1:
+        return None
+    return Mesh.build(check_world(world, pp, dp), rank, device, timeout_s)

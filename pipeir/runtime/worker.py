@@ -27,7 +27,7 @@ from pipeir.models.spec import build_stage, resolve
 from pipeir.runtime import checkpoint, shapes
 from pipeir.runtime import dist as pdist
 from pipeir.runtime.context import CommFailure, Context
-from pipeir.runtime.mesh import Mesh, shard
+from pipeir.runtime.mesh import Mesh, mesh_for, shard
 from pipeir.runtime.optim import Optim
 from pipeir.runtime.shapes import ShapePlan
 
@@ -166,7 +166,8 @@ def run_rank(rank: int, world: int, init_method: str, jobs: Sequence[Job], emit:
     device = pdist.pick_device(rank)
     pdist.init(rank, world, init_method, timeout_s, device)
     try:
-        mesh = pdist.mesh(rank, world, jobs, device, timeout_s)
+        mesh = mesh_for(rank, world, {job.dp for job in jobs},
+                        jobs[0].lowered.ranks if jobs else 1, device, timeout_s)
         for i, job in enumerate(jobs):
             run_job(rank, i, job, device, emit, track, mesh)
     finally:
