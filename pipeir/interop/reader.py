@@ -140,7 +140,9 @@ def _build(rows: list[list[tuple[Action, Span]]], name: str, microbatches: int |
             elif a.kind in COMPUTE:
                 prog.append(a.op)
                 spans[a.op] = sp
-            elif a.kind == "REDUCE_GRAD":  # the gradient all-reduce of data parallelism
+            elif a.kind == "REDUCE_GRAD" and Op("R", a.stage, NO_MB) not in spans:
+                # the gradient all-reduce of data parallelism (a second one of a stage is
+                # left to `pipeirc check`, which names the cell)
                 red = Op("R", a.stage, NO_MB)
                 prog.append(red)
                 spans[red] = sp
