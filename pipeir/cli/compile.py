@@ -10,12 +10,16 @@ from pathlib import Path
 from pipeir.cli.common import add_schedule_args
 from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.diagnostics import EXIT_OK, UsageError
-from pipeir.files import write_atomic
+from pipeir.files import check_tree, write_tree
 from pipeir.passes import Compiled
 
 ORDER = 90
 NAME = "compile"
 HELP = "lower a schedule to per-rank torch.distributed programs (Python) for torchrun"
+
+#: Written into `-o DIR` with the names of the generated files: it tells a directory compile
+#: may write (and whose stale rank files it may remove) from a user's own.
+MARKER = ".pipeir-compile"
 
 
 def add_backend_args(p: argparse.ArgumentParser) -> None:
@@ -50,7 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_schedule_args(p)
     add_backend_args(p)
     p.add_argument("-o", "--output", metavar="DIR",
-                   help="write rank<r>.py, main.py and lowered.json into DIR")
+                   help="write rank<r>.py, main.py and lowered.json into DIR (new, empty, "
+                        "or written by an earlier compile)")
+    p.add_argument("--force", action="store_true",
+                   help="write into a non-empty -o DIR that pipeirc compile did not write")
     p.add_argument("--emit", choices=("lowered", "json", "python"),
                    help="print the lowered programs (text or JSON) or rank 0's Python source")
 
@@ -61,16 +68,16 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.output and not args.emit:
         raise UsageError("nothing to do: give -o DIR and/or --emit lowered|json|python")
-    lowered = compile_args(args).lowered
-    if args.output:
-        out = Path(args.output)
+    out = Path(args.output) if args.output else None
+    if out is not None:  # refuse before the work, not after
         if out.exists() and not out.is_dir():
             raise UsageError(f"-o {out}: exists and is not a directory")
         if not out.parent.is_dir():
             raise UsageError(f"-o {out}: directory {out.parent} does not exist")
-        out.mkdir(exist_ok=True)
-        for name, text in generate(lowered).items():
-            write_atomic(out / name, text)
+        check_tree(out, MARKER, flag="-o", force=args.force)
+    lowered = compile_args(args).lowered
+    if out is not None:
+        write_tree(out, generate(lowered), MARKER, flag="-o", force=args.force)
         if not args.emit:
             print(f"wrote {out}/: {', '.join(f'rank{r}.py' for r in range(lowered.ranks))}, "
                   f"main.py, lowered.json; run with: torchrun --nproc-per-node "

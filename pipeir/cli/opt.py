@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         settings = {k: v for k, v in settings.items() if not k.startswith("stage.")}
     text = print_schedule(out, settings)
     if args.output:
-        write_atomic(args.output, text)
+        write_atomic(args.output, text, "-o")
     else:
         print(text, end="")
     return 0

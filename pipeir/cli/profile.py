@@ -8,7 +8,7 @@ import argparse
 import json
 
 from pipeir.diagnostics import PipeirError, UsageError
-from pipeir.files import write_atomic
+from pipeir.files import resolve_output, write_atomic
 
 ORDER = 105
 NAME = "profile"
@@ -42,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     mbs = args.microbatches if args.microbatches is not None else 2 * args.nproc
     if mbs < 1:
         raise UsageError(f"--microbatches {mbs}: need at least 1")
+    resolve_output(args.output, "-o")  # before the measurement, not after it
     from pipeir.models.spec import resolve
 
     spec = resolve(args.model)
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
             "device": "cpu", "threads": 1,
             "how": "pipeirc profile: medians; transfers between 2 gloo ranks on this host"}
     settings = prof.cost_settings(stages, link, meta)
-    write_atomic(args.output, json.dumps(settings, indent=2) + "\n")
+    write_atomic(args.output, json.dumps(settings, indent=2) + "\n", "-o")
     print(f"{'stage':>5}  {'F ms':>8}  {'B ms':>8}  {'I ms':>8}  {'W ms':>8}  "
           f"{'act bytes':>10}  {'saved bytes':>11}")
     for k, s in enumerate(stages):

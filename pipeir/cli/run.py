@@ -7,7 +7,6 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeir.cli.common import add_schedule_args
@@ -18,7 +17,7 @@ from pipeir.passes import Compiled
 if TYPE_CHECKING:
     from pipeir.passes.reorder import StepPlanner
     from pipeir.runtime.launch import RunResult
-from pipeir.files import write_atomic
+from pipeir.files import resolve_output, write_atomic
 
 ORDER = 100
 NAME = "run"
@@ -65,9 +64,7 @@ def run(args: argparse.Namespace) -> int:
     if args.timeout <= 0:
         raise UsageError("--timeout must be positive")
     if args.trace:
-        parent = Path(args.trace).parent
-        if not parent.is_dir():
-            raise UsageError(f"--trace {args.trace}: directory {parent} does not exist")
+        resolve_output(args.trace, "--trace")  # before the run, not after it
     compiled = compile_args(args)
     schedule, lowered = compiled.schedule, compiled.lowered
     if args.nproc is not None and args.nproc != lowered.ranks:
@@ -189,7 +186,7 @@ def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace) -> 
         t_zero = min(t0 for s in rep.steps for r in range(ranks) for _, t0, _ in times[s][r])
         trace = steps_trace([measured_result(lowered, expanded, times[s], t_zero)
                              for s in rep.steps])
-        write_atomic(args.trace, json.dumps(trace))
+        write_atomic(args.trace, json.dumps(trace), "--trace")
         print(f"wrote {args.trace} (measured timeline of all {len(rep.steps)} steps; open it in "
               "https://ui.perfetto.dev)")
 

@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from pipeir.diagnostics import Span, UsageError
-from pipeir.files import write_atomic
+from pipeir.files import resolve_output, write_atomic
 
 ORDER = 110
 NAME = "tune"
@@ -44,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.tune import infer_ranks, search, table
     from pipeir.verify import verify
 
+    if args.output:
+        resolve_output(args.output, "-o")  # before the search, not after it
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
     if args.lengths:
         settings["lengths"] = (parse_lengths(args.lengths), None)
@@ -79,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
           f"step {best.step_time:.6g}{' ' + best.costs.unit if best.costs.unit else ''}")
     if args.output:
         verify(best.schedule)
-        write_atomic(args.output, print_schedule(best.schedule, best.costs.settings()))
+        write_atomic(args.output, print_schedule(best.schedule, best.costs.settings()), "-o")
         hint = "" if best.overlap else " --comm blocking"
         print(f"wrote {args.output} (pipeirc simulate {args.output}{hint})")
     return 0
