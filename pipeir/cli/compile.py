@@ -7,7 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from pipeir.cli.common import add_schedule_args
+from pipeir.cli.common import add_schedule_args, warn_shadowed
 from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.diagnostics import EXIT_OK, UsageError
 from pipeir.files import check_tree, write_tree
@@ -42,6 +42,7 @@ def compile_args(args: argparse.Namespace) -> Compiled:
     if args.max_posted is not None and args.max_posted < 0:
         raise UsageError("--max-posted must be a non-negative integer")
     pipeline = parse_pipeline(args.passes) if args.passes else Pipeline.of(())
+    warn_shadowed(p.name for p in pipeline.passes)
     if (args.overlap or args.max_posted is not None) and not any(
             isinstance(p, Overlap) for p in pipeline.passes):
         pipeline = pipeline.then(Overlap(max_posted=args.max_posted or 0))

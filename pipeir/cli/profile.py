@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from pipeir.cli.common import timeout_seconds
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.files import resolve_output, write_atomic
 
@@ -27,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="default: 2")
     p.add_argument("--iters", type=int, default=5, metavar="N",
                    help="measured iterations, the median is kept (default: 5)")
-    p.add_argument("--timeout", type=float, default=120.0, metavar="S",
+    p.add_argument("--timeout", type=timeout_seconds, default=120.0, metavar="S",
                    help="seconds allowed for the transfer measurement (default: 120)")
     p.add_argument("-o", "--output", required=True, metavar="OUT",
                    help="the cost file to write (JSON)")

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from pipeir.cli.common import add_schedule_args
+from pipeir.cli.common import add_schedule_args, timeout_seconds
 from pipeir.cli.compile import add_backend_args, compile_args
 from pipeir.diagnostics import EXIT_OK, UsageError
 from pipeir.passes import Compiled
@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=10, metavar="N", help="optimizer steps")
     p.add_argument("--nproc", type=int, metavar="P",
                    help="processes to start (default and only accepted value: the ranks)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+    p.add_argument("--timeout", type=timeout_seconds, default=60.0, metavar="S",
                    help="process-group timeout in seconds; a run stuck this long is stopped")
     p.add_argument("--trace", metavar="OUT",
                    help="write the measured timeline of every step (the first one, a warm-up, "
@@ -61,8 +61,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UsageError("--steps must be at least 1")
-    if args.timeout <= 0:
-        raise UsageError("--timeout must be positive")
     if args.trace:
         resolve_output(args.trace, "--trace")  # before the run, not after it
     compiled = compile_args(args)

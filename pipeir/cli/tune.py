@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pipeir.cli.common import positive_float
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
 
@@ -22,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--microbatches", metavar="M[,M2..]",
                    help="micro-batch counts to try; the costs describe a micro-batch of the "
                         "first, the others split the same global batch (default: 2P,4P)")
-    p.add_argument("--memory-limit", type=float, metavar="K",
+    p.add_argument("--memory-limit", type=positive_float, metavar="K",
                    help="most activations a rank may hold, in micro-batches of the first "
                         "count (1F1B needs P)")
     p.add_argument("--lengths", metavar="L,L,...",
