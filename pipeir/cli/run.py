@@ -37,6 +37,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", metavar="OUT",
                    help="write the measured timeline of every step (the first one, a warm-up, "
                         "included) as one Chrome trace")
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="a NaN or infinite loss only warns (default: it stops the run, naming "
+                        "the step and micro-batch)")
     p.add_argument("--reorder", action="store_true",
                    help="re-plan the micro-batch order every step from the micro-batches' "
                         "sizes (variable-length data; see `reorder` in `pipeirc passes`); "
@@ -84,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
     sources = tuple(rank_source(lowered, r) for r in range(lowered.ranks))
     job = Job(lowered, sources, args.model, args.steps, plan=_planner(compiled, args),
               collect=args.check, save=args.save, save_every=args.save_every,
-              resume=args.resume)
+              resume=args.resume, allow_nonfinite=args.allow_nonfinite)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         return _under_torchrun(job, args)
     from pipeir.runtime.launch import StepReport, launch

@@ -28,6 +28,7 @@ from pipeir.runtime import checkpoint, shapes
 from pipeir.runtime import dist as pdist
 from pipeir.runtime.context import CommFailure, Context
 from pipeir.runtime.optim import Optim
+from pipeir.runtime.guards import Guard
 from pipeir.runtime.shapes import ShapePlan
 
 Emit = Callable[[tuple[Any, ...]], None]
@@ -48,6 +49,8 @@ class Job:
     save: str | None = None  # checkpoint directory (pipeir.runtime.checkpoint)
     save_every: int = 0  # save after every N steps (and after the last); 0: after the last
     resume: str | None = None  # start from the newest checkpoint in this directory
+    #: a NaN or infinite loss only warns instead of stopping the run (runtime/guards.py)
+    allow_nonfinite: bool = False
 
 
 def load_program(source: str, name: str) -> Callable[[Context], None]:
@@ -108,6 +111,7 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
         start = checkpoint.load(job.resume, modules, optim, device)
     ctx = Context(spec, modules, low.stages, device, ShapePlan(spec, low.stages, device),
                   optim, on_instr=lambda pc: track(index, pc))
+    guard = Guard.install(ctx, low, rank, job.allow_nonfinite)  # runtime/guards.py
     step_fn = load_program(job.sources[rank], f"rank{rank}")
     last = (low.stages - 1) in mine
     # NOTE: a full garbage collection walks the ~300k objects torch creates at import; one
@@ -118,6 +122,7 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
     n = low.microbatches * low.accumulate
     for step in range(start, job.steps):
         xs, ys = split_batch(spec.batch(step), n)
+        guard.begin_step(step, xs, ys)  # runtime/guards.py: same batch on every rank
         if job.plan is not None:
             order = job.plan.order([size(x) for x in xs])
             xs, ys = tuple(xs[k] for k in order), tuple(ys[k] for k in order)
