@@ -95,3 +95,31 @@ def test_numpy_is_a_dependency() -> None:
 
     deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
     assert any(d.split(">")[0].split("=")[0].strip() == "numpy" for d in deps)
+
+
+@pytest.mark.parametrize(("text", "fragment"), [
+    ("F = 1.0\n[stage.0]\nF = 2.0\n[stage.99]\nF = 3.0\n",
+     "per-stage costs for stages 0, 99 only, yet the highest, stage.99, would make tune "
+     "search 100 ranks; a typo? give --ranks P"),
+    ("F = 1e308\n[stage.0]\nF = 1.0\n", "cost 'F' = 1e+308 is out of range: it must be at most"),
+    ("F = " + "9" * 5000 + "\n", "a number has too many digits to read"),
+])
+def test_tune_refuses_bad_cost_files_before_the_search(text: str, fragment: str, cli: Cli,
+                                                       tmp_path: Path) -> None:
+    costs = tmp_path / "costs.toml"
+    costs.write_text(text)
+    code, out, err = cli("tune", "--costs", costs)
+    assert (code, out) == (2, "") and fragment in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("setting", ["F=1e308", "B=1e300", "bandwidth=1e-300",
+                                     "activation_bytes=" + "9" * 400, "latency=1e16"])
+def test_costs_that_would_overflow_are_refused(setting: str, cli: Cli, tmp_path: Path) -> None:
+    for cmd in (("simulate", *LIB), ("plot", *LIB, "-o", tmp_path / "x.png")):
+        code, out, err = cli(*cmd, "--set", setting)
+        assert (code, out) == (2, ""), err
+        assert "is out of range" in err and "Traceback" not in err
+    big = tmp_path / "big.json"
+    big.write_text('{"F": ' + "9" * 5000 + "}")
+    code, _, err = cli("simulate", *LIB, "--costs", big)
+    assert code == 2 and "too many digits" in err
