@@ -11,6 +11,7 @@ import re
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import NoReturn
 
 from pipeir.diagnostics import EXIT_USAGE, PipeirError
 
@@ -21,10 +22,18 @@ def _modules() -> list[ModuleType]:
     return sorted((m for m in mods if hasattr(m, "NAME")), key=lambda m: (m.ORDER, m.NAME))
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with pipeirc's error shape: one `error:` line and a note, not the usage
+    block first (subcommand parsers are made of this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"error: {message}\nnote: see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from pipeir import __version__
 
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="pipeirc", description="pipeir: a compiler for pipeline-parallel schedules.")
     parser.add_argument("--version", action="version", version=f"pipeirc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
