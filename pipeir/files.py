@@ -79,9 +79,7 @@ def resolve_output(path: str | os.PathLike[str], flag: str = "",
     real, root = _follow(path, shown)
     if root is not None:
         raise UsageError(f"{shown}: refusing to write under {root} (a kernel file system, "
-                         "not a place for output files)",
-                         notes=[Note("leave out the output option to print to standard "
-                                     "output instead")])
+                         "not a place for output files)")
     target = Path(real)
     try:
         st: os.stat_result | None = os.stat(target)
@@ -93,9 +91,7 @@ def resolve_output(path: str | os.PathLike[str], flag: str = "",
         raise UsageError(f"{shown}: is a directory")
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise UsageError(f"{shown}: is {_kind(st.st_mode)}; pipeir writes only regular files "
-                         "and leaves this one alone",
-                         notes=[Note("leave out the output option to print to standard "
-                                     "output instead")])
+                         "and leaves this one alone")
     parent = target.parent
     if not parent.is_dir():
         if os.path.islink(path):

@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("--steps must be at least 1")
     if args.trace:
         resolve_output(args.trace, "--trace")  # before the run, not after it
+    if args.metrics:  # streamed during the run: never a FIFO (open would block), /proc, ...
+        resolve_output(args.metrics, "--metrics")
     compiled = compile_args(args)
     schedule, lowered = compiled.schedule, compiled.lowered
     if args.nproc is not None and args.nproc != lowered.ranks:
@@ -79,9 +81,6 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.runtime.preflight import preflight
     from pipeir.runtime.worker import Job
 
-    if args.metrics and not Path(args.metrics).parent.is_dir():
-        raise UsageError(f"--metrics {args.metrics}: directory "
-                         f"{Path(args.metrics).parent} does not exist")
     preflight(spec, args.model, lowered.stages, lowered.microbatches * lowered.accumulate,
               args.steps, save=args.save, save_every=args.save_every, resume=args.resume)
     sources = tuple(rank_source(lowered, r) for r in range(lowered.ranks))

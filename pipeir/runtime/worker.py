@@ -27,8 +27,8 @@ from pipeir.models.spec import build_stage, resolve
 from pipeir.runtime import checkpoint, shapes
 from pipeir.runtime import dist as pdist
 from pipeir.runtime.context import CommFailure, Context
-from pipeir.runtime.optim import Optim
 from pipeir.runtime.guards import Guard
+from pipeir.runtime.optim import Optim
 from pipeir.runtime.shapes import ShapePlan
 
 Emit = Callable[[tuple[Any, ...]], None]
