@@ -136,6 +136,7 @@ FILE_WRITERS: dict[str, tuple[list[str], str, bool]] = {
     "opt": (["opt", SCHED, "--passes", "verify", "-o"], ".sched", True),
     "simulate --trace": (["simulate", SCHED, "--trace"], ".json", True),
     "run --trace": ([*RUN2, "--steps", "1", "--trace"], ".json", False),
+    "run --metrics": ([*RUN2, "--steps", "1", "--metrics"], ".jsonl", False),
     "plot": (["plot", SCHED, "-o"], ".png", True),
     "tune": (["tune", "--costs", COSTS, "--microbatches", "8", "--max-v", "2", "-o"],
              ".sched", True),
