@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
 from pipeir.diagnostics import Diagnostic, Note, PipeirError, UsageError, VerifyError
-from pipeir.files import write_atomic
+from pipeir.files import make_dir, write_atomic
 from pipeir.passes.base import LoweredPass, Pass, PassBase
 from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
 from pipeir.passes.pipeline import Pipeline
@@ -62,11 +62,8 @@ class DumpDir(Instrument):
 
     def __init__(self, directory: str | Path,
                  write: Callable[[Path, str], None] | None = None):
-        self.directory = Path(directory)
+        self.directory = make_dir(directory, "--dump-dir")
         self.write = write or write_atomic
-        if self.directory.exists() and not self.directory.is_dir():
-            raise UsageError(f"--dump-dir {self.directory}: exists and is not a directory")
-        self.directory.mkdir(parents=True, exist_ok=True)
 
     def before_pipeline(self, schedule: Schedule) -> None:
         self.write(self.directory / "00-input.sched", print_schedule(schedule))

@@ -37,12 +37,27 @@ BUILTINS: Final[dict[str, str]] = {
 
 
 def plugin_targets() -> dict[str, str]:
-    """Installed third-party passes: name -> "module:Class" (built-in names win)."""
+    """Installed third-party passes: name -> "module:Class" (built-in names win; see
+    `shadowed_plugins` for the ones that lose)."""
     out: dict[str, str] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         if ep.name not in BUILTINS:
             out.setdefault(ep.name, ep.value)
     return dict(sorted(out.items()))
+
+
+def shadowed_plugins() -> dict[str, str]:
+    """Installed passes registered under a built-in name: name -> "module:Class". They are
+    never used (a package must not silently change what `interleave` means), and the CLI
+    warns about them, so their authors and users learn why."""
+    return dict(sorted((ep.name, ep.value) for ep in entry_points(group=ENTRY_POINT_GROUP)
+                       if ep.name in BUILTINS))
+
+
+def shadow_warning(name: str, target: str) -> str:
+    """The one message for an installed pass that a built-in shadows."""
+    return (f"installed pass '{name}' ({target}) has the name of a built-in pass and is "
+            "ignored; register it under another name")
 
 
 def targets() -> dict[str, str]:
@@ -100,9 +115,15 @@ def load_plugin(spec: str) -> type[PassBase]:
     if not sep or not where or not attr:
         raise UsageError(f"--pass-plugin '{spec}': expected module:Class or file.py:Class")
     if not where.endswith(".py"):
-        return load_target(spec)
-    module = import_file(Path(where), "pipeir_plugin", f"--pass-plugin '{spec}'")
-    return _check_class(module, attr, spec, None)
+        cls = load_target(spec)
+    else:
+        module = import_file(Path(where), "pipeir_plugin", f"--pass-plugin '{spec}'")
+        cls = _check_class(module, attr, spec, None)
+    if cls.name in BUILTINS and BUILTINS[cls.name] != spec:
+        raise UsageError(f"--pass-plugin '{spec}': the pass calls itself '{cls.name}', the "
+                         "name of a built-in pass; give its `name` another value",
+                         notes=[Note(f"the built-in '{cls.name}' is {BUILTINS[cls.name]}")])
+    return cls
 
 
 def _check_class(module: object, attr: str, target: str, name: str | None) -> type[PassBase]:

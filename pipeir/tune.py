@@ -164,6 +164,9 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
                     (ranked if fits else over).append(cand)
     ranked.sort(key=Candidate.sort_key)
     over.sort(key=Candidate.sort_key)
+    if not ranked and not over:
+        raise UsageError(f"no library schedule admits {ranks} ranks with "
+                         f"{', '.join(map(str, microbatches))} micro-batches")
     if not ranked:
         least = min((c.peak_memory for c in over), default=0.0)
         raise UsageError(f"no schedule fits --memory-limit {memory_limit:g}: the least "

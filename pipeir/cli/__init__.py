@@ -7,9 +7,11 @@ from __future__ import annotations
 import argparse
 import importlib
 import pkgutil
+import re
 import sys
 from collections.abc import Sequence
 from types import ModuleType
+from typing import NoReturn
 
 from pipeir.diagnostics import EXIT_USAGE, PipeirError
 
@@ -20,9 +22,20 @@ def _modules() -> list[ModuleType]:
     return sorted((m for m in mods if hasattr(m, "NAME")), key=lambda m: (m.ORDER, m.NAME))
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with pipeirc's error shape: one `error:` line and a note, not the usage
+    block first (subcommand parsers are made of this class too)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"error: {message}\nnote: see `{self.prog} --help`\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    from pipeir import __version__
+
+    parser = _Parser(
         prog="pipeirc", description="pipeir: a compiler for pipeline-parallel schedules.")
+    parser.add_argument("--version", action="version", version=f"pipeirc {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for mod in _modules():
@@ -32,9 +45,39 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: A value that argparse would take for an option: `-1,0`, `-1e3`, `-nan` (it only knows
+#: plain negative numbers), so `--lengths -1,0` said "expected one argument".
+_NEGATIVE = re.compile(r"-(\d|\.\d|nan\b|inf\b)", re.IGNORECASE)
+
+
+def _attach_negative_values(parser: argparse.ArgumentParser,
+                            argv: Sequence[str]) -> list[str]:
+    """`--opt -1,0` -> `--opt=-1,0` for options that take one value, so the option's own
+    check gives the message (no pipeirc option is spelt like a negative number)."""
+    takes_value = {s for a in _all_actions(parser) if a.nargs is None and a.option_strings
+                   for s in a.option_strings}
+    out: list[str] = []
+    for tok in argv:
+        if out and out[-1] in takes_value and _NEGATIVE.match(tok):
+            out[-1] = f"{out[-1]}={tok}"
+        else:
+            out.append(tok)
+    return out
+
+
+def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
+    out = list(parser._actions)
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for p in a.choices.values():
+                out.extend(_all_actions(p))
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `pipeirc`; returns the exit code (0 ok, 1 invalid schedule, 2 usage error)."""
     parser = build_parser()
+    argv = _attach_negative_values(parser, sys.argv[1:] if argv is None else argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse prints its own usage message

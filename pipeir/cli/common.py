@@ -4,6 +4,9 @@ or `--schedule NAME` from the library) and how `--set name=value` is read."""
 from __future__ import annotations
 
 import argparse
+import math
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 from pipeir import library
@@ -61,6 +64,42 @@ def _literal(raw: str, where: str) -> Value:
                      "or a list [a, b, ...])")
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (`float()` alone lets nan, inf and -1 through, and
+    a timeout of nan reaches torch as a c10d error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text}")
+    return value
+
+
+#: The longest timeout accepted: c10d keeps timeouts in int64 milliseconds, and Python's
+#: timedelta overflows long before float does.
+MAX_TIMEOUT_S = 10**7
+
+
+def timeout_seconds(text: str) -> float:
+    """argparse type: a timeout in seconds, positive and at most MAX_TIMEOUT_S."""
+    value = positive_float(text)
+    if value > MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"at most {MAX_TIMEOUT_S:g} seconds, got {text}")
+    return value
+
+
+def warn_shadowed(names: Iterable[str]) -> None:
+    """Warn (stderr) when a pass the command runs is also claimed by an installed plugin,
+    which is ignored: the user may believe the plugin runs."""
+    from pipeir.passes import registry
+
+    shadowed = registry.shadowed_plugins()
+    for name in dict.fromkeys(names):
+        if name in shadowed:
+            print(f"warning: {registry.shadow_warning(name, shadowed[name])}", file=sys.stderr)
+
+
 def _overrides(args: argparse.Namespace) -> dict[str, Value]:
     out: dict[str, Value] = {}
     for text in args.overrides:
@@ -96,6 +135,10 @@ def load_schedules(args: argparse.Namespace) -> list[Elaborated]:
     for flag in ("ranks", "microbatches", "v"):
         if getattr(args, flag) is not None:
             raise UsageError(f"--{flag} goes with --schedule; with a FILE, use --set {flag}=N")
+    for f in files:
+        if str(f).lower().endswith(".csv"):
+            raise UsageError(f"{f}: this is a torch schedule CSV: use `pipeirc import-torch "
+                             f"{f} -o FILE.sched` first (check and export-torch read it too)")
     return [load(Path(f), overrides=overrides) for f in files]
 
 

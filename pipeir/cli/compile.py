@@ -9,10 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeir.cli.common import add_schedule_args
+from pipeir.cli.common import add_schedule_args, warn_shadowed
 from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.diagnostics import EXIT_OK, UsageError
-from pipeir.files import write_atomic
+from pipeir.files import check_tree, write_tree
 from pipeir.passes import Compiled
 
 if TYPE_CHECKING:
@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 ORDER = 90
 NAME = "compile"
 HELP = "lower a schedule to per-rank torch.distributed programs (Python) for torchrun"
+
+#: Written into `-o DIR` with the names of the generated files: it tells a directory compile
+#: may write (and whose stale rank files it may remove) from a user's own.
+MARKER = ".pipeir-compile"
 
 
 def add_backend_args(p: argparse.ArgumentParser) -> None:
@@ -47,6 +51,7 @@ def compile_args(args: argparse.Namespace) -> Compiled:
     if args.max_posted is not None and args.max_posted < 0:
         raise UsageError("--max-posted must be a non-negative integer")
     pipeline = parse_pipeline(args.passes) if args.passes else Pipeline.of(())
+    warn_shadowed(p.name for p in pipeline.passes)
     if (args.overlap or args.max_posted is not None) and not any(
             isinstance(p, Overlap) for p in pipeline.passes):
         pipeline = pipeline.then(Overlap(max_posted=args.max_posted or 0))
@@ -79,7 +84,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_schedule_args(p)
     add_backend_args(p)
     p.add_argument("-o", "--output", metavar="DIR",
-                   help="write rank<r>.py, main.py and lowered.json into DIR")
+                   help="write rank<r>.py, main.py and lowered.json into DIR (new, empty, "
+                        "or written by an earlier compile)")
+    p.add_argument("--force", action="store_true",
+                   help="write into a non-empty -o DIR that pipeirc compile did not write")
     p.add_argument("--emit", choices=("lowered", "json", "python"),
                    help="print the lowered programs (text or JSON) or rank 0's Python source")
 
@@ -90,16 +98,16 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.output and not args.emit:
         raise UsageError("nothing to do: give -o DIR and/or --emit lowered|json|python")
-    lowered = compile_args(args).lowered
-    if args.output:
-        out = Path(args.output)
+    out = Path(args.output) if args.output else None
+    if out is not None:  # refuse before the work, not after
         if out.exists() and not out.is_dir():
             raise UsageError(f"-o {out}: exists and is not a directory")
         if not out.parent.is_dir():
             raise UsageError(f"-o {out}: directory {out.parent} does not exist")
-        out.mkdir(exist_ok=True)
-        for name, text in generate(lowered).items():
-            write_atomic(out / name, text)
+        check_tree(out, MARKER, flag="-o", force=args.force)
+    lowered = compile_args(args).lowered
+    if out is not None:
+        write_tree(out, generate(lowered), MARKER, flag="-o", force=args.force)
         if not args.emit:
             print(f"wrote {out}/: {', '.join(f'rank{r}.py' for r in range(lowered.ranks))}, "
                   f"main.py, lowered.json; run with: torchrun --nproc-per-node "

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
         schedule = load_one(args).schedule
     text = dumps_csv(schedule, args.format)
     if args.output:
-        write_atomic(args.output, text)
+        write_atomic(args.output, text, "-o")
     else:
         print(text, end="")
     return EXIT_OK

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
             prove_comms(imported)
     text = print_schedule(imported.schedule)
     if args.output:
-        write_atomic(args.output, text)
+        write_atomic(args.output, text, "-o")
         if imported.has_comms:
             print(f"{args.file}: note: the communication actions were proved deadlock-free "
                   f"and are not part of the .sched; export-torch --format compute_comms "

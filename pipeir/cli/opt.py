@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeir.cli.common import add_schedule_args
+from pipeir.cli.common import add_schedule_args, warn_shadowed
 from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.diagnostics import UsageError
 from pipeir.files import write_atomic
@@ -54,6 +54,7 @@ def run(args: argparse.Namespace) -> int:
         extra[cls.name] = cls
     pipeline = parse_pipeline(args.passes, extra)
     names = {p.name for p in pipeline.passes}
+    warn_shadowed(names - set(extra))
     wanted = {n for text in args.print_after for n in text.split(",") if n}
     unknown = sorted(wanted - names - {"all"})
     if unknown:
@@ -75,7 +76,7 @@ def run(args: argparse.Namespace) -> int:
         settings = {k: v for k, v in settings.items() if not k.startswith("stage.")}
     text = print_schedule(out, settings)
     if args.output:
-        write_atomic(args.output, text)
+        write_atomic(args.output, text, "-o")
     else:
         print(text, end="")
     return 0

@@ -30,6 +30,8 @@ def run(args: argparse.Namespace) -> int:
             if name not in registry.BUILTINS:  # a broken plugin says so; a built-in whose
                 print(f"warning: {e.message}", file=sys.stderr)  # module is absent is skipped
             continue
+    for name, target in registry.shadowed_plugins().items():
+        print(f"warning: {registry.shadow_warning(name, target)}", file=sys.stderr)
     for spec in args.pass_plugin:
         classes.append((registry.load_plugin(spec), f" (from {spec})"))
     for cls, origin in classes:

@@ -8,7 +8,7 @@ from pathlib import Path
 from pipeir.cli.common import add_schedule_args
 from pipeir.cli.simulate import add_cost_args, simulate_args
 from pipeir.diagnostics import UsageError
-from pipeir.files import write_atomic
+from pipeir.files import resolve_output, write_atomic
 from pipeir.views.plot import FORMATS
 
 ORDER = 50
@@ -30,9 +30,11 @@ def run(args: argparse.Namespace) -> int:
     if fmt not in FORMATS:
         raise UsageError(f"-o {args.output}: cannot tell the image format; end the name in "
                          f"{', '.join('.' + f for f in FORMATS)}")
+    resolve_output(args.output, "-o")
     from pipeir.views.plot import render_gantt
 
     result = simulate_args(args)
-    write_atomic(args.output, render_gantt(result, fmt, arrows=args.arrows, title=args.title))
+    write_atomic(args.output, render_gantt(result, fmt, arrows=args.arrows, title=args.title),
+                 "-o")
     print(f"wrote {args.output}: makespan {result.makespan:.6g}, bubble {result.bubble:.1%}")
     return 0

@@ -22,7 +22,7 @@ def run(args: argparse.Namespace) -> int:
     elab = load_one(args)
     text = print_schedule(elab.schedule, {k: v for k, (v, _) in elab.costs.items()})
     if args.output:
-        write_atomic(args.output, text)
+        write_atomic(args.output, text, "-o")
     else:
         print(text, end="")
     return 0

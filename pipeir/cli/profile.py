@@ -7,8 +7,9 @@ from __future__ import annotations
 import argparse
 import json
 
+from pipeir.cli.common import timeout_seconds
 from pipeir.diagnostics import PipeirError, UsageError
-from pipeir.files import write_atomic
+from pipeir.files import resolve_output, write_atomic
 
 ORDER = 105
 NAME = "profile"
@@ -27,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="default: 2")
     p.add_argument("--iters", type=int, default=5, metavar="N",
                    help="measured iterations, the median is kept (default: 5)")
-    p.add_argument("--timeout", type=float, default=120.0, metavar="S",
+    p.add_argument("--timeout", type=timeout_seconds, default=120.0, metavar="S",
                    help="seconds allowed for the transfer measurement (default: 120)")
     p.add_argument("-o", "--output", required=True, metavar="OUT",
                    help="the cost file to write (JSON)")
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
     mbs = args.microbatches if args.microbatches is not None else 2 * args.nproc
     if mbs < 1:
         raise UsageError(f"--microbatches {mbs}: need at least 1")
+    resolve_output(args.output, "-o")  # before the measurement, not after it
     from pipeir.models.spec import resolve
 
     spec = resolve(args.model)
@@ -65,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
             "device": "cpu", "threads": 1,
             "how": "pipeirc profile: medians; transfers between 2 gloo ranks on this host"}
     settings = prof.cost_settings(stages, link, meta)
-    write_atomic(args.output, json.dumps(settings, indent=2) + "\n")
+    write_atomic(args.output, json.dumps(settings, indent=2) + "\n", "-o")
     print(f"{'stage':>5}  {'F ms':>8}  {'B ms':>8}  {'I ms':>8}  {'W ms':>8}  "
           f"{'act bytes':>10}  {'saved bytes':>11}")
     for k, s in enumerate(stages):

@@ -7,10 +7,9 @@ import argparse
 import json
 import os
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeir.cli.common import add_schedule_args
+from pipeir.cli.common import add_schedule_args, timeout_seconds
 from pipeir.cli.compile import add_backend_args, compile_args
 from pipeir.diagnostics import EXIT_OK, UsageError
 from pipeir.passes import Compiled
@@ -19,7 +18,7 @@ if TYPE_CHECKING:
     from pipeir.passes.reorder import StepPlanner
     from pipeir.runtime.launch import RunResult
     from pipeir.runtime.worker import Job
-from pipeir.files import write_atomic
+from pipeir.files import resolve_output, write_atomic
 
 ORDER = 100
 NAME = "run"
@@ -35,11 +34,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--nproc", type=int, metavar="P",
                    help="processes to start (default and only accepted value: the ranks "
                         "times --dp)")
-    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+    p.add_argument("--timeout", type=timeout_seconds, default=60.0, metavar="S",
                    help="process-group timeout in seconds; a run stuck this long is stopped")
     p.add_argument("--trace", metavar="OUT",
                    help="write the measured timeline of every step (the first one, a warm-up, "
                         "included) as one Chrome trace")
+    p.add_argument("--allow-nonfinite", action="store_true",
+                   help="a NaN or infinite loss only warns (default: it stops the run, naming "
+                        "the step and micro-batch)")
     p.add_argument("--reorder", action="store_true",
                    help="re-plan the micro-batch order every step from the micro-batches' "
                         "sizes (variable-length data; see `reorder` in `pipeirc passes`); "
@@ -64,12 +66,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UsageError("--steps must be at least 1")
-    if args.timeout <= 0:
-        raise UsageError("--timeout must be positive")
     if args.trace:
-        parent = Path(args.trace).parent
-        if not parent.is_dir():
-            raise UsageError(f"--trace {args.trace}: directory {parent} does not exist")
+        resolve_output(args.trace, "--trace")  # before the run, not after it
+    if args.metrics:  # streamed during the run: never a FIFO (open would block), /proc, ...
+        resolve_output(args.metrics, "--metrics")
     compiled = compile_args(args)
     schedule, lowered = compiled.schedule, compiled.lowered
     world = lowered.ranks * args.dp
@@ -85,15 +85,12 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.runtime.preflight import preflight
     from pipeir.runtime.worker import Job
 
-    if args.metrics and not Path(args.metrics).parent.is_dir():
-        raise UsageError(f"--metrics {args.metrics}: directory "
-                         f"{Path(args.metrics).parent} does not exist")
     preflight(spec, args.model, lowered.stages, lowered.microbatches * lowered.accumulate,
               args.steps, save=args.save, save_every=args.save_every, resume=args.resume)
     sources = tuple(rank_source(lowered, r) for r in range(lowered.ranks))
     job = Job(lowered, sources, args.model, args.steps, plan=_planner(compiled, args),
               collect=args.check, save=args.save, save_every=args.save_every,
-              resume=args.resume, dp=args.dp)
+              resume=args.resume, dp=args.dp, allow_nonfinite=args.allow_nonfinite)
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
         return _under_torchrun(job, args)
     from pipeir.runtime.launch import StepReport, launch
@@ -204,7 +201,7 @@ def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace) -> 
         t_zero = min(t0 for s in rep.steps for r in range(ranks) for _, t0, _ in times[s][r])
         trace = steps_trace([measured_result(lowered, expanded, times[s], t_zero)
                              for s in rep.steps])
-        write_atomic(args.trace, json.dumps(trace))
+        write_atomic(args.trace, json.dumps(trace), "--trace")
         print(f"wrote {args.trace} (measured timeline of all {len(rep.steps)} steps; open it in "
               "https://ui.perfetto.dev)")
 

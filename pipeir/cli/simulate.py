@@ -12,7 +12,7 @@ from typing import Any
 from pipeir.cli.common import add_schedule_args, load_one, parse_override
 from pipeir.config import PipelineConfig
 from pipeir.diagnostics import Diagnostic, Span, UsageError, did_you_mean
-from pipeir.files import write_atomic
+from pipeir.files import resolve_output, write_atomic
 from pipeir.frontend.elaborate import Elaborated
 from pipeir.sim import COMM_MODELS, CostModel, SimResult, simulate
 from pipeir.sim.costs import TOP_KEYS, read_cost_file
@@ -115,11 +115,13 @@ def _with_cost_names(e: UsageError, sets: list[str]) -> UsageError:
 def run(args: argparse.Namespace) -> int:
     if args.width is not None and args.width < 10:
         raise UsageError(f"--width {args.width}: need at least 10 columns")
+    if args.trace:
+        resolve_output(args.trace, "--trace")
     result = simulate_args(args)
     if args.trace:
         from pipeir.views.trace import chrome_trace
 
-        write_atomic(args.trace, json.dumps(chrome_trace(result)))
+        write_atomic(args.trace, json.dumps(chrome_trace(result)), "--trace")
     if args.json:
         print(json.dumps(result.to_json(), indent=2))
         return 0

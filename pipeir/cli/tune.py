@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pipeir.cli.common import positive_float
 from pipeir.diagnostics import Span, UsageError
-from pipeir.files import write_atomic
+from pipeir.files import resolve_output, write_atomic
 
 ORDER = 110
 NAME = "tune"
@@ -22,7 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--microbatches", metavar="M[,M2..]",
                    help="micro-batch counts to try; the costs describe a micro-batch of the "
                         "first, the others split the same global batch (default: 2P,4P)")
-    p.add_argument("--memory-limit", type=float, metavar="K",
+    p.add_argument("--memory-limit", type=positive_float, metavar="K",
                    help="most activations a rank may hold, in micro-batches of the first "
                         "count (1F1B needs P)")
     p.add_argument("--lengths", metavar="L,L,...",
@@ -47,6 +48,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.tune import infer_ranks, search, table
     from pipeir.verify import verify
 
+    if args.output:
+        resolve_output(args.output, "-o")  # before the search, not after it
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
     if args.lengths:
         settings["lengths"] = (parse_lengths(args.lengths), None)
@@ -56,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
     if ranks is None:
         raise UsageError(f"{args.costs} has no per-stage costs to tell the number of stages; "
                          "give --ranks P")
+    if args.ranks is None:
+        _check_inferred(args.costs, costs, ranks)
     if args.max_v < 1:
         raise UsageError(f"--max-v {args.max_v}: need at least 1")
     if args.top is not None and args.top < 1:
@@ -84,10 +89,22 @@ def run(args: argparse.Namespace) -> int:
              "gradient all-reduces)" if best.costs.dp > 1 else ""))
     if args.output:
         verify(best.schedule)
-        write_atomic(args.output, print_schedule(best.schedule, best.costs.settings()))
+        write_atomic(args.output, print_schedule(best.schedule, best.costs.settings()), "-o")
         hint = "" if best.overlap else " --comm blocking"
         print(f"wrote {args.output} (pipeirc simulate {args.output}{hint})")
     return 0
+
+
+def _check_inferred(where: str, costs: Any, ranks: int) -> None:
+    """Stop before the search when the number of ranks, read off the highest stage with its
+    own costs, rests on a few far-apart stages: `[stage.99]` for `[stage.9]` would otherwise
+    search 100 ranks for minutes without a word."""
+    named = sorted({*costs.stage, *(s for s, _ in costs.stage_mb)})
+    if ranks > 2 * len(named) + 2:
+        shown = ", ".join(map(str, named[:6])) + (", ..." if len(named) > 6 else "")
+        raise UsageError(f"{where}: per-stage costs for stages {shown} only, yet the highest, "
+                         f"stage.{ranks - 1}, would make tune search {ranks} ranks; a typo? "
+                         "give --ranks P to search P ranks")
 
 
 def _ints(flag: str, text: str) -> list[int]:

@@ -5,14 +5,27 @@ rank that dies silently (killed, segfault) is seen by its exit code. Either way 
 waits a short grace period for the root cause (errors from peers that merely lost their
 connection are "comm" errors and rank below real ones), then kills every rank and raises one
 `RunError` naming the rank, the instruction and its `.sched` line. A watchdog kills everything
-if no rank reports for `stall_s` seconds. Workers also die with the launcher (PDEATHSIG).
+if no rank reports for `stall_s` seconds.
+
+The launcher owns its workers (NOTE): each worker's first act is to start a thread that blocks
+on the read end of a pipe (the "leash") whose write end only the launcher holds. However the
+launcher ends (return, exception, SIGTERM, SIGKILL) the kernel closes that end, the read sees
+end-of-file and the worker SIGKILLs itself. A death signal (prctl PR_SET_PDEATHSIG) cannot do
+this: a forkserver's workers are the fork server's children, not the launcher's, and the fork
+server in turn waits for its workers (they hold its "alive" pipe), so a killed launcher used to
+leave ranks, fork server and resource tracker running. Once the workers are gone the fork
+server and the resource tracker see their own pipes close and exit too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
+import os
 import queue as queue_mod
+import signal
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -96,6 +109,37 @@ def _context() -> Any:
     return mp.get_context("spawn")
 
 
+def start_owned(ctx: Any, target: Callable[..., None],
+                arglists: Sequence[tuple[Any, ...]]) -> tuple[list[Any], Any]:
+    """Start one daemon process of `ctx` per tuple in `arglists`, each running
+    `target(*args)` (a module-level function), on a leash: they die with this process however
+    it dies. Returns the processes and the leash; closing the leash kills those still running,
+    so close it only after stopping or joining them."""
+    leash_r, leash_w = ctx.Pipe(duplex=False)
+    procs = [ctx.Process(target=_on_leash, args=(leash_r, target, *args), daemon=True)
+             for args in arglists]
+    try:
+        for p in procs:
+            p.start()
+    except BaseException:
+        leash_w.close()
+        raise
+    finally:
+        leash_r.close()  # only the workers hold the read end; only we hold the write end
+    return procs, leash_w
+
+
+def _on_leash(leash: Any, target: Callable[..., None], *args: Any) -> None:
+    """A worker's entry: die when the launcher's end of the leash closes, then run."""
+    def wait() -> None:
+        with contextlib.suppress(EOFError, OSError):
+            leash.recv_bytes()  # the launcher never writes: this returns only at its end
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=wait, name="pipeir-leash", daemon=True).start()
+    target(*args)
+
+
 def launch(jobs: Sequence[Job], nproc: int, *, timeout_s: float = 60.0,
            stall_s: float | None = None,
            on_step: Callable[[StepReport], None] | None = None) -> RunResult:
@@ -104,11 +148,8 @@ def launch(jobs: Sequence[Job], nproc: int, *, timeout_s: float = 60.0,
     q = ctx.Queue()
     pcs = ctx.Array("i", [0, -1] * nproc, lock=False)
     init_method = f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=_entry, args=(r, nproc, init_method, list(jobs), q, pcs,
-                                              timeout_s), daemon=True)
-             for r in range(nproc)]
-    for p in procs:
-        p.start()
+    procs, leash = start_owned(ctx, _entry, [(r, nproc, init_method, list(jobs), q, pcs,
+                                              timeout_s) for r in range(nproc)])
     result = RunResult()
     stall = stall_s if stall_s is not None else timeout_s + 30.0
     try:
@@ -119,6 +160,7 @@ def launch(jobs: Sequence[Job], nproc: int, *, timeout_s: float = 60.0,
                 p.kill()
         for p in procs:
             p.join(5)
+        leash.close()
         q.close()
     return result
 

@@ -159,15 +159,13 @@ def measure_link(timeout_s: float = 60.0, rounds: int = 10) -> tuple[float, floa
     fresh gloo ranks on this host; each figure is the fastest of `rounds` round trips."""
     import multiprocessing as mp
 
-    from pipeir.runtime.launch import free_port
+    from pipeir.runtime.launch import free_port, start_owned
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     init = f"tcp://127.0.0.1:{free_port()}"
-    procs = [ctx.Process(target=_link_worker, args=(r, init, rounds, timeout_s, q), daemon=True)
-             for r in range(2)]
-    for p in procs:
-        p.start()
+    procs, leash = start_owned(ctx, _link_worker, [(r, init, rounds, timeout_s, q)
+                                                   for r in range(2)])
     try:
         got = q.get(timeout=timeout_s)
     except Exception:
@@ -178,6 +176,7 @@ def measure_link(timeout_s: float = 60.0, rounds: int = 10) -> tuple[float, floa
             p.join(5)
             if p.is_alive():
                 p.kill()
+        leash.close()
     if isinstance(got, str):
         raise RuntimeError(f"the transfer measurement failed: {got}")
     small, large = got

@@ -27,6 +27,7 @@ from pipeir.models.spec import build_stage, resolve
 from pipeir.runtime import checkpoint, shapes
 from pipeir.runtime import dist as pdist
 from pipeir.runtime.context import CommFailure, Context
+from pipeir.runtime.guards import Guard
 from pipeir.runtime.mesh import Mesh, mesh_for, shard
 from pipeir.runtime.optim import Optim
 from pipeir.runtime.shapes import ShapePlan
@@ -51,6 +52,8 @@ class Job:
     resume: str | None = None  # start from the newest checkpoint in this directory
     #: data-parallel replicas: the job runs on lowered.ranks x dp processes (pipeir.runtime.mesh)
     dp: int = 1
+    #: a NaN or infinite loss only warns instead of stopping the run (runtime/guards.py)
+    allow_nonfinite: bool = False
 
 
 def load_program(source: str, name: str) -> Callable[[Context], None]:
@@ -103,8 +106,7 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
             track: Callable[[int, int], None], mesh: Mesh | None = None) -> None:
     low = job.lowered
     spec = resolve(job.model)
-    gather, rank = (spec.batch, rank) if mesh is None else (
-        lambda step: shard(spec.batch(step), job.dp, mesh.replica), mesh.pp_rank)
+    rank = rank if mesh is None else mesh.pp_rank
     mine = [s for s, r in enumerate(low.placement) if r == rank]
     modules = {s: build_stage(spec, s, low.stages).to(device) for s in mine}
     optim = Optim(spec, modules, low.stages, low.placement, rank, distributed=True, mesh=mesh)
@@ -114,6 +116,7 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
     ctx = Context(spec, modules, low.stages, device, ShapePlan(spec, low.stages, device),
                   optim, on_instr=lambda pc: track(index, pc))
     ctx.mesh = mesh
+    guard = Guard.install(ctx, low, rank, job.allow_nonfinite)  # runtime/guards.py
     step_fn = load_program(job.sources[rank], f"rank{rank}")
     last = (low.stages - 1) in mine
     # NOTE: a full garbage collection walks the ~300k objects torch creates at import; one
@@ -123,7 +126,9 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
     gc.freeze()
     n = low.microbatches * low.accumulate
     for step in range(start, job.steps):
-        xs, ys = split_batch(gather(step), n)
+        batch = spec.batch(step)
+        guard.begin_step(step, batch)  # runtime/guards.py: the same batch(step) on every rank
+        xs, ys = split_batch(batch if mesh is None else shard(batch, job.dp, mesh.replica), n)
         if job.plan is not None:
             order = job.plan.order([size(x) for x in xs])
             xs, ys = tuple(xs[k] for k in order), tuple(ys[k] for k in order)

@@ -316,7 +316,15 @@ def _pick(level: Mapping[str, float] | None, kind: str) -> float | None:
 
 
 def _is_number(v: object) -> bool:
-    return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+    return (isinstance(v, int | float) and not isinstance(v, bool)
+            and (isinstance(v, int) or math.isfinite(v)))
+
+
+#: The range of a cost value. NOTE: the simulator adds times over every op and tune scales
+#: them, so a finite 1e308 still overflows to inf and then NaN (a timeline's column index,
+#: a plot's axis); within these bounds a sum over 10**9 ops and bytes / bandwidth stay finite.
+MAX_COST = 1e15
+MIN_BANDWIDTH = 1e-15
 
 
 def _check_time(name: str, v: object) -> None:
@@ -414,7 +422,12 @@ def _number(name: str, value: Any, span: Span | None, where: str | None,
     if value < 0 or (positive and value == 0):
         need = "positive" if positive else "non-negative"
         raise UsageError(f"{where_prefix(where, span)}cost '{name}' must be {need}, "
-                         f"got {value}", span)
+                         f"got {_show(value)}", span)
+    if value > MAX_COST or (positive and value < MIN_BANDWIDTH):
+        bound = f"at most {MAX_COST:g}" if value > MAX_COST else f"at least {MIN_BANDWIDTH:g}"
+        raise UsageError(f"{where_prefix(where, span)}cost '{name}' = {_show(value)} is out of "
+                         f"range: it must be {bound} (times are summed over every op; choose "
+                         "another unit)", span)
     return float(value)
 
 
@@ -425,6 +438,8 @@ def _show(v: Any) -> str:
         return "a list"
     if isinstance(v, dict):
         return "a table"
+    if isinstance(v, int) and abs(v) > 10**18:  # repr() of a huge int is slow, then refused
+        return f"an integer of about {int(v.bit_length() * 0.30103) + 1} digits"
     return repr(v)
 
 
@@ -449,6 +464,13 @@ def _parse_json(src: Source) -> Any:
     except json.JSONDecodeError as e:
         raise UsageError(f"malformed JSON cost file: {e.msg}",
                          Span(src, e.lineno, e.colno, e.lineno, e.colno + 1)) from None
+    except ValueError:  # Python refuses to convert integers of over 4300 digits
+        raise _too_long(src) from None
+
+
+def _too_long(src: Source) -> UsageError:
+    return UsageError(f"{src.name}: a number has too many digits to read; costs must be at "
+                      f"most {MAX_COST:g}")
 
 
 def _parse_toml(src: Source) -> Any:
@@ -467,6 +489,8 @@ def _parse_toml(src: Source) -> Any:
         line, col = int(m.group(1)), int(m.group(2))
         raise UsageError(f"malformed TOML cost file: {msg[:m.start()].strip()}",
                          Span(src, line, col, line, col + 1)) from None
+    except ValueError:  # Python refuses to convert integers of over 4300 digits
+        raise _too_long(src) from None
 
 
 def _flatten(data: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
