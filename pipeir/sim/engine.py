@@ -54,12 +54,12 @@ def simulate(schedule: Schedule, costs: CostModel | None = None,
 
 class Times(NamedTuple):
     """What a sweep computes, per op number: start, end, release (when the rank may start its
-    next op) and, with blocking sends, when each of its cross-rank sends has arrived."""
+    next op) and, with blocking sends, when each transfer has arrived."""
 
     start: list[float]
     end: list[float]
     release: list[float]
-    cum: list[list[float]]
+    arrive: list[float]  # blocking: when each transfer (by edge number) has arrived
 
 
 class Timing:
@@ -101,46 +101,51 @@ class Timing:
             joins[idx[first]].append((idx[p], idx[second]))
         hop = [costs.transfer_time(b, b + 1) for b in range(max(0, schedule.config.stages - 1))]
         self.size = [costs.boundary_bytes(b) for b in range(len(hop))]
-        send_index: dict[tuple[int, int], int] = {}
-        self.sends: list[list[float]] = [[] for _ in range(n)]
-        if blocking:
-            # the sender pays each cross-rank send in turn after the op (in the order of its
-            # consumers), so a consumer's data arrives at the k-th cumulative send time
-            for i in range(n):
-                ri, si = rank[i], stage[i]
-                out = self.sends[i]
-                for q in succs[i]:
-                    if rank[q] != ri:
-                        sq = stage[q]
-                        send_index[i, q] = len(out)
-                        out.append(0.0 if sq == si else hop[sq if sq < si else si])
         #: per op, what it waits for: its data/order predecessors, then (as a pair's first)
-        #: the inputs of its partner; overlapped as (pred, time from the pred's end to the
-        #: arrival: 0 on the same rank), blocking as (pred, index of the send in the pred's
-        #: cumulative sends, or -1 on the same rank: the pred's release)
+        #: the inputs of its partner. Overlapped: (pred, time from the pred's end to the
+        #: arrival; 0 on the same rank). Blocking: (pred, the transfer's edge number, or -1 on
+        #: the same rank: the pred's release), and per op its cross-rank sends (edge, time),
+        #: paid one after another after the op, in the order of their consumers.
         self.npred = [len(ps) for ps in preds]
         self.hop = hop
         self.stage = stage
         self.inputs: list[list[tuple[int, float]]] = []
         self.waits: list[list[tuple[int, int]]] = []
-        get = send_index.get
-        for i, ps in enumerate(preds):
-            ri, si = rank[i], stage[i]
-            if blocking:
-                self.waits.append([(j, -1 if rank[j] == ri else get((j, i), -1)) for j in ps]
-                                  + [(j, -1 if rank[j] == ri else get((j, k), -1))
-                                     for j, k in joins[i]])
-                continue
-            inp = []
-            for j in ps:
-                sj = stage[j]
-                inp.append((j, 0.0 if sj == si or rank[j] == ri
-                            else hop[sj if sj < si else si]))
-            for j, k in joins[i]:
-                sj, sk = stage[j], stage[k]
-                inp.append((j, 0.0 if sj == sk or rank[j] == ri
-                            else hop[sj if sj < sk else sk]))
-            self.inputs.append(inp)
+        self.sends: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+        self.edges = 0
+        if blocking:
+            edge: dict[tuple[int, int], int] = {}  # (producer, consumer) -> edge, for pairs
+            pairs = any(joins)
+            for i, ps in enumerate(preds):  # consumers in order: each producer's sends too
+                ri, si = rank[i], stage[i]
+                w = []
+                for j in ps:
+                    if rank[j] == ri:
+                        w.append((j, -1))
+                        continue
+                    sj = stage[j]
+                    self.sends[j].append((self.edges, 0.0 if sj == si else
+                                          hop[sj if sj < si else si]))
+                    w.append((j, self.edges))
+                    if pairs:
+                        edge[j, i] = self.edges
+                    self.edges += 1
+                self.waits.append(w)
+            for i, js in enumerate(joins):
+                self.waits[i] += [(j, -1 if rank[j] == rank[i] else edge[j, k]) for j, k in js]
+        else:
+            for i, ps in enumerate(preds):
+                ri, si = rank[i], stage[i]
+                inp = []
+                for j in ps:
+                    sj = stage[j]
+                    inp.append((j, 0.0 if sj == si or rank[j] == ri
+                                else hop[sj if sj < si else si]))
+                for j, k in joins[i]:
+                    sj, sk = stage[j], stage[k]
+                    inp.append((j, 0.0 if sj == sk or rank[j] == ri
+                                else hop[sj if sj < sk else sk]))
+                self.inputs.append(inp)
         self.order = _topological(succs, joins, [len(ps) + len(js) for ps, js in zip(preds, joins)])
 
     @property
@@ -185,25 +190,22 @@ class Timing:
         start = [0.0] * n
         end = [0.0] * n
         rel = [0.0] * n
-        cum: list[list[float]] = [[] for _ in range(n)]
+        arrive = [0.0] * self.edges
         waits, sends = self.waits, self.sends
         for i in self.order:
             t = 0.0
             for j, k in waits[i]:
-                x = rel[j] if k < 0 else cum[j][k]
+                x = rel[j] if k < 0 else arrive[k]
                 if x > t:
                     t = x
             e = t + dur[i]
             start[i] = t
             end[i] = e
-            if sends[i]:
-                out = []
-                for h in sends[i]:
-                    e += h
-                    out.append(e)
-                cum[i] = out
+            for k, h in sends[i]:
+                e += h
+                arrive[k] = e
             rel[i] = e
-        return Times(start, end, rel, cum)
+        return Times(start, end, rel, arrive)
 
     def makespan(self, dur: Sequence[float]) -> float:
         """When the last op releases its rank."""
@@ -273,20 +275,19 @@ def _simulate(schedule: Schedule, costs: CostModel, comm: str) -> SimResult:
         raise VerifyError(check_deadlock(schedule), "deadlock")
     cost = costs.cost
     times = timing.sweep([cost(op) for op in timing.ops])
-    end, rel, cum = times.end, times.release, times.cum
+    end, rel, arrive = times.end, times.release, times.arrive
     # the predecessor that decided each op's start (the first of the latest), and transfers
     why = [-1] * len(end)
     sent: list[tuple[int, int, float, float, float]] = []
     rank, stage, hop, size = timing.rank, timing.stage, timing.hop, timing.size
-    blocking = timing.blocking
-    arrivals: list[list[tuple[int, float]]] = timing.inputs if not blocking else [
-        [(j, rel[j] if k < 0 else cum[j][k]) for j, k in w] for w in timing.waits]
-    for i, ins in enumerate(arrivals):
-        t = 0.0
-        cause = -1
-        real, ri, si = timing.npred[i], rank[i], stage[i]
+    blocking, npred = timing.blocking, timing.npred
+    per_op: Sequence[Sequence[tuple[int, float]]] = timing.waits if blocking else timing.inputs
+    for i, ins in enumerate(per_op):
+        t, cause = 0.0, -1
+        real, ri, si = npred[i], rank[i], stage[i]
         for n_, (j, a) in enumerate(ins):
-            x = a if blocking else end[j] + a
+            # blocking: a is the edge number (-1: same rank); overlapped: the transfer time
+            x = (rel[j] if a < 0 else arrive[int(a)]) if blocking else end[j] + a
             if n_ < real and rank[j] != ri:
                 sj = stage[j]
                 b = sj if sj < si else si
