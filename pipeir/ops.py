@@ -10,10 +10,30 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
-Kind = Literal["F", "B", "I", "W", "R"]
+Kind = Literal["F", "B", "I", "W", "R", "FC", "RC", "OFF", "RELOAD"]
 
-#: Every compute kind, in canonical order: forward, full backward, input-grad, weight-grad.
-KINDS: Final[tuple[Kind, ...]] = ("F", "B", "I", "W")
+#: Every kind with a time per (stage, micro-batch), in canonical order: forward, full backward,
+#: input-grad, weight-grad, then the memory ops: a checkpointed forward FC (keeps only its
+#: input), its recompute RC (runs the forward again, keeping the activations, before the
+#: backward), and OFF / RELOAD, which move a forward's saved activations to host memory and
+#: back. (Recompute is not a bare R: that is the data-parallel gradient all-reduce below.)
+KINDS: Final[tuple[Kind, ...]] = ("F", "B", "I", "W", "FC", "RC", "OFF", "RELOAD")
+
+#: The kinds that run a stage's forward (the activation a forward sends is the same).
+FORWARDS: Final[frozenset[str]] = frozenset(("F", "FC"))
+
+#: The gradient reduction: R(s) all-reduces stage s's weight gradients across the
+#: data-parallel replicas (torch's REDUCE_GRAD). It has no micro-batch (`mb` is `NO_MB`).
+REDUCE: Final = "R"
+NO_MB: Final = -1
+
+#: Kinds that do not occupy the rank's compute but run on a per-rank side channel, one op
+#: after another: the channel's name per kind (see `pipeir.sim.engine`).
+CHANNEL: Final[dict[str, str]] = {REDUCE: "reduce", "OFF": "copy", "RELOAD": "copy"}
+
+#: Every op kind with the number of arguments it takes in the language: R(s), the others
+#: K(s, mb). The frontend recognises ops by these names.
+OP_ARITY: Final[dict[str, int]] = {**{k: 2 for k in KINDS}, REDUCE: 1}
 
 #: The gradient reduction: R(s) all-reduces stage s's weight gradients across the
 #: data-parallel replicas (torch's REDUCE_GRAD). It has no micro-batch (`mb` is `NO_MB`).
@@ -31,6 +51,10 @@ KIND_NAMES: Final[dict[str, str]] = {
     "I": "input-grad",
     "W": "weight-grad",
     "R": "gradient all-reduce",
+    "FC": "checkpointed forward",
+    "RC": "recompute",
+    "OFF": "offload",
+    "RELOAD": "reload",
 }
 
 
@@ -81,3 +105,23 @@ def W(stage: int, mb: int) -> Op:
 def R(stage: int) -> Op:
     """The all-reduce of stage `stage`'s weight gradients across data-parallel replicas."""
     return Op("R", stage, NO_MB)
+
+
+def FC(stage: int, mb: int) -> Op:
+    """A checkpointed forward: keeps only its input; its RC runs it again before the backward."""
+    return Op("FC", stage, mb)
+
+
+def RC(stage: int, mb: int) -> Op:
+    """The recompute of a checkpointed forward FC(stage, mb), before its backward."""
+    return Op("RC", stage, mb)
+
+
+def OFF(stage: int, mb: int) -> Op:
+    """Offload F(stage, mb)'s saved activations to host memory (on the rank's copy channel)."""
+    return Op("OFF", stage, mb)
+
+
+def RELOAD(stage: int, mb: int) -> Op:
+    """Bring OFF(stage, mb)'s activations back to the device before the backward."""
+    return Op("RELOAD", stage, mb)

@@ -39,7 +39,10 @@ def data_predecessors(op: Op, present: Mapping[Op, Any] | set[Op], stages: int,
     F(s) needs F(s-1); the first backward of the last stage needs its F; B/I(s) needs F(s) and
     the input-gradient of stage s+1 (from B(s+1) or I(s+1)); W(s) needs I(s) (or F(s) if the
     schedule has no I(s), which verification reports); R(s) needs the weight gradients of
-    every micro-batch of stage s (each B(s, mb) or W(s, mb)).
+    every micro-batch of stage s (each B(s, mb) or W(s, mb)). Memory ops: a checkpointed
+    forward FC stands where F would; RC(s) needs FC(s), and B/I(s) needs RC(s) instead of the
+    forward; OFF(s) needs F(s), RELOAD(s) needs OFF(s), and B/I(s) needs RELOAD(s) too. Every
+    one of these is on the stage's rank, so the program order checks "RC before the backward".
     """
     def lookup(kind: str, s: int, m: int) -> Op | None:
         o = Op(kind, s, m)  # type: ignore[arg-type]
@@ -50,16 +53,23 @@ def data_predecessors(op: Op, present: Mapping[Op, Any] | set[Op], stages: int,
 def _predecessors(op: Op, lookup: Callable[[str, int, int], Op | None],
                   stages: int, microbatches: int) -> list[Op]:
     kind, s, m = op.kind, op.stage, op.mb
-    if kind == "F":
-        found = [lookup("F", s - 1, m)] if s > 0 else []
+    if kind == "F" or kind == "FC":
+        found = [lookup("F", s - 1, m) or lookup("FC", s - 1, m)] if s > 0 else []
     elif kind in ("B", "I"):
-        found = [lookup("F", s, m)]
+        found = [lookup("RC", s, m) or lookup("F", s, m) or lookup("FC", s, m),
+                 lookup("RELOAD", s, m)]
         if s + 1 < stages:
             found.append(lookup("B", s + 1, m) or lookup("I", s + 1, m))
     elif kind == "R":
         found = [lookup("B", s, k) or lookup("W", s, k) for k in range(microbatches)]
-    else:
-        found = [lookup("I", s, m) or lookup("F", s, m)]
+    elif kind == "W":
+        found = [lookup("I", s, m) or lookup("F", s, m) or lookup("FC", s, m)]
+    elif kind == "RC":
+        found = [lookup("FC", s, m)]
+    elif kind == "OFF":
+        found = [lookup("F", s, m)]
+    else:  # RELOAD
+        found = [lookup("OFF", s, m)]
     return [p for p in found if p is not None]
 
 

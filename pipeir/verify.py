@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Protocol
 
 from pipeir._gc import paused_gc
 from pipeir.diagnostics import Diagnostic, Note, Span, UsageError, VerifyError
@@ -21,19 +22,36 @@ from pipeir.schedule import EdgeKind, Schedule, pair_waits
 MAX_LISTED = 8  # diagnostics listed per failing check before "... and N more"
 
 
+class MemorySizes(Protocol):
+    """What a byte count needs per stage (a `pipeir.sim.CostModel` is one)."""
+
+    def activation_memory(self, stage: int) -> float | None: ...
+
+    def input_memory(self, stage: int) -> float: ...
+
+
 @dataclass(frozen=True)
 class VerifyReport:
-    """What verification learned: peak in-flight activations per rank and where each peaks."""
+    """What verification learned: peak in-flight activations per rank and where each peaks,
+    and the peak in bytes when verification was given the sizes."""
 
     peak_activations: tuple[int, ...]
     peak_at: tuple[Op | None, ...]
+    peak_bytes: tuple[float, ...] | None = None
 
 
-def verify(schedule: Schedule, memory_limit: int | None = None) -> VerifyReport:
+def verify(schedule: Schedule, memory_limit: int | None = None,
+           sizes: MemorySizes | None = None, memory_limit_bytes: float | None = None
+           ) -> VerifyReport:
     """Check `schedule`; raise VerifyError on the first failing kind of check.
 
-    `memory_limit` overrides the pipeline's own `memory_limit` when given.
+    `memory_limit` overrides the pipeline's own `memory_limit` when given. With `sizes`
+    (bytes per stage, e.g. a cost model) the report has the peak bytes per rank, and
+    `memory_limit_bytes` bounds them.
     """
+    if memory_limit_bytes is not None and (sizes is None or memory_limit_bytes <= 0):
+        raise UsageError("memory_limit in bytes needs positive bytes and the activation sizes "
+                         "(a cost model with memory_bytes)")
     if memory_limit is not None and (type(memory_limit) is not int or memory_limit < 1):
         raise UsageError(f"memory_limit must be a positive integer, got {memory_limit!r}")
     with paused_gc():
@@ -46,6 +64,14 @@ def verify(schedule: Schedule, memory_limit: int | None = None) -> VerifyReport:
         report = memory_report(schedule)
         limit = memory_limit if memory_limit is not None else schedule.config.memory_limit
         _raise("memory", check_memory(schedule, report, limit))
+        if sizes is not None:
+            def act(stage: int) -> float:
+                return sizes.activation_memory(stage) or 0.0
+            report = VerifyReport(report.peak_activations, report.peak_at,
+                                  peak_bytes(schedule, act, sizes.input_memory))
+            if memory_limit_bytes is not None:
+                _raise("memory", check_memory_bytes(schedule, act, sizes.input_memory,
+                                                    memory_limit_bytes))
     return report
 
 
@@ -87,15 +113,21 @@ def check_placement(schedule: Schedule) -> list[Diagnostic]:
 
 
 def check_completeness(schedule: Schedule) -> list[Diagnostic]:
-    """Each (stage, micro-batch) has one F and either one B or one I and one W."""
+    """Each (stage, micro-batch) has one forward (F, or a checkpointed FC with its RC) and
+    either one B or one I and one W; an OFF comes with its RELOAD, after an F."""
     c = schedule.config
     g = schedule.graph
     out = []
     for s in range(c.stages):
         for m in range(c.microbatches):
             missing = []
-            if Op("F", s, m) not in g:
-                missing.append(Op("F", s, m))
+            f, fc = Op("F", s, m), Op("FC", s, m)
+            if f in g and fc in g:
+                out.append(Diagnostic(f"stage {s}, micro-batch {m} has both {f} and {fc}: "
+                                      "a forward either keeps its activations or not",
+                                      schedule.span_of(fc)))
+            elif f not in g and fc not in g:
+                missing.append(f)
             has_b, has_i, has_w = Op("B", s, m) in g, Op("I", s, m) in g, Op("W", s, m) in g
             if has_b and (has_i or has_w):
                 other = Op("I", s, m) if has_i else Op("W", s, m)
@@ -116,6 +148,38 @@ def check_completeness(schedule: Schedule) -> list[Diagnostic]:
                     f"missing {' and '.join(map(str, missing))}: the schedule never runs "
                     f"{'them' if len(missing) > 1 else 'it'} (stage {s} lives on rank {rank})",
                     _program_span(schedule, rank)))
+            out.extend(_memory_op_pairs(schedule, s, m))
+    return out
+
+
+def _memory_op_pairs(schedule: Schedule, s: int, m: int) -> list[Diagnostic]:
+    """FC comes with RC (not on the last stage, whose forward feeds the loss), OFF with
+    RELOAD, and OFF only after an F (an FC keeps nothing to offload)."""
+    g = schedule.graph
+    f, fc, rc = Op("F", s, m), Op("FC", s, m), Op("RC", s, m)
+    off, rel = Op("OFF", s, m), Op("RELOAD", s, m)
+    out = []
+    if fc in g and s == schedule.config.stages - 1:
+        out.append(Diagnostic(f"{fc}: the last stage's forward feeds the loss and cannot be "
+                              f"checkpointed; write {f}", schedule.span_of(fc)))
+    if fc in g and rc not in g:
+        out.append(Diagnostic(f"{fc} keeps only its input, but the schedule never runs {rc} "
+                              "to recompute it before the backward", schedule.span_of(fc)))
+    if rc in g and fc not in g:
+        out.append(Diagnostic(f"{rc} recomputes a checkpointed forward, but stage {s}, "
+                              f"micro-batch {m} has no {fc}"
+                              + (f" ({f} keeps its activations)" if f in g else ""),
+                              schedule.span_of(rc)))
+    if off in g and f not in g:
+        out.append(Diagnostic(f"{off} offloads the activations {f} keeps, but the schedule "
+                              f"has no {f}", schedule.span_of(off)))
+    if off in g and rel not in g:
+        out.append(Diagnostic(f"{off} moves activations to host memory, but the schedule never "
+                              f"runs {rel} to bring them back for the backward",
+                              schedule.span_of(off)))
+    if rel in g and off not in g:
+        out.append(Diagnostic(f"{rel} brings back activations that no {off} offloaded",
+                              schedule.span_of(rel)))
     return out
 
 
@@ -268,17 +332,35 @@ def _explain_deadlock(schedule: Schedule, stuck: set[Op]) -> Diagnostic:
     return Diagnostic("deadlock: " + "; ".join(parts), schedule.span_of(cycle[0][1]), notes)
 
 
-def live_activations(program: Iterable[Op], size: Callable[[Op], float] | None = None
+def live_activations(program: Iterable[Op], size: Callable[[Op], float] | None = None,
+                     input_size: Callable[[Op], float] | None = None
                      ) -> Iterator[tuple[Op, float]]:
-    """(op, activations in flight after it) along a rank's program: +size at F(s,mb), -size
-    when its last backward (B, or W) has run; I frees nothing (W still needs the inputs).
-    The one place this rule lives; `size` defaults to one unit per (stage, micro-batch)."""
+    """(op, activations in flight after it) along a rank's program. The one place this rule
+    lives:
+
+    * F(s,mb) and RC(s,mb) add `size` (the stage's saved activations), and so does RELOAD;
+      OFF takes it away again (it is in host memory until its RELOAD);
+    * FC(s,mb) adds `input_size` (it keeps only the stage input);
+    * the last backward (B, or W) frees the activations, and the input of an FC; I frees
+      nothing (W still needs the inputs).
+
+    `size` defaults to one unit per (stage, micro-batch) and `input_size` to none, so the
+    unit count is the peers' "micro-batches in flight"."""
     live = 0.0
+    checkpointed: set[tuple[int, int]] = set()
     for op in program:
         k = op.kind
-        if k == "F":
+        if k == "F" or k == "RC" or k == "RELOAD":
             live += 1 if size is None else size(op)
         elif k == "B" or k == "W":
+            live -= 1 if size is None else size(op)
+            if (op.stage, op.mb) in checkpointed and input_size is not None:
+                live -= input_size(op)
+        elif k == "FC":
+            checkpointed.add((op.stage, op.mb))
+            if input_size is not None:
+                live += input_size(op)
+        elif k == "OFF":
             live -= 1 if size is None else size(op)
         yield op, live
 
@@ -296,6 +378,40 @@ def memory_report(schedule: Schedule) -> VerifyReport:
         peaks.append(peak)
         at.append(peak_op)
     return VerifyReport(tuple(peaks), tuple(at))
+
+
+def peak_bytes(schedule: Schedule, activation: Callable[[int], float],
+               inputs: Callable[[int], float]) -> tuple[float, ...]:
+    """Per rank, the most bytes of saved activations held at once (`live_activations` with
+    each stage's `activation` and `inputs` bytes)."""
+    def size(op: Op) -> float:
+        return activation(op.stage)
+
+    def input_size(op: Op) -> float:
+        return inputs(op.stage)
+    return tuple(max((live for _, live in live_activations(prog, size, input_size)),
+                     default=0.0) for prog in schedule.programs)
+
+
+def check_memory_bytes(schedule: Schedule, activation: Callable[[int], float],
+                       inputs: Callable[[int], float], limit: float) -> list[Diagnostic]:
+    """No rank holds more than `limit` bytes of saved activations (see `peak_bytes`)."""
+    def size(op: Op) -> float:
+        return activation(op.stage)
+
+    def input_size(op: Op) -> float:
+        return inputs(op.stage)
+    out = []
+    for r, prog in enumerate(schedule.programs):
+        lives = list(live_activations(prog, size, input_size))
+        over = next(((op, live) for op, live in lives if live > limit), None)
+        if over is not None:
+            peak = max(live for _, live in lives)
+            out.append(Diagnostic(
+                f"memory limit exceeded on rank {r}: {over[0]} makes {over[1]:.4g} bytes of "
+                f"activations (memory_limit = {limit:.4g} bytes; this rank peaks at "
+                f"{peak:.4g})", schedule.span_of(over[0])))
+    return out
 
 
 def check_memory(schedule: Schedule, report: VerifyReport, limit: int | None) -> list[Diagnostic]:

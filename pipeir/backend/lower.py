@@ -105,6 +105,38 @@ class Forward(Instr):
 
 
 @dataclass(frozen=True)
+class ForwardCheckpoint(Instr):
+    """A forward that keeps only its input (and the RNG state), not its activations (FC)."""
+
+    stage: int
+    mb: int
+
+
+@dataclass(frozen=True)
+class Recompute(Instr):
+    """Run a checkpointed forward again, with its RNG state, keeping the activations (RC)."""
+
+    stage: int
+    mb: int
+
+
+@dataclass(frozen=True)
+class Offload(Instr):
+    """Start moving a forward's saved activations to host memory (OFF, on the copy stream)."""
+
+    stage: int
+    mb: int
+
+
+@dataclass(frozen=True)
+class Reload(Instr):
+    """Start moving offloaded activations back; the backward waits for them (RELOAD)."""
+
+    stage: int
+    mb: int
+
+
+@dataclass(frozen=True)
 class Loss(Instr):
     """Loss of the last stage's output, times `scale` = 1/(m*accumulate) so the accumulated
     gradients equal those of one big batch."""
@@ -220,7 +252,8 @@ class Batch(Instr):
 
 _MNEMONICS: dict[type, str] = {
     ZeroGrad: "zero-grad", OptimizerStep: "step", Load: "load", Forward: "forward",
-    Loss: "loss", Backward: "backward", BackwardInput: "backward-input",
+    Loss: "loss", Backward: "backward", ForwardCheckpoint: "forward-checkpoint",
+    Recompute: "recompute", Offload: "offload", Reload: "reload", BackwardInput: "backward-input",
     BackwardWeight: "backward-weight", Handoff: "handoff", Send: "send", Recv: "recv",
     ISend: "isend", IRecv: "irecv", WaitSend: "wait-send", WaitRecv: "wait-recv",
     Batch: "batch", ReduceGrad: "reduce-grad", WaitReduce: "wait-reduce",
@@ -228,7 +261,8 @@ _MNEMONICS: dict[type, str] = {
 _BY_MNEMONIC: dict[str, type] = {v: k for k, v in _MNEMONICS.items()}
 
 #: Instructions that do model compute (their time is "busy" in the measured bubble).
-COMPUTE: tuple[type, ...] = (Forward, Loss, Backward, BackwardInput, BackwardWeight)
+COMPUTE: tuple[type, ...] = (Forward, Loss, Backward, BackwardInput, BackwardWeight,
+                             ForwardCheckpoint, Recompute)
 
 
 @dataclass(frozen=True)
@@ -419,9 +453,9 @@ def _first_of(schedule: Schedule, op: Op) -> Op:
 def compute_instrs(op: Op, mb: int, last: int, scale: float, o: dict[str, Any]) -> list[Instr]:
     """The compute instructions of one op."""
     s = op.stage
-    if op.kind == "F":
+    if op.kind == "F" or op.kind == "FC":
         body: list[Instr] = [Load(mb, "input", **o)] if s == 0 else []
-        body.append(Forward(s, mb, **o))
+        body.append(Forward(s, mb, **o) if op.kind == "F" else ForwardCheckpoint(s, mb, **o))
         if s == last:
             body += [Load(mb, "target", **o), Loss(s, mb, scale, **o)]
         return body
@@ -429,12 +463,18 @@ def compute_instrs(op: Op, mb: int, last: int, scale: float, o: dict[str, Any]) 
         return [Backward(s, mb, **o)]
     if op.kind == "I":
         return [BackwardInput(s, mb, **o)]
+    if op.kind == "RC":
+        return [Recompute(s, mb, **o)]
+    if op.kind == "OFF":
+        return [Offload(s, mb, **o)]
+    if op.kind == "RELOAD":
+        return [Reload(s, mb, **o)]
     return [BackwardWeight(s, mb, **o)]
 
 
 def outputs_of(op: Op, stages: int) -> list[tuple[Tensor, int]]:
     """The tensors `op` produces for another stage: (kind, consuming stage)."""
-    if op.kind == "F" and op.stage + 1 < stages:
+    if (op.kind == "F" or op.kind == "FC") and op.stage + 1 < stages:
         return [("act", op.stage + 1)]
     if op.kind in ("B", "I") and op.stage > 0:
         return [("grad", op.stage - 1)]
@@ -443,7 +483,8 @@ def outputs_of(op: Op, stages: int) -> list[tuple[Tensor, int]]:
 
 def consumer_of(schedule: Schedule, tensor: Tensor, stage: int, mb: int) -> Op:
     if tensor == "act":
-        return Op("F", stage, mb)
+        f = Op("F", stage, mb)
+        return f if f in schedule else Op("FC", stage, mb)
     b = Op("B", stage, mb)
     return b if b in schedule else Op("I", stage, mb)
 

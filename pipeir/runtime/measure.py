@@ -24,19 +24,23 @@ from pipeir.backend.lower import (
     BackwardWeight,
     Batch,
     Forward,
+    ForwardCheckpoint,
     Instr,
     ISend,
     Load,
     Loss,
     Lowered,
+    Offload,
+    Recompute,
     Recv,
     ReduceGrad,
+    Reload,
     Send,
     WaitRecv,
     WaitReduce,
 )
 from pipeir.config import PipelineConfig
-from pipeir.ops import NO_MB, Op
+from pipeir.ops import NO_MB, Kind, Op
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, SimResult, Transfer, simulate
 
@@ -102,18 +106,29 @@ def expand_rounds(schedule: Schedule) -> Schedule:
     return Schedule.from_programs(cfg, progs, schedule.name)
 
 
+#: The op each instruction that has its own op kind runs.
+_KIND_OF: dict[type, Kind] = {
+    Backward: "B", BackwardInput: "I", BackwardWeight: "W", ForwardCheckpoint: "FC",
+    Recompute: "RC", Offload: "OFF", Reload: "RELOAD"}
+
+
 def _op_of(ins: Instr, schedule: Schedule) -> Op | None:
     if isinstance(ins, (Forward, Loss)):
-        return Op("F", ins.stage, ins.mb)
+        return _forward(schedule, ins.stage, ins.mb)
     if isinstance(ins, Load):
-        return Op("F", 0 if ins.part == "input" else schedule.config.stages - 1, ins.mb)
-    if isinstance(ins, Backward):
-        return Op("B", ins.stage, ins.mb)
-    if isinstance(ins, BackwardInput):
-        return Op("I", ins.stage, ins.mb)
-    if isinstance(ins, BackwardWeight):
-        return Op("W", ins.stage, ins.mb)
-    return None
+        return _forward(schedule, 0 if ins.part == "input" else schedule.config.stages - 1,
+                        ins.mb)
+    kind = _KIND_OF.get(type(ins))
+    if kind is None:
+        return None
+    stage: int = getattr(ins, "stage")  # noqa: B009 - every one of those has stage and mb
+    mb: int = getattr(ins, "mb")  # noqa: B009
+    return Op(kind, stage, mb)
+
+
+def _forward(schedule: Schedule, stage: int, mb: int) -> Op:
+    f = Op("F", stage, mb)
+    return f if f in schedule else Op("FC", stage, mb)
 
 
 def measured_result(lowered: Lowered, schedule: Schedule, times: Mapping[int, Times],

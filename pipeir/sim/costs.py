@@ -24,6 +24,17 @@ Costs are written as *settings*, one dotted name per value, the same in a `.sche
 ``dp``                          data-parallel replicas D (default 1: R ops cost nothing)
 ``dp_latency``, ``dp_bandwidth``  the link between replicas (default: ``latency``,
                                 ``bandwidth``)
+``input_bytes``                 bytes of a stage's input, which a checkpointed forward FC
+                                keeps until its backward (default: the activation_bytes of
+                                the boundary before the stage; 0 for the first stage)
+``stage.S.input_bytes``         the same for stage S
+``host_latency``                fixed time of one offload (OFF) or reload (RELOAD) on the
+                                rank's copy channel (default 0)
+``host_bandwidth``              bytes per time unit between device and host memory: an OFF
+                                or RELOAD takes ``host_latency + memory_bytes /
+                                host_bandwidth`` (default: infinite)
+``FC``, ``RC``                  a checkpointed forward and its recompute cost an F unless set
+``OFF``, ``RELOAD``             set to override the time from the host bandwidth
 ``unit``                        the time unit, for display only (e.g. "ms"; default none)
 ``lengths``, ``length_cost``,   per-micro-batch costs from sequence lengths
 ``length_ref``                  (see `pipeir.sim.lengths`)
@@ -65,13 +76,15 @@ from pathlib import Path
 from typing import Any
 
 from pipeir.diagnostics import Note, Source, Span, UsageError, did_you_mean, where_prefix
-from pipeir.ops import KINDS, Op
+from pipeir.ops import CHANNEL, KINDS, Kind, Op
 from pipeir.sim.lengths import LENGTH_KEYS, LengthCost, split_length_settings
 
 #: Settings that hold a time per op, and the settings about transfers and memory.
 OP_KINDS = KINDS
-COMM_KEYS = ("latency", "bandwidth", "dp", "dp_latency", "dp_bandwidth")
-SIZE_KEYS = ("activation_bytes", "memory_bytes", "param_bytes")
+COMPUTE_KINDS: tuple[Kind, ...] = ("F", "B", "I", "W")  # the kinds with a default time
+COMM_KEYS = ("latency", "bandwidth", "dp", "dp_latency", "dp_bandwidth", "host_latency",
+             "host_bandwidth")
+SIZE_KEYS = ("activation_bytes", "memory_bytes", "param_bytes", "input_bytes")
 META_KEYS = ("version", "meta", "unit")
 TOP_KEYS = (*OP_KINDS, *COMM_KEYS, *SIZE_KEYS, *META_KEYS, *LENGTH_KEYS)
 
@@ -99,6 +112,9 @@ class CostModel:
     dp: int = 1
     dp_latency: float | None = None  # None: `latency`
     dp_bandwidth: float | None = None  # None: `bandwidth`
+    input_bytes: float | None = None
+    host_latency: float = 0.0
+    host_bandwidth: float | None = None
     stage: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
     mb: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
     stage_mb: Mapping[tuple[int, int], Mapping[str, float]] = field(default_factory=dict)
@@ -113,19 +129,19 @@ class CostModel:
                 base[k] = v
         for k, v in base.items():
             _check_time(k, v)
-        for k in ("latency", "activation_bytes", "param_bytes"):
+        for k in ("latency", "activation_bytes", "param_bytes", "host_latency"):
             _check_time(k, getattr(self, k))
         if self.dp_latency is not None:
             _check_time("dp_latency", self.dp_latency)
         if type(self.dp) is not int or self.dp < 1:
             raise ValueError(f"dp must be a positive integer, got {self.dp!r}")
-        if self.dp_bandwidth is not None and not (_is_number(self.dp_bandwidth)
-                                                  and self.dp_bandwidth > 0):
-            raise ValueError(f"dp_bandwidth must be a positive number, got {self.dp_bandwidth!r}")
-        if self.memory_bytes is not None:
-            _check_time("memory_bytes", self.memory_bytes)
-        if self.bandwidth is not None and not (_is_number(self.bandwidth) and self.bandwidth > 0):
-            raise ValueError(f"bandwidth must be a positive number, got {self.bandwidth!r}")
+        for k in ("memory_bytes", "input_bytes"):
+            if getattr(self, k) is not None:
+                _check_time(k, getattr(self, k))
+        for k in ("bandwidth", "dp_bandwidth", "host_bandwidth"):
+            v = getattr(self, k)
+            if v is not None and not (_is_number(v) and v > 0):
+                raise ValueError(f"{k} must be a positive number, got {v!r}")
         object.__setattr__(self, "_base", _defaults(base))
         for where, levels in (("stage", self.stage), ("mb", self.mb),
                               ("stage_mb", self.stage_mb)):
@@ -156,10 +172,31 @@ class CostModel:
 
     # ---- queries --------------------------------------------------------------------------
     def cost(self, op: Op) -> float:
-        """How long `op` takes (a reduction: `allreduce_time` of its stage)."""
+        """How long `op` takes (a reduction: `allreduce_time` of its stage; an OFF or
+        RELOAD: on the rank's copy channel)."""
         kind, s, m = op.kind, op.stage, op.mb
         if kind == "R":
             return self.allreduce_time(s)
+        v = self._given(kind, s, m)
+        if v is not None:
+            return v
+        base = self._base.get(kind)
+        if base is not None:
+            return base
+        if kind in CHANNEL:
+            return self.copy_time(s)
+        return self.cost(Op("F", s, m))  # FC and RC run the stage's forward
+
+    def copy_time(self, stage: int) -> float:
+        """Time to move one micro-batch's saved activations of `stage` between device and
+        host memory (an OFF or a RELOAD)."""
+        t = self.host_latency
+        if self.host_bandwidth is not None:
+            t += (self.activation_memory(stage) or 0.0) / self.host_bandwidth
+        return t
+
+    def _given(self, kind: str, s: int, m: int) -> float | None:
+        """`kind`'s time as an override level sets it (None: the default applies)."""
         if self.stage_mb:
             v = _pick(self.stage_mb.get((s, m)), kind)
             if v is not None:
@@ -172,7 +209,7 @@ class CostModel:
             v = _pick(self.stage.get(s), kind)
             if v is not None:
                 return v
-        return self._base[kind]
+        return None
 
     def boundary_bytes(self, stage: int) -> float:
         """Bytes of the tensor crossing the boundary between `stage` and `stage + 1`."""
@@ -221,6 +258,15 @@ class CostModel:
             return level["memory_bytes"]
         return self.memory_bytes
 
+    def input_memory(self, stage: int) -> float:
+        """Bytes of `stage`'s input, which a checkpointed forward keeps (see the table)."""
+        level = self.stage.get(stage)
+        if level is not None and "input_bytes" in level:
+            return level["input_bytes"]
+        if self.input_bytes is not None:
+            return self.input_bytes
+        return self.boundary_bytes(stage - 1) if stage > 0 else 0.0
+
     @property
     def knows_memory(self) -> bool:
         """Whether activation sizes are given, so peak memory can be told in bytes."""
@@ -245,12 +291,12 @@ class CostModel:
         stage_mb = {k: dict(level) for k, level in self.stage_mb.items()}
         for m, f in enumerate(factors):
             level = mb.setdefault(m, {})
-            for k in KINDS:
+            for k in COMPUTE_KINDS:
                 level.setdefault(k, self.cost(Op(k, -1, -1)) * f)
             given = self.mb.get(m) or {}
             for s, slevel in self.stage.items():
                 sl = stage_mb.setdefault((s, m), {})
-                for k in KINDS:
+                for k in COMPUTE_KINDS:
                     # NOTE: only what the stage level itself decides (an explicit mb.M.K still
                     # wins, and a B derived from I + W stays derived)
                     if k not in given and _pick(slevel, k) is not None:
@@ -264,8 +310,6 @@ class CostModel:
         if self.bandwidth is not None:
             out["bandwidth"] = self.bandwidth
         out["activation_bytes"] = self.activation_bytes
-        if self.memory_bytes is not None:
-            out["memory_bytes"] = self.memory_bytes
         if self.param_bytes:
             out["param_bytes"] = self.param_bytes
         if self.dp != 1:
@@ -274,6 +318,11 @@ class CostModel:
             out["dp_latency"] = self.dp_latency
         if self.dp_bandwidth is not None:
             out["dp_bandwidth"] = self.dp_bandwidth
+        for k in ("memory_bytes", "input_bytes", "host_bandwidth"):
+            if getattr(self, k) is not None:
+                out[k] = getattr(self, k)
+        if self.host_latency:
+            out["host_latency"] = self.host_latency
         for s, level in sorted(self.stage.items()):
             out.update({f"stage.{s}.{k}": v for k, v in level.items()})
         for m, level in sorted(self.mb.items()):
@@ -367,11 +416,13 @@ def _build(items: Mapping[str, tuple[Any, Span | None]], where: str | None) -> C
         if key is None or level is None or key not in allowed:
             raise UsageError(f"{where_prefix(where, span)}unknown cost '{name}'", span,
                              did_you_mean(name, _known_names(name)) or
-                             (Note("costs are F, B, I, W, latency, bandwidth, activation_bytes, "
-                                   "memory_bytes, param_bytes, dp, dp_latency, dp_bandwidth, "
-                                   "and stage.S.K, mb.M.K, stage.S.mb.M.K for K in F, B, I, "
-                                   "W"),))
-        v = _number(name, value, span, where, positive=name in ("bandwidth", "dp_bandwidth", "dp"))
+                             (Note("costs are F, B, I, W, FC, RC, OFF, RELOAD, latency, "
+                                   "bandwidth, activation_bytes, memory_bytes, input_bytes, "
+                                   "host_latency, host_bandwidth, param_bytes, dp, dp_latency, "
+                                   "dp_bandwidth, and stage.S.K, mb.M.K, stage.S.mb.M.K for K "
+                                   "in those op kinds"),))
+        v = _number(name, value, span, where,
+                    positive=name in ("bandwidth", "dp_bandwidth", "dp", "host_bandwidth"))
         if name == "dp" and v != int(v):
             raise UsageError(f"{where_prefix(where, span)}cost 'dp' (data-parallel replicas) "
                              f"must be a positive integer, got {value}", span)
@@ -386,6 +437,9 @@ def _build(items: Mapping[str, tuple[Any, Span | None]], where: str | None) -> C
             param_bytes=_top(items, "param_bytes", 0.0), dp=int(_top(items, "dp", 1)),
             dp_latency=_top(items, "dp_latency", None),
             dp_bandwidth=_top(items, "dp_bandwidth", None),
+            input_bytes=_top(items, "input_bytes", None),
+            host_latency=_top(items, "host_latency", 0.0),
+            host_bandwidth=_top(items, "host_bandwidth", None),
             stage=stage, mb=mb, stage_mb=stage_mb, unit=unit)
     except ValueError as e:  # pragma: no cover - every value was checked above
         raise UsageError(f"{where_prefix(where, None)}{e}") from None

@@ -10,10 +10,13 @@ consumes has arrived. Two communication models:
   produced it, so the sender is busy until the data has arrived; receives are posted
   ahead (as torch's irecv), so the receiver waits for the data but is not occupied.
 
-Gradient reductions (R ops, data parallelism) run on a third kind of channel, one per rank:
-the rank issues an R when its program reaches it (once the weight gradients it reduces are
-done) and goes on with its next op at once; the reductions of one rank run one after another
-on its channel; the step ends when every rank's compute and reductions are done.
+Side channels, one of each per rank, run beside compute: gradient reductions (R ops, data
+parallelism) on the reduction channel, offloads and reloads (OFF, RELOAD) on the copy channel
+(a copy stream to host memory). The rank issues a channel op when its program reaches it
+(after the compute op before it ends; an R once the weight gradients it reduces are done) and
+goes on with its next compute op at once; one rank's ops on one channel run one after
+another; an op that consumes a channel op's result (a backward after its RELOAD) waits for
+it; the step ends when every rank's compute and channels are done.
 
 NOTE: both models are contention-free (transfers never queue behind one another on a
 link), so an op's start is the longest path to it through program-order and data edges. The
@@ -26,16 +29,16 @@ deadlocks plain 1F1B, which is why real runtimes batch their point-to-point oper
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
 
 from pipeir._gc import paused_gc
 from pipeir.diagnostics import UsageError, VerifyError
-from pipeir.ops import Op
-from pipeir.schedule import Schedule, pair_waits
+from pipeir.ops import CHANNEL, Op
+from pipeir.schedule import EdgeKind, Schedule, pair_waits
 from pipeir.sim.costs import CostModel
 from pipeir.sim.result import SimResult, Transfer
-from pipeir.verify import check_deadlock, live_activations, memory_report
+from pipeir.verify import check_deadlock, memory_report, peak_bytes
 
 #: The communication models `simulate` understands; the first is the default.
 COMM_MODELS: Final = ("overlapped", "blocking")
@@ -87,9 +90,12 @@ class Timing:
         stage = [op.stage for op in ops]
         gpred = schedule.graph._pred  # NOTE: networkx's adjacency dict, read-only, for speed
         preds = [[idx[p] for p in gpred[op]] for op in ops]
-        self.reduce = [op.kind == "R" for op in ops]
-        if any(self.reduce):
-            _reduction_channels(preds, rank, self.reduce)
+        #: per op, the side channel it runs on (None: the rank's compute)
+        self.channel: list[str | None] = [CHANNEL.get(op.kind) for op in ops]
+        if any(self.channel):
+            data = [{idx[p] for p, a in gpred[op].items() if a["kind"] & EdgeKind.DATA}
+                    for op in ops]
+            _side_channels(preds, data, rank, self.channel)
         succs: list[list[int]] = [[] for _ in range(n)]
         for i, ps in enumerate(preds):
             for j in ps:
@@ -212,33 +218,34 @@ class Timing:
         return max(self.sweep(dur).release, default=0.0)
 
 
-def _reduction_channels(preds: list[list[int]], rank: list[int], reduce: list[bool]) -> None:
-    """Rewire `preds` (op numbers in program order, rank by rank) for reductions on their
-    own channel, so that the one sweep times them with no special case.
+def _side_channels(preds: list[list[int]], data: list[set[int]], rank: list[int],
+                   channel: list[str | None]) -> None:
+    """Rewire `preds` (op numbers in program order, rank by rank) for ops on side channels,
+    so that the one sweep times them with no special case.
 
-    NOTE: an R's release (when what follows it on its channel may start) is its end. The
-    compute op after an R in program order must not wait for that: it waits instead for the
-    last compute op before the R (the R is issued and the rank goes on). Each R waits for
-    the previous R of its rank, which serializes the channel; its other predecessors (its
-    weight gradients, the op before it) are on its rank, so it starts at
-    max(issued, channel free).
+    NOTE: a compute op right after a channel op in program order does not wait for it (the
+    rank issued it and went on) unless it consumes its result (a DATA edge): it waits for
+    the last compute op before instead. A channel op waits for the op before it (it is
+    issued when the program gets there) and for the previous op on its channel, which
+    serialises the channel.
     """
-    last: dict[int, int] = {}  # rank -> its latest R so far
+    last: dict[tuple[int, str], int] = {}  # (rank, channel) -> its latest op so far
     for i, ps in enumerate(preds):
-        if reduce[i]:
-            prev = last.get(rank[i])
+        ch = channel[i]
+        if ch is not None:
+            prev = last.get((rank[i], ch))
             if prev is not None and prev not in ps:
                 ps.append(prev)
-            last[rank[i]] = i
+            last[rank[i], ch] = i
             continue
         fixed = []
         for j in ps:
-            if reduce[j]:  # only the program-order edge leaves an R
-                k = j - 1
-                while k >= 0 and rank[k] == rank[i] and reduce[k]:
+            if channel[j] is not None and j not in data[i]:
+                k = j - 1  # the program-order edge: the compute op before the channel ops
+                while k >= 0 and rank[k] == rank[i] and channel[k] is not None:
                     k -= 1
                 if k < 0 or rank[k] != rank[i]:
-                    continue  # the rank's program starts with reductions
+                    continue  # the rank's program starts with channel ops
                 j = k
             if j not in fixed:
                 fixed.append(j)
@@ -307,25 +314,29 @@ def _result(schedule: Schedule, costs: CostModel, comm: str, ops: list[Op], rank
     busy = [0.0] * ranks
     sending = [0.0] * ranks
     reducing = [0.0] * ranks
+    copying = [0.0] * ranks
     computed = 0.0  # when the last compute op releases its rank
     for i, r in enumerate(rank):
-        if ops[i].kind == "R":  # on the rank's reduction channel, not its compute
-            reducing[r] += end[i] - start[i]
+        channel = CHANNEL.get(ops[i].kind)
+        if channel is not None:  # on one of the rank's side channels, not its compute
+            (reducing if channel == "reduce" else copying)[r] += end[i] - start[i]
             continue
         busy[r] += end[i] - start[i]
         sending[r] += release[i] - end[i]
         computed = max(computed, release[i])
     start_of = dict(zip(ops, start))
     peaks, peak_time = _peaks(schedule, start_of)
-    peak_bytes = _peak_bytes(schedule.programs, costs) if costs.knows_memory else None
+    peaks_b = peak_bytes(schedule, _activation_bytes(costs), costs.input_memory) \
+        if costs.knows_memory else None
     sent.sort(key=_by_start)
     transfers = [Transfer(ops[j], ops[i], rank[j], rank[i], s, e, b) for j, i, s, e, b in sent]
     return SimResult(schedule=schedule, costs=costs, comm=comm, start=start_of,
                      end=dict(zip(ops, end)), makespan=makespan, busy=tuple(busy),
                      idle=tuple(makespan - b for b in busy), sending=tuple(sending),
-                     peak_activations=peaks, peak_time=peak_time, peak_bytes=peak_bytes,
+                     peak_activations=peaks, peak_time=peak_time, peak_bytes=peaks_b,
                      critical_path=_critical_path(ops, release, why), transfers=transfers,
-                   reducing=tuple(reducing), compute_makespan=computed)
+                     reducing=tuple(reducing), compute_makespan=computed,
+                     copying=tuple(copying))
 
 
 def _by_start(t: tuple[int, int, float, float, float]) -> tuple[float, int]:
@@ -340,11 +351,10 @@ def _peaks(schedule: Schedule, start: dict[Op, float]
                                           for op in report.peak_at)
 
 
-def _peak_bytes(progs: tuple[tuple[Op, ...], ...], costs: CostModel) -> tuple[float, ...]:
-    def size(op: Op) -> float:
-        return costs.activation_memory(op.stage) or 0.0
-    return tuple(max((live for _, live in live_activations(prog, size)), default=0.0)
-                 for prog in progs)
+def _activation_bytes(costs: CostModel) -> Callable[[int], float]:
+    def size(stage: int) -> float:
+        return costs.activation_memory(stage) or 0.0
+    return size
 
 
 def _critical_path(ops: list[Op], release: list[float], why: list[int]) -> list[Op]:

@@ -56,6 +56,8 @@ class SimResult:
     reducing: tuple[float, ...] = ()
     #: when the last compute op ended (the step without its reductions); None: unknown
     compute_makespan: float | None = None
+    #: time each rank's copy channel spent on offloads and reloads (not in `busy`)
+    copying: tuple[float, ...] = ()
 
     @property
     def has_reductions(self) -> bool:

@@ -10,13 +10,19 @@ colour, each kind gets its own background as well.
 
 from __future__ import annotations
 
-from pipeir.ops import KIND_NAMES, REDUCE, Op
+from pipeir.ops import CHANNEL, KIND_NAMES, REDUCE, Op
 from pipeir.sim.result import SimResult
 
 IDLE = "."
 SEND = ">"
 #: ANSI background colours per op kind (and for sends), used when colour is on.
-COLOURS = {"F": "44", "B": "42", "I": "43", "W": "45", "R": "46", SEND: "41"}
+COLOURS = {"F": "44", "B": "42", "I": "43", "W": "45", "R": "46", "C": "46", "X": "44",
+           "O": "40", "L": "40", SEND: "41"}
+#: The one character that draws each op kind (F, B, I, W and R are their own).
+CELL = {"F": "F", "B": "B", "I": "I", "W": "W", "R": "R", "FC": "C", "RC": "X", "OFF": "O",
+        "RELOAD": "L"}
+#: What the line of each side channel is called.
+CHANNEL_LABELS = {"reduce": "all-reduce", "copy": "copies"}
 RESET = "\x1b[0m"
 
 
@@ -32,15 +38,17 @@ def render_timeline(result: SimResult, width: int = 80, color: bool = False) -> 
         for tr in result.transfers:
             sent_until[tr.src] = max(tr.end, sent_until.get(tr.src, tr.end))
     for r, prog in enumerate(result.schedule.programs):
-        cells = _row(result, prog, width, scale, sent_until)
+        compute = tuple(op for op in prog if op.kind not in CHANNEL)
+        cells = _row(result, compute, width, scale, sent_until)
         text = _paint_row(cells) if color else "".join(cells)
         util = result.utilisation[r]
         lines.append(f"{f'r{r}':>{label_w}} |{text}| {util:6.1%}")
-        reductions = [op for op in prog if op.kind == REDUCE]
-        if reductions:
-            cells = _channel_row(result, reductions, width, scale)
-            text = _paint_row(cells) if color else "".join(cells)
-            lines.append(f"{'':>{label_w}} |{text}| all-reduce")
+        for channel, label in CHANNEL_LABELS.items():
+            side = [op for op in prog if CHANNEL.get(op.kind) == channel]
+            if side:  # the rank's side channel, on a line of its own
+                cells = _channel_row(result, side, width, scale)
+                text = _paint_row(cells) if color else "".join(cells)
+                lines.append(f"{'':>{label_w}} |{text}| {label}")
     lines.append(_legend(result, color))
     return "\n".join(lines) + "\n"
 
@@ -53,23 +61,26 @@ def _row(result: SimResult, prog: tuple[Op, ...], width: int, scale: float,
     busy = [0.0] * width
     cells = [IDLE] * width
     for op in prog:
-        if op.kind == REDUCE:
-            continue  # on the rank's reduction channel, its own row
+        if op.kind in CHANNEL:
+            continue  # on one of the rank's side channels, its own row
         t0, t1 = result.start[op], result.end[op]
-        _cover(t0, t1, op.kind if op.mb % 2 == 0 else op.kind.lower(), scale, best, busy, cells)
+        char = CELL[op.kind]
+        _cover(t0, t1, char if op.mb % 2 == 0 else char.lower(), scale, best, busy, cells)
         sent = sent_until.get(op, t1)
         if sent > t1:
             _cover(t1, sent, SEND, scale, best, busy, cells)
     return [c if busy[k] >= scale / 2 else IDLE for k, c in enumerate(cells)]
 
 
-def _channel_row(result: SimResult, reductions: list[Op], width: int, scale: float
-                 ) -> list[str]:
+def _channel_row(result: SimResult, ops: list[Op], width: int, scale: float) -> list[str]:
+    """A side channel's line: reductions alternate case by stage, copies by micro-batch."""
     best = [0.0] * width
     busy = [0.0] * width
     cells = [IDLE] * width
-    for op in reductions:
-        char = REDUCE if op.stage % 2 == 0 else REDUCE.lower()
+    for op in ops:
+        char = CELL[op.kind]
+        if (op.stage if op.kind == REDUCE else op.mb) % 2:
+            char = char.lower()
         _cover(result.start[op], result.end[op], char, scale, best, busy, cells)
     return [c if busy[k] >= scale / 2 else IDLE for k, c in enumerate(cells)]
 
@@ -117,7 +128,7 @@ def _axis(result: SimResult, width: int) -> str:
 
 def _legend(result: SimResult, color: bool) -> str:
     kinds = sorted({op.kind for op in result.start}, key=list(KIND_NAMES).index)
-    parts = [f"{_paint(k, color)} {KIND_NAMES[k]}" for k in kinds]
+    parts = [f"{_paint(CELL[k], color)} {KIND_NAMES[k]}" for k in kinds]
     parts.append(f"{_paint(IDLE, color)} idle")
     if result.comm == "blocking":
         parts.append(f"{_paint(SEND, color)} sending")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeir.ops import FORWARDS
 from pipeir.sim.result import SimResult, Transfer
 
 #: Trace timestamps are microseconds; one time unit of the cost model is drawn as this many.
@@ -70,7 +71,7 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
 
 def _what(tr: Transfer) -> str:
     """What travels: activations forward, gradients backward."""
-    kind = "act" if tr.src.kind == "F" else "grad"
+    kind = "act" if tr.src.kind in FORWARDS else "grad"
     return f"{kind} {tr.src.mb} ({tr.src.stage}->{tr.dst.stage})"
 
 
