@@ -33,6 +33,8 @@ BUILTINS: Final[dict[str, str]] = {
     "overlap": "pipeir.passes.overlap:Overlap",
     "reorder": "pipeir.passes.reorder:Reorder",
     "dp-reduce": "pipeir.passes.dp_reduce:DpReduce",
+    "recompute": "pipeir.passes.memory:Recompute",
+    "offload": "pipeir.passes.memory:Offload",
 }
 
 

@@ -104,12 +104,12 @@ class Forward(Instr):
     mb: int
 
 
-@dataclass(frozen=True)
-class ForwardCheckpoint(Instr):
-    """A forward that keeps only its input (and the RNG state), not its activations (FC)."""
 
-    stage: int
-    mb: int
+
+@dataclass(frozen=True)
+class ForwardCheckpoint(Forward):
+    """A forward that keeps only its input (and the RNG state), not its activations (FC).
+    What it sends on is a Forward's output, so checks that follow tensors treat it as one."""
 
 
 @dataclass(frozen=True)
@@ -262,7 +262,7 @@ _BY_MNEMONIC: dict[str, type] = {v: k for k, v in _MNEMONICS.items()}
 
 #: Instructions that do model compute (their time is "busy" in the measured bubble).
 COMPUTE: tuple[type, ...] = (Forward, Loss, Backward, BackwardInput, BackwardWeight,
-                             ForwardCheckpoint, Recompute)
+                             Recompute)
 
 
 @dataclass(frozen=True)

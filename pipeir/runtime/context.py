@@ -34,6 +34,7 @@ from torch.utils import _pytree as pytree
 
 from pipeir.models.spec import ModelSpec, autocast_dtype
 from pipeir.runtime import shapes, splitgrad
+from pipeir.runtime.memory import SavedActivations
 from pipeir.runtime.mesh import Mesh
 from pipeir.runtime.optim import Optim, StepStats
 from pipeir.runtime.shapes import Layout, ShapePlan, TensorMeta
@@ -81,6 +82,9 @@ class Context:
         self.cuda = device.type == "cuda"
         self.comm_stream = (torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
                             if self.cuda else None)
+        #: saved activations per (stage, micro-batch), their bytes, offloads and recomputes
+        self.saved = SavedActivations(device, (p for m in modules.values()
+                                               for p in m.parameters()))
         self.pc = -1
         self.times: list[tuple[int, float, float]] = []
         self.loss_sum = 0.0
@@ -98,6 +102,7 @@ class Context:
 
     def begin_step(self, xs: Sequence[Any], ys: Sequence[Any]) -> None:
         self._reset()
+        self.saved.begin_step()
         self.xs, self.ys = xs, ys
         self.plan.plan(xs)
         self.pc = -1
@@ -137,8 +142,39 @@ class Context:
 
     def forward(self, stage: int, mb: int) -> None:
         t0 = self._enter()
-        with self._autocast():
-            self.outputs[(stage, mb)] = self.modules[stage](self.inputs[(stage, mb)])
+        key = (stage, mb)
+        with self._autocast(), self.saved.recording(key):
+            self.outputs[key] = self.modules[stage](self.inputs[key])
+        self._leave(t0)
+
+    def forward_checkpoint(self, stage: int, mb: int) -> None:
+        """FC: the forward without autograd (only the input stays, and the RNG state)."""
+        t0 = self._enter()
+        key = (stage, mb)
+        self.saved.checkpoint(key, self.inputs[key])
+        with self._autocast(), torch.no_grad():
+            out = self.modules[stage](self.inputs[key])
+        # the output goes on as if autograd had made it (the same gradient flags); its RC
+        # makes the real one before the backward
+        self.outputs[key] = shapes.detached(out, self.plan.act(stage, mb))
+        self._leave(t0)
+
+    def recompute(self, stage: int, mb: int) -> None:
+        """RC: the forward of an FC again, under autograd with the FC's RNG state."""
+        t0 = self._enter()
+        key = (stage, mb)
+        with self.saved.replaying(key), self._autocast():
+            self.outputs[key] = self.modules[stage](self.inputs[key])
+        self._leave(t0)
+
+    def offload(self, stage: int, mb: int) -> None:
+        t0 = self._enter()
+        self.saved.offload((stage, mb))
+        self._leave(t0)
+
+    def reload(self, stage: int, mb: int) -> None:
+        t0 = self._enter()
+        self.saved.reload((stage, mb))
         self._leave(t0)
 
     def loss(self, stage: int, mb: int, scale: float) -> None:
@@ -153,9 +189,11 @@ class Context:
     def backward(self, stage: int, mb: int) -> None:
         t0 = self._enter()
         key = (stage, mb)
+        self.saved.ready(key)
         roots, grads = self._roots(key)
         if roots:
             torch.autograd.backward(roots, grads)
+        self.saved.release(key)
         x = self.inputs.pop(key)
         if stage > 0:
             self.in_grads[key] = [_or_zeros(t.grad, t) for t in shapes.grad_leaves(x)]
@@ -166,6 +204,7 @@ class Context:
         `pipeir.runtime.splitgrad`), so W does not redo the activation-gradient path."""
         t0 = self._enter()
         key = (stage, mb)
+        self.saved.ready(key)
         roots, grads = self._roots(key)
         xs = shapes.grad_leaves(self.inputs.pop(key)) if stage > 0 else []
         gxs, work = splitgrad.backward_input_many(roots, grads, xs)
@@ -179,6 +218,7 @@ class Context:
         for a stage without parameters)."""
         t0 = self._enter()
         splitgrad.backward_weight(self.weight_work.pop((stage, mb)))
+        self.saved.release((stage, mb))
         self._leave(t0)
 
     def handoff(self, tensor: str, stage: int, mb: int) -> None:

@@ -80,6 +80,10 @@ class RunResult:
     grads: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)
     #: job -> global rank -> (its params, its grads), to compare data-parallel replicas
     by_rank: dict[int, dict[int, tuple[Any, Any]]] = field(default_factory=dict)
+    #: (job, rank, step) -> the peak bytes of saved activations on the rank's device
+    saved_peak: dict[tuple[int, int, int], int] = field(default_factory=dict)
+    #: (job, stage) -> the most bytes one micro-batch's forward of the stage saved
+    saved_per_stage: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -242,6 +246,11 @@ def _record(msg: tuple[Any, ...], result: RunResult, exited: set[int],
             rep.time = rep.end - (prev.end if prev is not None else rep.start)
             if on_step is not None:
                 on_step(rep)
+    elif kind == "memory":
+        _, job, rank, step, peak, per_stage = msg
+        result.saved_peak[(job, rank, step)] = peak
+        for s, b in per_stage.items():
+            result.saved_per_stage[(job, s)] = max(b, result.saved_per_stage.get((job, s), 0))
     elif kind == "params":
         _, job, rank, params, grads = msg
         result.params.setdefault(job, {}).update(params)

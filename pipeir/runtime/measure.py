@@ -24,7 +24,6 @@ from pipeir.backend.lower import (
     BackwardWeight,
     Batch,
     Forward,
-    ForwardCheckpoint,
     Instr,
     ISend,
     Load,
@@ -108,8 +107,8 @@ def expand_rounds(schedule: Schedule) -> Schedule:
 
 #: The op each instruction that has its own op kind runs.
 _KIND_OF: dict[type, Kind] = {
-    Backward: "B", BackwardInput: "I", BackwardWeight: "W", ForwardCheckpoint: "FC",
-    Recompute: "RC", Offload: "OFF", Reload: "RELOAD"}
+    Backward: "B", BackwardInput: "I", BackwardWeight: "W", Recompute: "RC", Offload: "OFF",
+    Reload: "RELOAD"}
 
 
 def _op_of(ins: Instr, schedule: Schedule) -> Op | None:

@@ -18,6 +18,7 @@ figure, least disturbed by other load).
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -28,6 +29,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from pipeir.models.spec import ModelSpec, autocast_dtype, build_stage
+from pipeir.runtime.memory import SavedActivations, input_bytes
 from pipeir.runtime.shapes import grad_leaves, tensor_leaves
 from pipeir.runtime.splitgrad import backward_input_many, backward_weight
 from pipeir.runtime.worker import split_batch
@@ -45,6 +47,7 @@ class StageTimes:
     activation_bytes: float  # the output crossing to the next stage
     memory_bytes: float  # what autograd keeps from F until the backward
     param_bytes: float = 0.0  # the weight gradients data parallelism all-reduces
+    input_bytes: float = 0.0  # the stage input, which a checkpointed forward keeps
 
 
 def _median_ms(fn: Callable[[], Any], warmup: int, iters: int) -> float:
@@ -88,20 +91,18 @@ def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
     last = s == stages - 1
     dtype = autocast_dtype(spec)
 
-    def fresh() -> tuple[Any, Any]:
+    def fresh(record: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
+              ) -> tuple[Any, Any]:
         inp = pytree.tree_map(_leaf, x)
         with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
-            o = module(inp)
+            with record():
+                o = module(inp)
             return inp, spec.loss(o, y) if last else o
 
-    saved = [0]
-
-    def pack(t: torch.Tensor) -> torch.Tensor:
-        saved[0] += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        _, o = fresh()
+    # the bytes autograd saves, counted as the runtime counts them (parameters are not
+    # activations; tensors that share storage count once)
+    saved = SavedActivations(torch.device("cpu"), module.parameters())
+    _, o = fresh(lambda: saved.recording((s, 0)))
     roots = grad_leaves(o)
     grads = None if last else [torch.ones_like(t) for t in roots]
     needs_grad = s > 0 and bool(grad_leaves(pytree.tree_map(_leaf, x)))
@@ -129,7 +130,8 @@ def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
         p.grad = None
     act = 0.0 if last else float(sum(t.numel() * t.element_size() for t in tensor_leaves(o)))
     weights = float(sum(p.numel() * p.element_size() for p in params))
-    return (StageTimes(f, b, i_t, w, act, float(saved[0]), weights),
+    return (StageTimes(f, b, i_t, w, act, float(saved.per_stage[s]), weights,
+                       float(input_bytes(x))),
             pytree.tree_map(lambda t: _leaf(t, keep=True), o))
 
 
@@ -236,7 +238,8 @@ def cost_settings(stages: list[StageTimes], link: tuple[float, float | None] | N
     out["stage"] = {str(k): {"F": s.F, "B": s.B, "I": s.I, "W": s.W,
                              **({"activation_bytes": s.activation_bytes}
                                 if k < len(stages) - 1 else {}),
-                             "memory_bytes": s.memory_bytes, "param_bytes": s.param_bytes}
+                             "memory_bytes": s.memory_bytes, "param_bytes": s.param_bytes,
+                             "input_bytes": s.input_bytes}
                     for k, s in enumerate(stages)}
     out["param_bytes"] = max(s.param_bytes for s in stages)
     return out

@@ -1,0 +1,191 @@
+"""Saved activations at run time: where autograd's saved tensors live, how many bytes they
+hold, and what the memory ops (FC, RC, OFF, RELOAD) do with them.
+
+Every forward runs under `torch.autograd.graph.saved_tensors_hooks`: the pack hook puts each
+tensor autograd saves (parameters excepted: they are not activations) into the stash of its
+(stage, micro-batch) and hands autograd a ticket; the unpack hook turns the ticket back into
+the tensor during the backward. Because the stash holds the tensors:
+
+* an offload (OFF) swaps a stash's tensors for host copies (pinned memory, on a copy stream,
+  on CUDA; on CPU the tensors already are in host memory and nothing moves) and a reload
+  (RELOAD) brings them back; the backward waits for the copy stream first;
+* the bytes are counted where they are (each tensor's own bytes, once per stash): `live` is the bytes of saved activations on the
+  device, plus the inputs a checkpointed forward keeps, and `peak` its maximum over the step
+  (the measured counterpart of `pipeir.verify.peak_bytes`);
+* the last backward of a (stage, micro-batch) releases its stash (`release`).
+
+A checkpointed forward (FC) runs without autograd, keeping its RNG state; its recompute (RC)
+runs the forward again under autograd with that RNG state restored (as
+`torch.utils.checkpoint` does), so dropout draws the same mask and the backward (full, or
+split into I and W) sees the same graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils import _pytree as pytree
+
+Key = tuple[int, int]
+
+
+@dataclass
+class _Stash:
+    tensors: list[torch.Tensor] = field(default_factory=list)
+    seen: set[tuple[int, int]] = field(default_factory=set)
+    bytes: int = 0
+    on_host: bool = False
+
+
+@dataclass(frozen=True)
+class RngState:
+    """The random-number state a forward started with (CPU, and the device's on CUDA)."""
+
+    cpu: torch.Tensor
+    cuda: torch.Tensor | None
+
+
+class SavedActivations:
+    """One rank's saved activations per (stage, micro-batch), with their byte count."""
+
+    def __init__(self, device: torch.device, params: Iterator[torch.nn.Parameter]):
+        self.device = device
+        self.cuda = device.type == "cuda"
+        self._params = {id(p) for p in params}
+        self._stash: dict[Key, _Stash] = {}
+        self._kept: dict[Key, int] = {}  # bytes of the input an FC keeps
+        self._rng: dict[Key, RngState] = {}
+        self.copy_stream = (torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+                            if self.cuda else None)
+        self.live = 0
+        self.peak = 0
+        #: per stage, the most bytes one micro-batch's forward saved (what `profile` measures)
+        self.per_stage: dict[int, int] = {}
+
+    def begin_step(self) -> None:
+        self._stash.clear()
+        self._kept.clear()
+        self._rng.clear()
+        self.live = self.peak = 0
+
+    def _add(self, n: int) -> None:
+        self.live += n
+        if self.live > self.peak:
+            self.peak = self.live
+
+    # ---- forward ---------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def recording(self, key: Key) -> Iterator[None]:
+        """Autograd saves the tensors of the forward run inside into `key`'s stash."""
+        stash = self._stash.setdefault(key, _Stash())
+
+        def pack(t: torch.Tensor) -> Any:
+            if id(t) in self._params:
+                return t
+            stash.tensors.append(t)
+            seen = _identity(t)
+            if seen not in stash.seen:
+                stash.seen.add(seen)
+                stash.bytes += seen[1]
+                self._add(seen[1])
+            return (key, len(stash.tensors) - 1)
+
+        def unpack(ticket: Any) -> torch.Tensor:
+            if isinstance(ticket, torch.Tensor):
+                return ticket
+            k, i = ticket
+            got = self._stash[k]
+            if got.on_host:
+                raise RuntimeError(f"the backward of stage {k[0]}, micro-batch {k[1]} needs "
+                                   "activations that are offloaded and were not reloaded")
+            return got.tensors[i]
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
+            yield
+        self.per_stage[key[0]] = max(self.per_stage.get(key[0], 0), stash.bytes)
+
+    def checkpoint(self, key: Key, inputs: Any) -> RngState:
+        """An FC: remember the RNG state to run the forward with and count the input it
+        keeps. Returns the state (the forward runs with it now)."""
+        state = RngState(torch.get_rng_state(),
+                         torch.cuda.get_rng_state(self.device) if self.cuda else None)
+        self._rng[key] = state
+        n = input_bytes(inputs)
+        self._kept[key] = n
+        self._add(n)
+        return state
+
+    @contextlib.contextmanager
+    def replaying(self, key: Key) -> Iterator[None]:
+        """An RC: run inside with the RNG state the FC had, recording the saved tensors; the
+        RNG state outside is left as it was."""
+        state = self._rng.pop(key)
+        devices = [self.device] if self.cuda else []
+        with torch.random.fork_rng(devices=devices):
+            torch.set_rng_state(state.cpu)
+            if state.cuda is not None:
+                torch.cuda.set_rng_state(state.cuda, self.device)
+            with torch.enable_grad(), self.recording(key):
+                yield
+
+    # ---- offload ---------------------------------------------------------------------------
+    def offload(self, key: Key) -> None:
+        """OFF: move `key`'s saved activations to host memory."""
+        stash = self._stash[key]
+        stash.tensors = [self._copy(t, torch.device("cpu")) for t in stash.tensors]
+        stash.on_host = True
+        self.live -= stash.bytes
+
+    def reload(self, key: Key) -> None:
+        """RELOAD: bring them back (the backward waits for the copy in `ready`)."""
+        stash = self._stash[key]
+        stash.tensors = [self._copy(t, self.device) for t in stash.tensors]
+        stash.on_host = False
+        self._add(stash.bytes)
+
+    def _copy(self, t: torch.Tensor, to: torch.device) -> torch.Tensor:
+        if self.copy_stream is None or t.device == to:
+            return t  # CPU: host memory is where the tensor already is
+        stream = self.copy_stream
+        stream.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(stream):
+            if to.type == "cpu":
+                out = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+                out.copy_(t, non_blocking=True)
+            else:
+                out = t.to(to, non_blocking=True)
+        t.record_stream(stream)  # the allocator must not reuse t before the copy is done
+        return out
+
+    def ready(self, key: Key) -> None:
+        """Before a backward: the compute stream waits for reloads still in flight."""
+        if self.copy_stream is not None and key in self._stash:
+            cur = torch.cuda.current_stream(self.device)
+            cur.wait_stream(self.copy_stream)
+            for t in self._stash[key].tensors:
+                if t.device.type == "cuda":
+                    t.record_stream(cur)
+
+    # ---- backward --------------------------------------------------------------------------
+    def release(self, key: Key) -> None:
+        """The last backward of `key` ran: its activations (and a kept input) are freed."""
+        stash = self._stash.pop(key, None)
+        if stash is not None and not stash.on_host:
+            self.live -= stash.bytes
+        self.live -= self._kept.pop(key, 0)
+
+
+def _identity(t: torch.Tensor) -> tuple[int, int]:
+    """A tensor's (address, bytes): one tensor saved twice (or the same view) counts once; a
+    view counts its own bytes, not its whole storage's (a micro-batch slice of the batch)."""
+    return t.data_ptr(), t.numel() * t.element_size()
+
+
+def input_bytes(x: Any) -> int:
+    """Bytes of a stage input (a structure): what a checkpointed forward keeps."""
+    return sum(n for _, n in {_identity(t) for t in pytree.tree_leaves(x)
+                              if isinstance(t, torch.Tensor)})
