@@ -9,9 +9,10 @@ the tensor during the backward. Because the stash holds the tensors:
 * an offload (OFF) swaps a stash's tensors for host copies (pinned memory, on a copy stream,
   on CUDA; on CPU the tensors already are in host memory and nothing moves) and a reload
   (RELOAD) brings them back; the backward waits for the copy stream first;
-* the bytes are counted where they are (each tensor's own bytes, once per stash): `live` is the bytes of saved activations on the
-  device, plus the inputs a checkpointed forward keeps, and `peak` its maximum over the step
-  (the measured counterpart of `pipeir.verify.peak_bytes`);
+* the bytes are counted where they are (each tensor's own bytes, once per stash): `live` is
+  the bytes of saved activations on the device, plus the inputs a checkpointed forward keeps,
+  and `peak` its maximum over the step (the measured counterpart of
+  `pipeir.verify.peak_bytes`);
 * the last backward of a (stage, micro-batch) releases its stash (`release`).
 
 A checkpointed forward (FC) runs without autograd, keeping its RNG state; its recompute (RC)
@@ -97,7 +98,8 @@ class SavedActivations:
         def unpack(ticket: Any) -> torch.Tensor:
             if isinstance(ticket, torch.Tensor):
                 return ticket
-            k, i = ticket
+            k: Key = ticket[0]
+            i: int = ticket[1]
             got = self._stash[k]
             if got.on_host:
                 raise RuntimeError(f"the backward of stage {k[0]}, micro-batch {k[1]} needs "

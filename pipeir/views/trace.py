@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pipeir.ops import FORWARDS
+from pipeir.ops import CHANNEL, FORWARDS
 from pipeir.sim.result import SimResult, Transfer
 
 #: Trace timestamps are microseconds; one time unit of the cost model is drawn as this many.
@@ -20,6 +20,7 @@ US_PER_UNIT = {"s": 1e6, "ms": 1e3, "us": 1.0, "µs": 1.0, "ns": 1e-3}
 DEFAULT_US_PER_UNIT = 1e3  # unitless costs are drawn as milliseconds
 COMPUTE_TID = 0
 REDUCE_TID = 1000  # gradient all-reduces (data parallelism), below the comm threads
+COPY_TID = 1001  # offloads and reloads: the rank's copy channel to host memory
 
 
 def chrome_trace(result: SimResult) -> dict[str, Any]:
@@ -30,6 +31,8 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
         events.append(_meta("process_name", r, 0, {"name": f"rank {r}"}))
         events.append(_meta("process_sort_index", r, 0, {"sort_index": r}))
         events.append(_meta("thread_name", r, COMPUTE_TID, {"name": "compute"}))
+        if any(CHANNEL.get(op.kind) == "copy" for op in prog):
+            events.append(_meta("thread_name", r, COPY_TID, {"name": "copy (host memory)"}))
         for op in prog:
             t0 = result.start[op]
             if op.kind == "R":  # gradient all-reduce: the rank's reduction channel
@@ -40,8 +43,9 @@ def chrome_trace(result: SimResult) -> dict[str, Any]:
                                "dur": _ts(result.end[op] - t0, scale),
                                "args": {"op": str(op), "stage": op.stage}})
                 continue
+            tid = COPY_TID if op.kind in CHANNEL else COMPUTE_TID
             events.append({"name": f"{op.kind}{op.mb}", "cat": op.kind, "ph": "X",
-                           "pid": r, "tid": COMPUTE_TID, "ts": _ts(t0, scale),
+                           "pid": r, "tid": tid, "ts": _ts(t0, scale),
                            "dur": _ts(result.end[op] - t0, scale),
                            "args": {"op": str(op), "stage": op.stage, "microbatch": op.mb}})
     lanes = _Lanes()

@@ -1,0 +1,249 @@
+"""Activation recomputation and offloading: the FC / RC / OFF / RELOAD ops in the language, the
+verifier, the simulator (a copy channel beside compute), the recompute and offload passes, and
+training with them (gloo) against single-process training.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+import pipeir
+from pipeir.diagnostics import VerifyError
+from pipeir.ops import Op
+from pipeir.printer import print_schedule
+from pipeir.schedule import Schedule
+from pipeir.sim import CostModel, simulate
+from pipeir.verify import verify
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+
+HEAD = "pipeline { ranks = 2 microbatches = 2 }\nschedule s {\n"
+
+
+def _src(rank0: str, rank1: str = "F(1,0) B(1,0) F(1,1) B(1,1)") -> str:
+    return f"{HEAD}rank 0 {{ {rank0} }}\nrank 1 {{ {rank1} }}\n}}\n"
+
+
+MIXED = _src("FC(0,0) F(0,1) OFF(0,1) RC(0,0) B(0,0) RELOAD(0,1) B(0,1)")
+
+
+# ---- language, printer, verifier ----------------------------------------------------------
+def test_memory_ops_round_trip_and_add_their_dependencies() -> None:
+    s = pipeir.parse(MIXED)
+    text = print_schedule(s)
+    assert "FC(0,0) F(0,1) OFF(0,1) RC(0,0) B(0,0) RELOAD(0,1) B(0,1)" in text
+    assert pipeir.parse(text) == s and print_schedule(pipeir.parse(text)) == text
+    g = s.graph
+    for u, v in [(Op("FC", 0, 0), Op("RC", 0, 0)), (Op("RC", 0, 0), Op("B", 0, 0)),
+                 (Op("FC", 0, 0), Op("F", 1, 0)), (Op("F", 0, 1), Op("OFF", 0, 1)),
+                 (Op("OFF", 0, 1), Op("RELOAD", 0, 1)), (Op("RELOAD", 0, 1), Op("B", 0, 1))]:
+        assert g.has_edge(u, v), (u, v)
+    example = pipeir.parse(EXAMPLES / "memory.sched")
+    assert pipeir.parse(print_schedule(example)) == example
+    assert verify(example).peak_activations == (1, 1, 1, 1)
+
+
+@pytest.mark.parametrize("rank0, message, col", [
+    ("FC(0,0) B(0,0) F(0,1) B(0,1)",
+     "FC(0,0) keeps only its input, but the schedule never runs RC(0,0)", 10),
+    ("F(0,0) RC(0,0) B(0,0) F(0,1) B(0,1)",
+     "RC(0,0) recomputes a checkpointed forward, but stage 0, micro-batch 0 has no FC(0,0) "
+     "(F(0,0) keeps its activations)", 17),
+    ("F(0,0) OFF(0,0) B(0,0) F(0,1) B(0,1)",
+     "OFF(0,0) moves activations to host memory, but the schedule never runs RELOAD(0,0)", 17),
+    ("F(0,0) B(0,0) F(0,1) RELOAD(0,1) B(0,1)",
+     "RELOAD(0,1) brings back activations that no OFF(0,1) offloaded", 31),
+    ("FC(0,0) OFF(0,0) RC(0,0) RELOAD(0,0) B(0,0) F(0,1) B(0,1)",
+     "OFF(0,0) offloads the activations F(0,0) keeps, but the schedule has no F(0,0)", 18),
+])
+def test_unpaired_memory_ops_are_errors_with_spans(rank0: str, message: str, col: int) -> None:
+    with pytest.raises(VerifyError) as e:
+        verify(pipeir.parse(_src(rank0)))
+    assert e.value.check == "completeness"
+    d = e.value.diagnostics[0]
+    assert d.message.startswith(message)
+    assert d.span is not None and (d.span.line, d.span.col) == (3, col)
+
+
+def test_recompute_before_its_forward_or_last_stage_checkpoint_is_rejected() -> None:
+    with pytest.raises(VerifyError) as e:
+        verify(pipeir.parse(_src("RC(0,0) FC(0,0) B(0,0) F(0,1) B(0,1)")))
+    assert e.value.check == "deadlock"
+    assert "rank 0 runs RC(0,0) (line 3) before FC(0,0) (line 3)" in e.value.diagnostics[0].message
+    with pytest.raises(VerifyError) as e:
+        verify(pipeir.parse(_src("F(0,0) B(0,0) F(0,1) B(0,1)",
+                                 "FC(1,0) RC(1,0) B(1,0) F(1,1) B(1,1)")))
+    assert "the last stage's forward feeds the loss" in e.value.diagnostics[0].message
+
+
+def test_peak_bytes_closed_forms_and_byte_limit(cli, tmp_path: Path) -> None:
+    a, x = 100.0, 7.0  # activation and input bytes per stage and micro-batch
+    costs = CostModel(memory_bytes=a, input_bytes=x)
+    one = pipeir.library.get("1f1b", 4, 8)
+    # 1F1B: rank r holds p - r micro-batches' activations
+    assert verify(one, sizes=costs).peak_bytes == tuple((4 - r) * a for r in range(4))
+    every = pipeir.compile(one, "recompute{all=true}").schedule
+    # everything recomputed: one activation (RC .. B) and the inputs of the p - r forwards in
+    # flight; the last stage keeps its F
+    assert verify(every, sizes=costs).peak_bytes == (a + 4 * x, a + 3 * x, a + 2 * x, a)
+    # the unit count: an FC holds nothing, the RC'd one 1
+    assert verify(every).peak_activations == (1, 1, 1, 1)
+    f = tmp_path / "m.sched"
+    f.write_text(MIXED)
+    c = tmp_path / "c.toml"
+    c.write_text("memory_bytes = 100\nhost_bandwidth = 50\n")
+    code, out, _ = cli("check", str(f), "--costs", str(c))
+    assert code == 0 and "peak bytes per rank: 100 100" in out
+    code, _, err = cli("check", str(f), "--costs", str(c), "--memory-limit", "99B")
+    assert code == 1
+    assert "m.sched:3:18: error: memory limit exceeded on rank 0: F(0,1) makes 100 bytes" in err
+    assert cli("check", str(f), "--memory-limit", "1KB")[0] == 2  # bytes need sizes
+
+
+# ---- simulation ----------------------------------------------------------------------------
+def test_copies_run_beside_compute_and_serialise_on_the_copy_channel() -> None:
+    s = pipeir.parse(MIXED)
+    r = simulate(s, CostModel(memory_bytes=100, host_bandwidth=50))  # a copy takes 2
+    st = {str(op): t for op, t in r.start.items()}
+    # FC 0..1, F 1..2, OFF 2..4 beside RC 2..3 and B(0,0) (waits for the grad from rank 1)
+    assert (st["OFF(0,1)"], st["RC(0,0)"]) == (2.0, 2.0)
+    assert st["B(0,0)"] == 4.0 and st["RELOAD(0,1)"] == 6.0  # issued after B(0,0)
+    assert st["B(0,1)"] == 8.0  # waits for the reload, not for nothing
+    assert r.makespan == 10.0 and r.copying == (4.0, 0.0) and r.busy[0] == 7.0
+    assert r.peak_bytes == (100.0, 100.0)
+    # a second offload waits for the first on the channel
+    two = pipeir.parse(_src("F(0,0) OFF(0,0) F(0,1) OFF(0,1) RELOAD(0,0) B(0,0) "
+                            "RELOAD(0,1) B(0,1)"))
+    r = simulate(two, CostModel(memory_bytes=100, host_bandwidth=50))
+    st = {str(op): t for op, t in r.start.items()}
+    assert (st["OFF(0,0)"], st["OFF(0,1)"], st["RELOAD(0,0)"]) == (1.0, 3.0, 5.0)
+
+
+def test_timeline_and_trace_show_the_copy_channel() -> None:
+    from pipeir.views.timeline import render_timeline
+    from pipeir.views.trace import chrome_trace
+
+    r = simulate(pipeir.parse(MIXED), CostModel(memory_bytes=100, host_bandwidth=50))
+    lines = render_timeline(r, 20).splitlines()
+    assert lines[1].startswith("r0 |CC") and lines[2].startswith("h0 |") and "copies" in lines[2]
+    assert "O offload" in lines[-1] and "X recompute" in lines[-1]
+    tids = {e["args"]["op"]: e["tid"] for e in chrome_trace(r)["traceEvents"]
+            if e.get("ph") == "X" and "op" in e.get("args", {})}
+    assert tids["OFF(0,1)"] == tids["RELOAD(0,1)"] != tids["RC(0,0)"] == tids["FC(0,0)"]
+
+
+# ---- passes --------------------------------------------------------------------------------
+COSTS = CostModel(F=1, B=2, memory_bytes=100, input_bytes=10, host_bandwidth=100)
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved-1f1b"])
+def test_recompute_fits_the_budget_faster_than_recomputing_everything(name: str) -> None:
+    s = _lib(name, 4, 8)
+    peak = max(verify(s, sizes=COSTS).peak_bytes or (0,))
+    budget = peak / 2
+    chosen = pipeir.compile(s, f"recompute{{budget={budget}}}", costs=COSTS).schedule
+    every = pipeir.compile(s, "recompute{all=true}", costs=COSTS).schedule
+    assert max(verify(chosen, sizes=COSTS).peak_bytes or (0,)) <= budget
+    assert simulate(chosen, COSTS).makespan < simulate(every, COSTS).makespan
+    assert simulate(s, COSTS).makespan <= simulate(chosen, COSTS).makespan
+
+
+def test_offload_fits_the_budget_and_hides_copies_in_compute() -> None:
+    s = pipeir.library.get("1f1b", 4, 8)
+    fast = CostModel(F=1, B=2, memory_bytes=100, host_bandwidth=1000)  # a copy: 0.1
+    out = pipeir.compile(s, "offload{budget=200}", costs=fast).schedule
+    assert max(verify(out, sizes=fast).peak_bytes or (0,)) <= 200
+    assert any(op.kind == "OFF" for op in out)
+    assert simulate(out, fast).makespan == simulate(s, fast).makespan
+
+
+def test_memory_passes_reject_bad_options_and_impossible_budgets() -> None:
+    with pytest.raises(pipeir.UsageError, match="a positive budget"):
+        pipeir.compile(pipeir.library.get("1f1b", 2, 4), "recompute")
+    with pytest.raises(pipeir.UsageError, match=r"cannot fit rank 0 into the budget of 0\.5"):
+        pipeir.compile(pipeir.library.get("1f1b", 2, 4), "recompute{budget=0.5}")
+
+
+# ---- training ------------------------------------------------------------------------------
+sys.path.insert(0, str(Path(__file__).parent))
+from test_runtime import TIMEOUT, _assert_matches_reference, _job  # noqa: E402
+
+NOISY = f"{Path(__file__).parent / 'zoo.py'}:noisy"
+STRUCTURED = f"{Path(__file__).parent / 'zoo.py'}:structured"
+MLP = "pipeir.models.mlp:small"
+
+
+def _lib(name: str, p: int, m: int) -> Schedule:
+    return pipeir.library.get(name, p, m, **({"v": 2} if "interleaved" in name else {}))
+
+
+def _memory_jobs(p: int, m: int) -> tuple[list[tuple[Schedule, str]], list[tuple[Schedule, str]]]:
+    """(schedule, passes) with the memory ops on 1F1B, interleaved and split I/W; and the
+    (plain, with memory ops) pairs for dropout."""
+    one, inter = _lib("1f1b", p, m), _lib("interleaved-1f1b", p, m)
+    split = 7 if p > 2 else 3  # a budget split-backward's interleaved schedule can fit
+    jobs = [
+        (one, "recompute{budget=1}"),
+        (one, "offload{budget=2}" if p > 2 else ""),
+        (pipeir.parse(EXAMPLES / "memory.sched", overrides={"ranks": p, "microbatches": m}), ""),
+        (inter, "recompute{budget=3}"),
+        (inter, "offload{budget=2}"),
+        (one, "split-backward,recompute{all=true}"),
+        (inter, f"split-backward,recompute{{budget={split}}}"),
+        (inter, f"split-backward,offload{{budget={split}}}"),
+    ]
+    return jobs, [(one, "recompute{all=true}"), jobs[6]]
+
+
+def _kinds(s: Schedule, passes: str) -> set[str]:
+    return {op.kind for op in pipeir.compile(s, passes or None).schedule}
+
+
+@pytest.mark.parametrize("p", [2, 4])
+def test_memory_ops_train_like_single_process_and_measure_the_simulated_peak(p: int) -> None:
+    from pipeir.runtime.launch import launch
+    from pipeir.runtime.profile import cost_settings, profile_stages
+
+    m = 2 * p
+    mlp, dropout = _memory_jobs(p, m)
+    jobs = [_job(s, ps, 2) for s, ps in mlp]
+    jobs += [_job(s, ps, 2, model=STRUCTURED) for s, ps in mlp[:1] + mlp[5:6]]
+    noisy = [_job(s, ps, 2, model=NOISY) for s, ps in dropout]
+    plain = [_job(s, ps.rpartition(",")[0] if "," in ps else None, 2, model=NOISY)
+             for s, ps in dropout]
+    kinds = set().union(*(_kinds(s, ps) for s, ps in mlp))
+    assert {"FC", "RC", "OFF", "RELOAD", "I", "W"} <= kinds
+    result = launch(jobs + noisy + plain, p, timeout_s=TIMEOUT * 2)
+    _assert_matches_reference(jobs, result)
+    # dropout: with the forwards recomputed, the same masks as without (same RNG draws)
+    n = len(jobs)
+    for k in range(len(noisy)):
+        for s in result.params[n + k]:
+            for name, got in result.params[n + k][s].items():
+                want = result.params[n + len(noisy) + k][s][name]
+                assert (got == want).all(), f"dropout job {k}: stage {s} {name} differs"
+    # measured peak saved-activation bytes vs the simulated peak from profiled sizes
+    for j, (s, ps) in enumerate(mlp):
+        sched = pipeir.compile(s, ps or None).schedule
+        stages = sched.config.stages
+        settings = cost_settings(profile_stages(pipeir.models.resolve(MLP), stages, m,
+                                                warmup=0, iters=1), None, {})
+        settings.pop("meta")
+        sim = verify(sched, sizes=CostModel.from_settings(_flat(settings))).peak_bytes
+        assert sim is not None
+        for r in range(p):
+            got = result.saved_peak[(j, r, 1)]
+            assert abs(got - sim[r]) <= 0.1 * sim[r], (j, ps, r, got, sim[r])
+
+
+def _flat(d: dict[str, object], prefix: str = "") -> dict[str, object]:
+    out: dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
