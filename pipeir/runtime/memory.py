@@ -56,7 +56,9 @@ class SavedActivations:
     def __init__(self, device: torch.device, params: Iterator[torch.nn.Parameter]):
         self.device = device
         self.cuda = device.type == "cuda"
-        self._params = {id(p) for p in params}
+        # NOTE: by address and size, not identity: autograd may save an alias of a parameter
+        # (a Linear saves its weight for the input gradient as a new tensor object)
+        self._params = {_identity(p) for p in params}
         self._stash: dict[Key, _Stash] = {}
         self._kept: dict[Key, int] = {}  # bytes of the input an FC keeps
         self._rng: dict[Key, RngState] = {}
@@ -85,7 +87,7 @@ class SavedActivations:
         stash = self._stash.setdefault(key, _Stash())
 
         def pack(t: torch.Tensor) -> Any:
-            if id(t) in self._params:
+            if _identity(t) in self._params:
                 return t
             stash.tensors.append(t)
             seen = _identity(t)
