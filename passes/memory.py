@@ -150,7 +150,7 @@ def fit(schedule: Schedule, ctx: PassContext, budget: float, max_shift: int, mov
         for f in prog:
             if f.kind != "F" or (f.stage == last and move is _recompute_at):
                 continue
-            if move is _offload_at and Op("OFF", f.stage, f.mb) in cur:
+            if Op("OFF", f.stage, f.mb) in cur:  # already offloaded
                 continue
             for shift in range(max_shift + 1):
                 new_prog = move(prog, f, shift)

@@ -1,5 +1,7 @@
 """A matplotlib Gantt chart of a simulation (the `viz` extra): one lane per rank, a colour per
-op kind, micro-batch numbers on the bars, the bubble in the title, optional transfer arrows.
+op kind, micro-batch numbers on the bars, the bubble in the title, optional transfer arrows,
+and under it the saved activations per rank over time (bytes when the cost model gives
+`memory_bytes`, else activations), counted as `pipeir.verify.live_activations` counts them.
 
 matplotlib is imported only when a chart is drawn, with the Agg backend (no display needed).
 """
@@ -10,11 +12,13 @@ import io
 from typing import Any
 
 from pipeir.diagnostics import UsageError
+from pipeir.ops import CHANNEL, KIND_NAMES, KINDS, Op
 from pipeir.sim.result import SimResult
+from pipeir.verify import live_activations
 
 #: Colours per op kind (colour-blind-safe Okabe-Ito palette), and for blocking sends.
-COLOURS = {"F": "#0072B2", "B": "#009E73", "I": "#E69F00", "W": "#CC79A7", "send": "#D55E00"}
-NAMES = {"F": "forward", "B": "backward", "I": "input-grad", "W": "weight-grad"}
+COLOURS = {"F": "#0072B2", "B": "#009E73", "I": "#E69F00", "W": "#CC79A7", "send": "#D55E00",
+           "FC": "#56B4E9", "RC": "#F0E442", "OFF": "#999999", "RELOAD": "#666666"}
 FORMATS = ("png", "svg", "pdf")
 MAX_ARROWS = 2000  # more arrows than this are noise, not information
 
@@ -40,7 +44,8 @@ def render_gantt(result: SimResult, fmt: str = "png", arrows: bool = False,
     ranks = result.ranks
     span = result.makespan or 1.0
     width = min(24.0, max(8.0, len(result.start) / ranks * 0.25))
-    fig, ax = plt.subplots(figsize=(width, 1.0 + 0.55 * ranks), dpi=110)
+    fig, (ax, mem) = plt.subplots(2, 1, figsize=(width, 3.2 + 0.55 * ranks), dpi=110,
+                                  sharex=True, height_ratios=(1.0 + 0.55 * ranks, 2.2))
     ax.set_xlim(0, span)
     ax.set_ylim(ranks - 0.5, -0.5)
     ax.set_yticks(range(ranks), [f"rank {r}" for r in range(ranks)])
@@ -51,7 +56,9 @@ def render_gantt(result: SimResult, fmt: str = "png", arrows: bool = False,
         for op in prog:
             t0, t1 = result.start[op], result.end[op]
             chunk = _chunk(result, op)
-            ax.broken_barh([(t0, t1 - t0)], (r - 0.4, 0.8), facecolors=COLOURS[op.kind],
+            # a copy (offload, reload) runs beside compute: a thin bar under the lane
+            lane = (r + 0.25, 0.2) if op.kind in CHANNEL else (r - 0.4, 0.8)
+            ax.broken_barh([(t0, t1 - t0)], lane, facecolors=COLOURS[op.kind],
                            edgecolor="white", linewidth=0.6, alpha=1.0 if chunk % 2 == 0 else 0.7)
             label = str(op.mb)
             if (t1 - t0) * px_per_unit >= 7 * len(label) + 2:
@@ -67,8 +74,8 @@ def render_gantt(result: SimResult, fmt: str = "png", arrows: bool = False,
             ax.annotate("", xy=(tr.end, tr.dst_rank), xytext=(result.end[tr.src], tr.src_rank),
                         arrowprops={"arrowstyle": "->", "color": "#555555", "lw": 0.5,
                                     "alpha": 0.6})
-    kinds = [k for k in "FBIW" if any(op.kind == k for op in result.start)]
-    handles = [Patch(color=COLOURS[k], label=NAMES[k]) for k in kinds]
+    kinds = [k for k in KINDS if any(op.kind == k for op in result.start)]
+    handles = [Patch(color=COLOURS[k], label=KIND_NAMES[k]) for k in kinds]
     if result.comm == "blocking":
         handles.append(Patch(color=COLOURS["send"], alpha=0.6, label="sending"))
     if result.schedule.config.stages > ranks:
@@ -84,13 +91,55 @@ def render_gantt(result: SimResult, fmt: str = "png", arrows: bool = False,
                  f"({result.bubble_vs_ideal:.1%} of the ideal step)", fontsize=10)
     ax.grid(axis="x", color="#dddddd", linewidth=0.5)
     ax.set_axisbelow(True)
-    for side in ("top", "right"):
-        ax.spines[side].set_visible(False)
+    _draw_memory(mem, result)
+    mem.set_xlabel(f"time{unit}")
+    ax.set_xlabel("")
+    for a in (ax, mem):
+        for side in ("top", "right"):
+            a.spines[side].set_visible(False)
     fig.tight_layout()
     buf = io.BytesIO()
     fig.savefig(buf, format=fmt)
     plt.close(fig)
     return buf.getvalue()
+
+
+def memory_over_time(result: SimResult) -> list[list[tuple[float, float]]]:
+    """Per rank, (time, saved activations from then on): each op's `live_activations` value
+    from its start (an allocation) or its end (a free: B, W, OFF), in bytes when the costs
+    give `memory_bytes`, else in activations."""
+    costs = result.costs
+    size = input_size = None
+    if costs.knows_memory:
+        def size(op: Op) -> float:
+            return costs.activation_memory(op.stage) or 0.0
+
+        def input_size(op: Op) -> float:
+            return costs.input_memory(op.stage)
+    out = []
+    for prog in result.schedule.programs:
+        steps = [(0.0, 0.0)]
+        for op, live in live_activations(prog, size, input_size):
+            frees = op.kind in ("B", "W", "OFF")
+            steps.append((result.end[op] if frees else result.start[op], live))
+        steps.sort(key=_time)
+        out.append(steps)
+    return out
+
+
+def _time(step: tuple[float, float]) -> float:
+    return step[0]
+
+
+def _draw_memory(ax: Any, result: SimResult) -> None:
+    for r, steps in enumerate(memory_over_time(result)):
+        xs = [t for t, _ in steps] + [result.makespan]
+        ys = [v for _, v in steps] + [steps[-1][1]]
+        ax.step(xs, ys, where="post", label=f"rank {r}", linewidth=1.2)
+    ax.set_ylabel("saved activations" + (" (bytes)" if result.costs.knows_memory else ""),
+                  fontsize=8)
+    ax.legend(fontsize=7, frameon=False, loc="upper right", ncol=min(4, result.ranks))
+    ax.grid(axis="both", color="#eeeeee", linewidth=0.5)
 
 
 def _chunk(result: SimResult, op: Any) -> int:
