@@ -29,6 +29,7 @@ from pipeir.ops import Op
 from pipeir.passes.base import OptionError, Pass
 from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
 from pipeir.passes.dp_reduce import reject_reductions
+from pipeir.passes.memory import reject_memory_ops
 from pipeir.schedule import Schedule
 from pipeir.sim.engine import Timing
 from pipeir.verify import memory_report
@@ -56,6 +57,7 @@ class Interleave(Pass):
                                            f"got {self.placement!r}")
 
     def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
+        reject_memory_ops(schedule, self.name)
         c = schedule.config
         reject_reductions(schedule, self.name)
         warmups = _shape(schedule)

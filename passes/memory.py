@@ -90,6 +90,15 @@ def _check(budget: float, max_shift: int, every: bool) -> None:
         raise OptionError("max_shift", f"max_shift must be >= 0, got {max_shift}")
 
 
+def reject_memory_ops(schedule: Schedule, pass_name: str) -> None:
+    """For passes that rebuild programs from F/B/I/W alone: a UsageError when `schedule`
+    already has memory ops (they would be lost), saying to run recompute/offload later."""
+    op = next((o for o in schedule if o.kind in ("FC", "RC", "OFF", "RELOAD")), None)
+    if op is not None:
+        raise UsageError(f"{pass_name} works on F/B/I/W schedules, but this one has {op}: run "
+                         f"recompute and offload after {pass_name}", schedule.span_of(op))
+
+
 # ---- moves --------------------------------------------------------------------------------
 def _backward_at(prog: list[Op] | tuple[Op, ...], s: int, m: int) -> int:
     return next(i for i, op in enumerate(prog)

@@ -38,6 +38,7 @@ from pipeir.ops import Op
 from pipeir.passes.base import OptionError, Pass
 from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
 from pipeir.passes.dp_reduce import reject_reductions
+from pipeir.passes.memory import reject_memory_ops
 from pipeir.schedule import Schedule
 from pipeir.verify import memory_report
 
@@ -60,6 +61,7 @@ class SplitBackward(Pass):
 
     def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
         reject_reductions(schedule, self.name)
+        reject_memory_ops(schedule, self.name)
         plain = split_in_place(schedule)
         if self.mode == "h1":
             built = schedule.with_programs(lagged_w(schedule))

@@ -167,6 +167,18 @@ def test_memory_passes_reject_bad_options_and_impossible_budgets() -> None:
         pipeir.compile(pipeir.library.get("1f1b", 2, 4), "recompute{budget=0.5}")
 
 
+def test_passes_that_rebuild_programs_and_torch_export_refuse_memory_ops() -> None:
+    from pipeir.interop.writer import dumps_csv
+
+    s = pipeir.library.get("1f1b", 4, 8)
+    with pytest.raises(pipeir.UsageError, match="run recompute and offload after split-backward"):
+        pipeir.compile(s, "offload{budget=2},split-backward")
+    with pytest.raises(pipeir.UsageError, match="interleave works on F/B/I/W schedules"):
+        pipeir.compile(s, "recompute{budget=2},interleave{v=2}")
+    with pytest.raises(pipeir.UsageError, match="torch's schedule format has no OFF"):
+        dumps_csv(pipeir.parse(EXAMPLES / "memory.sched"))
+
+
 # ---- training ------------------------------------------------------------------------------
 sys.path.insert(0, str(Path(__file__).parent))
 from test_runtime import TIMEOUT, _assert_matches_reference, _job  # noqa: E402
