@@ -35,15 +35,6 @@ CHANNEL: Final[dict[str, str]] = {REDUCE: "reduce", "OFF": "copy", "RELOAD": "co
 #: K(s, mb). The frontend recognises ops by these names.
 OP_ARITY: Final[dict[str, int]] = {**{k: 2 for k in KINDS}, REDUCE: 1}
 
-#: The gradient reduction: R(s) all-reduces stage s's weight gradients across the
-#: data-parallel replicas (torch's REDUCE_GRAD). It has no micro-batch (`mb` is `NO_MB`).
-REDUCE: Final = "R"
-NO_MB: Final = -1
-
-#: Every op kind with the number of arguments it takes in the language: R(s), the others
-#: K(s, mb). The frontend recognises ops by these names.
-OP_ARITY: Final[dict[str, int]] = {"F": 2, "B": 2, "I": 2, "W": 2, REDUCE: 1}
-
 #: What each kind means, for messages and legends.
 KIND_NAMES: Final[dict[str, str]] = {
     "F": "forward",

@@ -128,7 +128,7 @@ def test_timeline_and_trace_show_the_copy_channel() -> None:
 
     r = simulate(pipeir.parse(MIXED), CostModel(memory_bytes=100, host_bandwidth=50))
     lines = render_timeline(r, 20).splitlines()
-    assert lines[1].startswith("r0 |CC") and lines[2].startswith("h0 |") and "copies" in lines[2]
+    assert lines[1].startswith("r0 |CC") and lines[2] == "   |....oooo....llll....| copies"
     assert "O offload" in lines[-1] and "X recompute" in lines[-1]
     tids = {e["args"]["op"]: e["tid"] for e in chrome_trace(r)["traceEvents"]
             if e.get("ph") == "X" and "op" in e.get("args", {})}

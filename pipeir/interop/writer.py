@@ -32,7 +32,7 @@ _B_LIKE: Final = ("B", "I")
 
 def compute_actions(schedule: Schedule) -> list[list[Action]]:
     """Each rank's compute actions in program order (pairs become OVERLAP_F_B)."""
-    memory = next((op for op in schedule if op.kind not in ("F", "B", "I", "W")), None)
+    memory = next((op for op in schedule if op.kind in ("FC", "RC", "OFF", "RELOAD")), None)
     if memory is not None:
         raise UsageError(f"torch's schedule format has no {memory.kind} (activation "
                          f"recomputation and offloading are pipeir ops); {memory} cannot be "

@@ -12,13 +12,14 @@ import io
 from typing import Any
 
 from pipeir.diagnostics import UsageError
-from pipeir.ops import CHANNEL, KIND_NAMES, KINDS, Op
+from pipeir.ops import CHANNEL, KIND_NAMES, Op
 from pipeir.sim.result import SimResult
 from pipeir.verify import live_activations
 
 #: Colours per op kind (colour-blind-safe Okabe-Ito palette), and for blocking sends.
 COLOURS = {"F": "#0072B2", "B": "#009E73", "I": "#E69F00", "W": "#CC79A7", "send": "#D55E00",
-           "FC": "#56B4E9", "RC": "#F0E442", "OFF": "#999999", "RELOAD": "#666666"}
+           "FC": "#56B4E9", "RC": "#F0E442", "OFF": "#999999", "RELOAD": "#666666",
+           "R": "#000000"}
 FORMATS = ("png", "svg", "pdf")
 MAX_ARROWS = 2000  # more arrows than this are noise, not information
 
@@ -56,7 +57,8 @@ def render_gantt(result: SimResult, fmt: str = "png", arrows: bool = False,
         for op in prog:
             t0, t1 = result.start[op], result.end[op]
             chunk = _chunk(result, op)
-            # a copy (offload, reload) runs beside compute: a thin bar under the lane
+            # a side-channel op (offload, reload, all-reduce) runs beside compute: a thin bar
+            # under the lane
             lane = (r + 0.25, 0.2) if op.kind in CHANNEL else (r - 0.4, 0.8)
             ax.broken_barh([(t0, t1 - t0)], lane, facecolors=COLOURS[op.kind],
                            edgecolor="white", linewidth=0.6, alpha=1.0 if chunk % 2 == 0 else 0.7)
@@ -74,7 +76,7 @@ def render_gantt(result: SimResult, fmt: str = "png", arrows: bool = False,
             ax.annotate("", xy=(tr.end, tr.dst_rank), xytext=(result.end[tr.src], tr.src_rank),
                         arrowprops={"arrowstyle": "->", "color": "#555555", "lw": 0.5,
                                     "alpha": 0.6})
-    kinds = [k for k in KINDS if any(op.kind == k for op in result.start)]
+    kinds = [k for k in KIND_NAMES if any(op.kind == k for op in result.start)]
     handles = [Patch(color=COLOURS[k], label=KIND_NAMES[k]) for k in kinds]
     if result.comm == "blocking":
         handles.append(Patch(color=COLOURS["send"], alpha=0.6, label="sending"))
