@@ -207,7 +207,7 @@ def _memory_jobs(p: int, m: int) -> tuple[list[tuple[Schedule, str]], list[tuple
         (inter, f"split-backward,recompute{{budget={split}}}"),
         (inter, f"split-backward,offload{{budget={split}}}"),
     ]
-    return jobs, [(one, "recompute{all=true}"), jobs[6]]
+    return jobs, [(one, "recompute{all=true}"), jobs[6], (inter, "offload{budget=2}")]
 
 
 def _kinds(s: Schedule, passes: str) -> set[str]:
@@ -259,3 +259,21 @@ def _flat(d: dict[str, object], prefix: str = "") -> dict[str, object]:
         else:
             out[f"{prefix}{k}"] = v
     return out
+
+
+def test_run_reports_measured_and_simulated_peak_bytes_and_traces_copies(cli, tmp_path: Path
+                                                                         ) -> None:
+    import json
+
+    trace = tmp_path / "t.json"
+    code, out, err = cli("run", EXAMPLES / "memory.sched", "--set", "ranks=2", "--set",
+                         "microbatches=4", "--steps", "2", "--trace", trace)
+    assert code == 0, err
+    head = out.index("peak saved activations (bytes): measured")
+    rows = [line.split() for line in out[head:].splitlines()[1:3]]
+    assert [r[:2] for r in rows] == [["rank", "0:"], ["rank", "1:"]]
+    for *_, measured, _, simulated in rows:
+        got, want = int(measured.replace(",", "")), int(simulated.replace(",", ""))
+        assert got > 0 and abs(got - want) <= 0.1 * want
+    names = {e["name"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"}
+    assert {"FC1", "RC1", "OFF0", "RELOAD0"} <= names

@@ -191,6 +191,7 @@ def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace) -> 
         print(f"gradient all-reduce ({args.dp} replicas): {exposed * 1e3:.1f} ms of the step "
               f"waits for it (median), simulated {predicted.exposed_reduction * 1e3:.1f} ms "
               f"with the measured all-reduce times ({predicted.hidden_reduction:.0%} hidden)")
+    _report_memory(compiled, result, ranks, args.dp)
     cores = compute_slots()
     if ranks > cores:
         print(f"note: {ranks} ranks share {cores} CPU core(s), so ranks that compute at the "
@@ -204,6 +205,23 @@ def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace) -> 
         write_atomic(args.trace, json.dumps(trace), "--trace")
         print(f"wrote {args.trace} (measured timeline of all {len(rep.steps)} steps; open it in "
               "https://ui.perfetto.dev)")
+
+
+def _report_memory(compiled: Compiled, result: RunResult, ranks: int, dp: int) -> None:
+    """Measured peak saved-activation bytes per rank next to the simulated peak (the
+    verifier's count with each stage's bytes as measured in this run)."""
+    from pipeir.runtime.measure import simulated_saved_bytes
+
+    saved = {s: b for (j, s), b in result.saved_per_stage.items() if j == 0}
+    kept = {s: b for (j, s), b in result.kept_per_stage.items() if j == 0}
+    if not saved:
+        return
+    simulated = simulated_saved_bytes(compiled.schedule, saved, kept)
+    print("peak saved activations (bytes): measured (the most in any step) vs simulated with "
+          "the measured bytes per stage")
+    for r in range(ranks):
+        got = max(b for (j, g, _), b in result.saved_peak.items() if j == 0 and g == r * dp)
+        print(f"  rank {r}: measured {got:,} simulated {simulated[r]:,.0f}")
 
 
 def _under_torchrun(job: Job, args: argparse.Namespace) -> int:

@@ -84,6 +84,8 @@ class RunResult:
     saved_peak: dict[tuple[int, int, int], int] = field(default_factory=dict)
     #: (job, stage) -> the most bytes one micro-batch's forward of the stage saved
     saved_per_stage: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: (job, stage) -> the most bytes of input a checkpointed forward of the stage kept
+    kept_per_stage: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -247,10 +249,11 @@ def _record(msg: tuple[Any, ...], result: RunResult, exited: set[int],
             if on_step is not None:
                 on_step(rep)
     elif kind == "memory":
-        _, job, rank, step, peak, per_stage = msg
+        _, job, rank, step, peak, per_stage, kept = msg
         result.saved_peak[(job, rank, step)] = peak
-        for s, b in per_stage.items():
-            result.saved_per_stage[(job, s)] = max(b, result.saved_per_stage.get((job, s), 0))
+        for sizes, into in ((per_stage, result.saved_per_stage), (kept, result.kept_per_stage)):
+            for s, b in sizes.items():
+                into[(job, s)] = max(b, into.get((job, s), 0))
     elif kind == "params":
         _, job, rank, params, grads = msg
         result.params.setdefault(job, {}).update(params)

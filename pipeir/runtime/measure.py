@@ -42,6 +42,7 @@ from pipeir.config import PipelineConfig
 from pipeir.ops import NO_MB, Kind, Op
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, SimResult, Transfer, simulate
+from pipeir.verify import peak_bytes
 
 Times = Sequence[tuple[int, float, float]]  # (pc, start, end) per executed instruction
 
@@ -90,6 +91,19 @@ def run_report(lowered: Lowered, schedule: Schedule,
                      calibrated_prediction(lowered, measured, latency, reduce, dp),
                      calibrated_prediction(lowered, measured, 0.0, reduce, dp), latency,
                      median(step_times[s] for s in keep))
+
+
+def simulated_saved_bytes(schedule: Schedule, saved: Mapping[int, int],
+                          kept: Mapping[int, int]) -> tuple[float, ...]:
+    """Per rank, the peak saved-activation bytes `pipeir.verify.peak_bytes` predicts for the
+    step, with each stage's bytes as measured in the run (`saved[stage]`: what one forward
+    saved, `kept[stage]`: the input a checkpointed forward kept)."""
+    def act(stage: int) -> float:
+        return float(saved.get(stage, 0))
+
+    def inp(stage: int) -> float:
+        return float(kept.get(stage, 0))
+    return peak_bytes(expand_rounds(schedule), act, inp)
 
 
 def expand_rounds(schedule: Schedule) -> Schedule:

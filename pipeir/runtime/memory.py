@@ -68,6 +68,8 @@ class SavedActivations:
         self.peak = 0
         #: per stage, the most bytes one micro-batch's forward saved (what `profile` measures)
         self.per_stage: dict[int, int] = {}
+        #: per stage, the most bytes of input a checkpointed forward kept
+        self.inputs_per_stage: dict[int, int] = {}
 
     def begin_step(self) -> None:
         self._stash.clear()
@@ -120,6 +122,7 @@ class SavedActivations:
         self._rng[key] = state
         n = input_bytes(inputs)
         self._kept[key] = n
+        self.inputs_per_stage[key[0]] = max(self.inputs_per_stage.get(key[0], 0), n)
         self._add(n)
         return state
 

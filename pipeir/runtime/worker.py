@@ -148,7 +148,7 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
         emit(("step", index, rank if mesh is None else mesh.rank, step,
               ctx.loss_sum if last else None, t0, t1, list(ctx.times), info))
         emit(("memory", index, rank if mesh is None else mesh.rank, step, ctx.saved.peak,
-              dict(ctx.saved.per_stage)))
+              dict(ctx.saved.per_stage), dict(ctx.saved.inputs_per_stage)))
         track(index, -1)
         done = step + 1
         saver = mesh is None or mesh.replica == 0  # replicas hold the same state
