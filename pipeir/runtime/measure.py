@@ -267,15 +267,17 @@ def _reduce_ends(prog: Sequence[Instr], times: Times, done: Sequence[tuple[int, 
 def allreduce_seconds(lowered: Lowered, steps: Sequence[Mapping[int, Times]],
                       reduced: Sequence[Reduced], dp: int) -> dict[int, float]:
     """Each stage's gradient all-reduce time as the run itself measured it (median over
-    steps), whatever overlapped it: from when the all-reduce could start, posted on every
-    replica after the one before it on that replica's reduction channel had finished, to
-    when the last replica saw it finish. `steps[k]` holds one step's instruction times of all
-    P x D ranks (global rank = pp x dp + replica), `reduced[k]` their finish times (a rank
-    without them, e.g. on CUDA, counts the end of its `wait-reduce`, later than the finish
-    when the rank had to wait for nothing)."""
+    steps), whatever overlapped it: from when the simulator starts it (on every replica, the
+    later of the end of the compute instruction before its post and the finish of the
+    reduction before it on the rank's channel) to when the last replica saw it finish.
+    `steps[k]` holds one step's instruction times of all P x D ranks (global rank = pp x dp
+    + replica), `reduced[k]` their finish times (a rank without them, e.g. on CUDA, counts the
+    end of its `wait-reduce`, later than the finish when the rank had to wait for nothing)."""
     # NOTE: one gloo thread per group runs a rank's all-reduces in the order posted (the
-    # simulator's reduction channel): a reduction starts when it is posted and the previous
-    # one is done, and a collective starts when every replica has started it.
+    # simulator's reduction channel), and a collective starts when every replica has started
+    # it. Timing from the compute before the post, not from the post, puts what the rank does
+    # in between (the post itself, dispatch, up to 0.7 ms on busy shared cores) in the
+    # reduction's time, as the simulator has the R op issued the moment that compute ends.
     got: dict[int, list[float]] = {}
     for times, done in zip(steps, reduced):
         ready: dict[int, list[float]] = {}
@@ -283,11 +285,13 @@ def allreduce_seconds(lowered: Lowered, steps: Sequence[Mapping[int, Times]],
         for g, tt in times.items():
             prog = lowered.program(g // dp)
             finished = _reduce_ends(prog, tt, done.get(g, ()))
-            free = float("-inf")  # when the rank's reduction channel is free
+            free = issued = float("-inf")  # the channel is free; the last compute ended
             for pc, _, t1 in tt:
                 ins = prog[pc]
-                if isinstance(ins, ReduceGrad) and ins.stage in finished:
-                    ready.setdefault(ins.stage, []).append(max(t1, free))
+                if isinstance(ins, COMPUTE):
+                    issued = t1
+                elif isinstance(ins, ReduceGrad) and ins.stage in finished:
+                    ready.setdefault(ins.stage, []).append(max(issued, free))
                     free = finished[ins.stage]
                     end.setdefault(ins.stage, []).append(free)
         for s, posted in ready.items():

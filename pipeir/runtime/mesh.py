@@ -13,15 +13,16 @@ parameters' `.grad` being views of them (DDP's `gradient_as_bucket_view`): autog
 accumulates into the views in place, `reduce-grad` hands the buffer to the all-reduce as it is
 and `wait-reduce` only waits. The loss is scaled by 1/D (`Context.loss`), so the all-reduce's
 sum is already the mean. Nothing of a reduction then runs on the rank's compute thread, as the
-simulator's reduction channel assumes; flattening the gradients at the post and copying the
-mean back at the wait (what this did before) took 6-20 ms of the compute thread per 8 MB stage
-on 2 shared cores, mid-backward, and made the pass's placement look slower than it is.
+simulator's reduction channel assumes. Flattening the gradients at the post (and copying
+the mean back at the wait), as this did before, held the compute thread 1-20 ms (8 typical)
+per post of an 8 MB stage on 2 shared cores, mid-backward, where the simulator charges nothing.
 
 NOTE (CUDA): a reduction runs on its own stream: it waits for the compute stream (the
 gradients are complete) and all-reduces there, and the compute stream waits for it at
-`wait-reduce`; on CPU (gloo) the asynchronous work object is the overlap, and the work's
-future records when the all-reduce finished (`Mesh.done`), which `pipeir.runtime.measure`
-uses to time each reduction in the run itself.
+`wait-reduce`. On CPU the asynchronous gloo work is the overlap, on a backend with one
+thread (`_serial_gloo`), so a rank's all-reduces run one after another as on the simulator's
+channel, and the work's future records when the all-reduce finished (`Mesh.done`), which
+`pipeir.runtime.measure` uses to time each reduction in the run itself.
 """
 
 from __future__ import annotations
