@@ -11,13 +11,16 @@ placed by the pass (`dp-reduce`, right after each stage's last weight gradient) 
 the end of the step (`dp-reduce{at=end}`, nothing overlaps), `--repeats` times each,
 alternating, in one launch (so both see the same machine). For both it prints the median
 step time over every kept step of every repeat, measured and simulated, and how much of the
-step waits for reductions (exposed: the end of the last `wait-reduce` minus the end of the
-last compute op, over all ranks), measured and simulated, and the hidden fraction.
+step waits for reductions (exposed: when the last all-reduce finished minus the end of the
+last compute op, over all ranks, on both sides), measured and simulated, and the hidden
+fraction; and whether the pass's step is shorter, overall and in each back-to-back pair.
 
-The simulator is calibrated with what the same runs measured: the mean time per stage and op
-kind, the transfer time, and each stage's all-reduce time (from when it could start on every
-replica to when it finished: `pipeir.runtime.measure.allreduce_seconds`, from the finish
-times the gloo work objects record).
+Each kept step is simulated with what that step measured: the mean time per stage and op kind,
+the transfer time, and each stage's all-reduce time (from the end of the compute before its
+post, or the previous all-reduce's finish, on the replica that got there last, to when it
+finished: `pipeir.runtime.measure.allreduce_seconds`, from the finish times the gloo work
+objects record). For the pass it also prints, unchecked, the prediction from the at-end runs'
+all-reduce times instead (off by how much an all-reduce's time depends on what else runs).
 
 sleep: every forward sleeps F ms and every backward B ms (no CPU, so four processes do not
 fight over two cores), and each stage holds a large parameter whose gradient really is
@@ -115,7 +118,8 @@ class Runs:
         return [{r: t[r * DP] for r in range(PP)} for t in self.every]
 
     def exposed(self) -> list[float]:
-        return [exposed_reduction(self.lowered, t, DP, r) for t, r in zip(self.every, self.reduced)]
+        return [exposed_reduction(self.lowered, t, DP, r)
+                for t, r in zip(self.every, self.reduced)]
 
     def allreduce(self) -> dict[int, float]:
         """Each stage's all-reduce time in these runs (median)."""

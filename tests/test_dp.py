@@ -264,6 +264,28 @@ def test_tune_with_dp_adds_the_reductions_to_every_candidate(cli) -> None:
 
 
 # ---- lowering --------------------------------------------------------------------------------
+def test_gradient_all_reduces_run_on_one_gloo_thread() -> None:
+    """The simulator's reduction channel runs a rank's all-reduces one after another. torch
+    builds a gloo group of `new_group` (and `init_device_mesh`) with its default two threads
+    whatever options it is given, so the mesh builds its own backend with one."""
+    from pipeir.runtime.launch import free_port
+
+    code = f"""
+import torch, torch.distributed as dist
+from pipeir.runtime.mesh import MeshShape, _serial_gloo
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+mine = _serial_gloo(MeshShape(1, 1), 0, 30.0)
+theirs = dist.new_group([0], backend="gloo")._get_backend(torch.device("cpu"))
+t = torch.ones(3)
+mine.allreduce([t]).wait()
+print(mine.options._threads, theirs.options._threads, t.tolist())
+dist.destroy_process_group()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.split("\n")[-2] == "1 2 [1.0, 1.0, 1.0]"
+
+
 def test_lowering_posts_reductions_in_the_last_round_and_waits_before_the_step() -> None:
     from pipeir.backend.lower import OptimizerStep, ReduceGrad, WaitReduce
 

@@ -132,8 +132,8 @@ class Mesh:
     stream: Any = None  # CUDA: the reduction stream
     reducer: Any = None  # CPU: the gloo backend that all-reduces gradients (`_serial_gloo`)
     #: stage -> its gradient buckets: (flat buffer, [(parameter, its view of the buffer)])
-    buckets: dict[int, list[tuple[torch.Tensor, list[tuple[torch.Tensor, torch.Tensor]]]]] = \
-        field(default_factory=dict)
+    buckets: dict[int, list[tuple[torch.Tensor, list[tuple[torch.nn.Parameter, torch.Tensor]]]]] \
+        = field(default_factory=dict)
     #: stage -> its work objects (and, on CPU, the future that records when they are done)
     pending: dict[int, list[Any]] = field(default_factory=dict)
     #: stage -> when its last all-reduce finished (time.perf_counter(); CPU only: a CUDA
@@ -166,22 +166,23 @@ class Mesh:
         return self.shape.rank(pp_rank, self.replica)
 
     def attach(self, modules: dict[int, torch.nn.Module]) -> None:
-        """Give every parameter's gradient a place in its stage's bucket (a parameter that
-        two stages share, in the first); called once, before the first step."""
+        """Give every trainable parameter's gradient a place in its stage's bucket (a
+        parameter that two stages share, in the first); called once, before the first step."""
         seen: set[int] = set()
         for stage, module in sorted(modules.items()):
-            groups: dict[tuple[torch.dtype, torch.device], list[torch.Tensor]] = {}
+            groups: dict[tuple[torch.dtype, torch.device], list[torch.nn.Parameter]] = {}
             for p in module.parameters():
-                if id(p) not in seen:
+                if p.requires_grad and id(p) not in seen:
                     seen.add(id(p))
                     groups.setdefault((p.dtype, p.device), []).append(p)
             buckets = []
             for (dtype, device), params in groups.items():
                 flat = torch.zeros(sum(p.numel() for p in params), dtype=dtype, device=device)
-                views, offset = [], 0
-                for p in params:
-                    views.append((p, flat[offset:offset + p.numel()].view_as(p)))
-                    offset += p.numel()
+                views: list[tuple[torch.nn.Parameter, torch.Tensor]] = []
+                offset = 0
+                for q in params:
+                    views.append((q, flat[offset:offset + q.numel()].view_as(q)))
+                    offset += q.numel()
                 buckets.append((flat, views))
             self.buckets[stage] = buckets
         self.zero_grad()
@@ -242,7 +243,8 @@ def _serial_gloo(shape: MeshShape, rank: int, timeout_s: float) -> Any:
     opts._timeout = timedelta(seconds=timeout_s)
     opts._devices = [gloo.create_default_device()]
     pp, replica = shape.coords(rank)
-    store = dist.PrefixStore(f"pipeir/reduce/pp{pp}", _get_default_store())
+    store = dist.PrefixStore(  # type: ignore[attr-defined]
+        f"pipeir/reduce/pp{pp}", _get_default_store())
     return gloo(store, replica, shape.dp, opts)
 
 
