@@ -177,6 +177,60 @@ def test_reductions_placed_by_the_pass_never_lose_to_reductions_at_the_end(
         assert last.hidden_reduction > end.hidden_reduction
 
 
+#: one rank holding two stages (F = 1, B = 2): its compute ends at 12, the last weight
+#: gradient of stage 1 ends at 10 (B(1,1)), that of stage 0 at 12 (B(0,1))
+ONE_RANK_TWO_STAGES = """
+pipeline { ranks = 1  microbatches = 2  stages = 2 }
+schedule s {
+    rank 0 { F(0,0) F(1,0) F(0,1) F(1,1) B(1,0) B(0,0) B(1,1) B(0,1) }
+}
+"""
+
+
+@pytest.mark.parametrize("d", [0.5, 2.0, 3.0, 5.0])
+def test_exposed_reduction_is_the_closed_form(d: float) -> None:
+    """All-reduces of d each, on one channel. By the pass: R(1) runs from 10 to 10 + d,
+    R(0) from max(12, 10 + d) for d, so d + max(0, d - 2) is exposed; at the end both run
+    after 12: 2d."""
+    s = pipeir.parse(ONE_RANK_TWO_STAGES)
+    costs = CostModel(F=1, B=2, dp=2, dp_latency=d / 2)  # ring: 2 (D - 1) x latency = d
+    last = simulate(_opt(s, "dp-reduce"), costs)
+    end = simulate(_opt(s, "dp-reduce{at=end}"), costs)
+    assert last.compute_makespan == end.compute_makespan == 12
+    assert last.exposed_reduction == pytest.approx(d + max(0.0, d - 2))
+    assert end.exposed_reduction == pytest.approx(2 * d)
+    assert last.hidden_reduction == pytest.approx(1 - (d + max(0.0, d - 2)) / (2 * d))
+
+
+def test_run_measurements_read_a_timeline_as_the_simulator_writes_it() -> None:
+    """Instruction times laid out as the simulator times the ops, on two identical replicas:
+    `allreduce_seconds` gives back each all-reduce's time (R(0) queued behind R(1)) and
+    `exposed_reduction` the simulator's exposed time, with or without the finish times."""
+    from pipeir.backend.lower import Backward, Forward, ReduceGrad, WaitReduce
+    from pipeir.runtime.measure import allreduce_seconds, exposed_reduction
+
+    compiled = pipeir.compile(pipeir.parse(ONE_RANK_TWO_STAGES), "dp-reduce")
+    sim = simulate(compiled.schedule, CostModel(F=1, B=2, dp=2, dp_latency=1.5))  # d = 3
+    times: list[tuple[int, float, float]] = []
+    done: list[tuple[int, float]] = []
+    clock = 0.0
+    for pc, ins in enumerate(compiled.lowered.program(0)):
+        t0 = clock
+        if isinstance(ins, Forward | Backward):
+            op = Op("F" if isinstance(ins, Forward) else "B", ins.stage, ins.mb)
+            t0, clock = sim.start[op], sim.end[op]
+        elif isinstance(ins, ReduceGrad):
+            done.append((ins.stage, sim.end[R(ins.stage)]))
+        elif isinstance(ins, WaitReduce):
+            clock = max(clock, sim.end[R(ins.stage)])
+        times.append((pc, t0, clock))
+    every, reduced = {0: times, 1: times}, {0: done, 1: done}
+    low = compiled.lowered
+    assert allreduce_seconds(low, [every], [reduced], 2) == {0: 3.0, 1: 3.0}
+    assert exposed_reduction(low, every, 2, reduced) == sim.exposed_reduction == 4.0
+    assert exposed_reduction(low, every, 2) == 4.0  # the waits end at the finishes
+
+
 def test_simulate_shows_reductions_on_the_timeline_trace_and_json(cli, tmp_path: Path) -> None:
     sched = tmp_path / "dp.sched"
     assert cli("opt", "--schedule", "interleaved-1f1b", "--ranks", "2", "--microbatches", "4",
@@ -210,6 +264,28 @@ def test_tune_with_dp_adds_the_reductions_to_every_candidate(cli) -> None:
 
 
 # ---- lowering --------------------------------------------------------------------------------
+def test_gradient_all_reduces_run_on_one_gloo_thread() -> None:
+    """The simulator's reduction channel runs a rank's all-reduces one after another. torch
+    builds a gloo group of `new_group` (and `init_device_mesh`) with its default two threads
+    whatever options it is given, so the mesh builds its own backend with one."""
+    from pipeir.runtime.launch import free_port
+
+    code = f"""
+import torch, torch.distributed as dist
+from pipeir.runtime.mesh import MeshShape, _serial_gloo
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+mine = _serial_gloo(MeshShape(1, 1), 0, 30.0)
+theirs = dist.new_group([0], backend="gloo")._get_backend(torch.device("cpu"))
+t = torch.ones(3)
+mine.allreduce([t]).wait()
+print(mine.options._threads, theirs.options._threads, t.tolist())
+dist.destroy_process_group()
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    assert out.split("\n")[-2] == "1 2 [1.0, 1.0, 1.0]"
+
+
 def test_lowering_posts_reductions_in_the_last_round_and_waits_before_the_step() -> None:
     from pipeir.backend.lower import OptimizerStep, ReduceGrad, WaitReduce
 

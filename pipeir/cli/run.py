@@ -171,8 +171,10 @@ def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace) -> 
     lowered, ranks = compiled.lowered, compiled.lowered.ranks
     every = {s: {g: result.times[(0, g, s)] for g in range(ranks * args.dp)}
              for (_, s) in result.steps}
+    reduced = {s: {g: result.reduced.get((0, g, s), []) for g in range(ranks * args.dp)}
+               for (_, s) in result.steps}
     rep = run_report(lowered, compiled.schedule, every,
-                     {s: st.time for (_, s), st in result.steps.items()}, args.dp)
+                     {s: st.time for (_, s), st in result.steps.items()}, args.dp, reduced)
     # with data parallelism: replica 0's pipeline (global rank = pp rank x dp)
     times = {s: {r: t[r * args.dp] for r in range(ranks)} for s, t in every.items()}
     predicted, free = rep.predicted, rep.free

@@ -87,6 +87,8 @@ class Context:
                                                for p in m.parameters()))
         self.pc = -1
         self.times: list[tuple[int, float, float]] = []
+        #: data parallelism: (stage, when its all-reduce finished), in the order waited for
+        self.reduced: list[tuple[int, float]] = []
         self.loss_sum = 0.0
         self._reset()
 
@@ -107,6 +109,7 @@ class Context:
         self.plan.plan(xs)
         self.pc = -1
         self.times = []
+        self.reduced = []
         self.loss_sum = 0.0
 
     def _enter(self) -> float:
@@ -182,6 +185,8 @@ class Context:
         with self._autocast():
             value = self.spec.loss(self.outputs[(stage, mb)], self.targets.pop(mb))
         self.loss_sum += float(value.detach()) * scale
+        if self.mesh is not None:  # the all-reduce sums the replicas' gradients: 1/D each
+            scale /= self.mesh.shape.dp
         scaled = value * scale
         self.outputs[(stage, mb)] = scaled * self.optim.scale if self.optim.fp16 else scaled
         self._leave(t0)
@@ -253,8 +258,8 @@ class Context:
         """Start averaging `stage`'s gradients over its replicas (asynchronous)."""
         t0 = self._enter()
         if self.mesh is not None:
-            self._run_comm(lambda: self.mesh.start_reduce(  # type: ignore[union-attr]
-                stage, self.modules[stage]), stream=False)
+            self._run_comm(lambda: self.mesh.start_reduce(stage),  # type: ignore[union-attr]
+                           stream=False)
         self._leave(t0)
 
     def wait_reduce(self, stage: int) -> None:
@@ -262,6 +267,9 @@ class Context:
         if self.mesh is not None:
             self._run_comm(lambda: self.mesh.finish_reduce(stage),  # type: ignore[union-attr]
                            stream=False)
+            done = self.mesh.done.pop(stage, None)
+            if done is not None:
+                self.reduced.append((stage, done))
         self._leave(t0)
 
     def _peer(self, peer: int) -> int:

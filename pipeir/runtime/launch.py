@@ -74,6 +74,8 @@ class RunResult:
     #: (job, rank, step) -> [(pc, t0, t1)] for every instruction
     times: dict[tuple[int, int, int], list[tuple[int, float, float]]] = field(
         default_factory=dict)
+    #: data parallelism, (job, rank, step) -> [(stage, when its all-reduce finished)]
+    reduced: dict[tuple[int, int, int], list[tuple[int, float]]] = field(default_factory=dict)
     #: job -> stage -> parameter name -> numpy array
     params: dict[int, dict[int, dict[str, Any]]] = field(default_factory=dict)
     #: job -> stage -> parameter name -> gradient of the last step (numpy)
@@ -229,7 +231,7 @@ def _record(msg: tuple[Any, ...], result: RunResult, exited: set[int],
             n: int) -> None:
     kind = msg[0]
     if kind == "step":
-        _, job, rank, step, loss, t0, t1, times, info = msg
+        _, job, rank, step, loss, t0, t1, times, info, reduced = msg
         rep = result.steps.setdefault((job, step), StepReport(job, step))
         rep.start, rep.end, rep.ranks = min(rep.start, t0), max(rep.end, t1), rep.ranks + 1
         if loss is not None:  # data-parallel replicas: the mean of their (equal) shards'
@@ -243,6 +245,8 @@ def _record(msg: tuple[Any, ...], result: RunResult, exited: set[int],
                     if rep.info.get(k) is not None and info.get(k) is not None:
                         rep.info[k] += info[k]
         result.times[(job, rank, step)] = times
+        if reduced:
+            result.reduced[(job, rank, step)] = reduced
         if rep.ranks == n:
             prev = result.steps.get((job, step - 1))
             rep.time = rep.end - (prev.end if prev is not None else rep.start)

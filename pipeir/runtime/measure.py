@@ -73,20 +73,24 @@ class RunReport:
 
 def run_report(lowered: Lowered, schedule: Schedule,
                times: Mapping[int, Mapping[int, Times]], step_times: Mapping[int, float],
-               dp: int = 1) -> RunReport:
+               dp: int = 1, reduced: Mapping[int, Reduced] | None = None) -> RunReport:
     """The report for one job: `schedule` is the compiled schedule (after its passes, the
     one `lowered` was lowered from), `times[step][rank]` the instruction times of each step
     (of every global rank: with `dp` replicas, replica 0's pipeline is measured and all of
-    them time the all-reduces) and `step_times[step]` its duration."""
+    them time the all-reduces, with `reduced[step]`, as `allreduce_seconds`) and
+    `step_times[step]` its duration."""
     replicas = times
     times = {s: {r: t[r * dp] for r in range(lowered.ranks)} for s, t in times.items()}
     steps = tuple(sorted(times))
     keep = steps[1:] if len(steps) > 1 else steps  # the first step warms up
     expanded = expand_rounds(schedule)
-    measured = tuple(measured_result(lowered, expanded, times[s]) for s in keep)
+    done = {s: {r: (reduced or {}).get(s, {}).get(r * dp, ()) for r in range(lowered.ranks)}
+            for s in keep}
+    measured = tuple(measured_result(lowered, expanded, times[s], reduced=done[s]) for s in keep)
     kept = [times[s] for s in keep]
     latency = transfer_latency(lowered, kept)
-    reduce = allreduce_seconds(lowered, [replicas[s] for s in keep], dp) if dp > 1 else {}
+    reduce = allreduce_seconds(lowered, [replicas[s] for s in keep],
+                               [(reduced or {}).get(s, {}) for s in keep], dp) if dp > 1 else {}
     return RunReport(steps, measured,
                      calibrated_prediction(lowered, measured, latency, reduce, dp),
                      calibrated_prediction(lowered, measured, 0.0, reduce, dp), latency,
@@ -145,10 +149,11 @@ def _forward(schedule: Schedule, stage: int, mb: int) -> Op:
 
 
 def measured_result(lowered: Lowered, schedule: Schedule, times: Mapping[int, Times],
-                    t_zero: float | None = None) -> SimResult:
+                    t_zero: float | None = None, reduced: Reduced | None = None) -> SimResult:
     """The measured step as a SimResult (seconds from the step's first compute instruction,
     or from `t_zero` to put several steps on one time line). `schedule` must be
-    `expand_rounds` of the compiled schedule."""
+    `expand_rounds` of the compiled schedule; an R op lasts from its post to when its
+    all-reduce finished (`reduced[rank]`, else the end of its `wait-reduce`)."""
     # NOTE: the step is timed from the first compute instruction to the last one, on any
     # rank: a rank that enters the step early only to block on a receive (its peers still
     # finishing the previous step) would otherwise stretch the step back in time.
@@ -157,10 +162,10 @@ def measured_result(lowered: Lowered, schedule: Schedule, times: Mapping[int, Ti
     first = min(t0 for t0, _ in spans)
     t_zero = first if t_zero is None else t_zero
     computed = max(t1 for _, t1 in spans)
-    # gradient reductions: from the post (reduce-grad) to the end of its wait (wait-reduce)
-    reduced = [t1 for r in times for pc, _, t1 in times[r]
-               if isinstance(lowered.program(r)[pc], WaitReduce)]
-    t_end = max([computed, *reduced])
+    # gradient reductions: from the post (reduce-grad) to the all-reduce's finish
+    finish = {r: _reduce_ends(lowered.program(r), times[r], (reduced or {}).get(r, ()))
+              for r in times}
+    t_end = max([computed, *(t for f in finish.values() for t in f.values())])
     reducing = [0.0] * lowered.ranks
     start: dict[Op, float] = {}
     end: dict[Op, float] = {}
@@ -176,7 +181,7 @@ def measured_result(lowered: Lowered, schedule: Schedule, times: Mapping[int, Ti
                 if isinstance(ins, ReduceGrad):
                     start[r_op] = t0 - t_zero
                 else:
-                    end[r_op] = t1 - t_zero
+                    end[r_op] = finish[r][ins.stage] - t_zero
                     reducing[r] += end[r_op] - start.get(r_op, end[r_op])
                 continue
             op = _op_of(ins, schedule)
@@ -245,53 +250,72 @@ def transfer_latency(lowered: Lowered, steps: Sequence[Mapping[int, Times]]) -> 
     return max(0.0, median(samples)) if samples else 0.0
 
 
-def allreduce_seconds(lowered: Lowered, steps: Sequence[Mapping[int, Times]], dp: int
-                      ) -> dict[int, float]:
-    """The measured time of each stage's gradient all-reduce (median over steps), from the
-    instruction times of all P x D ranks (`steps[k][global rank]`, global rank = pp x dp +
-    replica). A pipeline rank's reductions run one after another on its channel, from when
-    the last replica posted the first of them to when the first replica's wait for the last
-    ends; that time is shared equally among the rank's stages. Only meaningful when every
-    reduction is waited for in full, i.e. nothing overlaps them (`dp-reduce{at=end}`)."""
+#: per global rank, (stage, when its all-reduce finished) in one step (`RunResult.reduced`)
+Reduced = Mapping[int, Sequence[tuple[int, float]]]
+
+
+def _reduce_ends(prog: Sequence[Instr], times: Times, done: Sequence[tuple[int, float]]
+                 ) -> dict[int, float]:
+    """Per stage, when one rank's all-reduce of it finished: the finish its work recorded
+    (`done`), else the end of its `wait-reduce`."""
+    ends = {ins.stage: t1 for pc, _, t1 in times
+            if isinstance(ins := prog[pc], WaitReduce)}
+    ends.update(done)
+    return ends
+
+
+def allreduce_seconds(lowered: Lowered, steps: Sequence[Mapping[int, Times]],
+                      reduced: Sequence[Reduced], dp: int) -> dict[int, float]:
+    """Each stage's gradient all-reduce time as the run itself measured it (median over
+    steps), whatever overlapped it: from when the simulator starts it (on every replica, the
+    later of the end of the compute instruction before its post and the finish of the
+    reduction before it on the rank's channel) to when the last replica saw it finish.
+    `steps[k]` holds one step's instruction times of all P x D ranks (global rank = pp x dp
+    + replica), `reduced[k]` their finish times (a rank without them, e.g. on CUDA, counts the
+    end of its `wait-reduce`, later than the finish when the rank had to wait for nothing)."""
+    # NOTE: one gloo thread per group runs a rank's all-reduces in the order posted (the
+    # simulator's reduction channel), and a collective starts when every replica has started
+    # it. Timing from the compute before the post, not from the post, puts what the rank does
+    # in between (the post itself, dispatch, up to 0.7 ms on busy shared cores) in the
+    # reduction's time, as the simulator has the R op issued the moment that compute ends.
     got: dict[int, list[float]] = {}
-    for times in steps:
-        first: dict[int, list[float]] = {}  # pp rank -> per replica: its first post
-        last: dict[int, list[float]] = {}  # pp rank -> per replica: end of its last wait
-        stages: dict[int, set[int]] = {}
+    for times, done in zip(steps, reduced):
+        ready: dict[int, list[float]] = {}
+        end: dict[int, list[float]] = {}
         for g, tt in times.items():
-            pp = g // dp
-            prog = lowered.program(pp)
-            posts = [t0 for pc, t0, _ in tt if isinstance(prog[pc], ReduceGrad)]
-            ends = [t1 for pc, _, t1 in tt if isinstance(prog[pc], WaitReduce)]
-            if posts and ends:
-                first.setdefault(pp, []).append(min(posts))
-                last.setdefault(pp, []).append(max(ends))
-                stages.setdefault(pp, set()).update(
-                    prog[pc].stage for pc, _, _ in tt  # type: ignore[attr-defined]
-                    if isinstance(prog[pc], ReduceGrad))
-        for pp, starts in first.items():
-            took = min(last[pp]) - max(starts)
-            if len(starts) == dp and took > 0:
-                for s in stages[pp]:
-                    got.setdefault(s, []).append(took / len(stages[pp]))
+            prog = lowered.program(g // dp)
+            finished = _reduce_ends(prog, tt, done.get(g, ()))
+            free = issued = float("-inf")  # the channel is free; the last compute ended
+            for pc, _, t1 in tt:
+                ins = prog[pc]
+                if isinstance(ins, COMPUTE):
+                    issued = t1
+                elif isinstance(ins, ReduceGrad) and ins.stage in finished:
+                    ready.setdefault(ins.stage, []).append(max(issued, free))
+                    free = finished[ins.stage]
+                    end.setdefault(ins.stage, []).append(free)
+        for s, posted in ready.items():
+            if len(posted) == dp:
+                got.setdefault(s, []).append(max(0.0, max(end[s]) - max(posted)))
     return {s: median(v) for s, v in sorted(got.items())}
 
 
-def exposed_reduction(lowered: Lowered, times: Mapping[int, Times], dp: int) -> float:
-    """How long one measured step waits for gradient all-reduces after its compute: the end
-    of the last `wait-reduce` minus the end of the last compute instruction, over all P x D
-    ranks (`times[global rank]`), as the simulator's `exposed_reduction` (replicas that run
-    behind delay everyone's all-reduce, and count)."""
-    computed = reduced = float("-inf")
+def exposed_reduction(lowered: Lowered, times: Mapping[int, Times], dp: int,
+                      reduced: Reduced | None = None) -> float:
+    """How long one measured step waits for gradient all-reduces after its compute: when the
+    last all-reduce finished (`reduced`, as `allreduce_seconds`; else the end of its
+    `wait-reduce`) minus the end of the last compute instruction, over all P x D ranks
+    (`times[global rank]`): the simulator's `exposed_reduction` (the end of the last R minus
+    the end of the last compute op; replicas that run behind delay everyone's all-reduce,
+    and count). The waiting thread's return after the finish (its wake-up, up to 2 ms on
+    busy shared cores) is left out, as the optimizer step is: the simulator models neither."""
+    computed = reduced_at = float("-inf")
     for g, tt in times.items():
         prog = lowered.program(g // dp)
-        for pc, _, t1 in tt:
-            ins = prog[pc]
-            if isinstance(ins, WaitReduce):
-                reduced = max(reduced, t1)
-            elif isinstance(ins, COMPUTE):
-                computed = max(computed, t1)
-    return max(0.0, reduced - computed) if reduced > float("-inf") else 0.0
+        finished = _reduce_ends(prog, tt, (reduced or {}).get(g, ()))
+        reduced_at = max([reduced_at, *finished.values()])
+        computed = max([computed, *(t1 for pc, _, t1 in tt if isinstance(prog[pc], COMPUTE))])
+    return max(0.0, reduced_at - computed) if reduced_at > float("-inf") else 0.0
 
 
 def calibrated_prediction(lowered: Lowered, measured: Sequence[SimResult],

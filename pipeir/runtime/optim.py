@@ -68,6 +68,7 @@ class Optim:
         self.modules = modules
         self.distributed = distributed
         self.norm_group = None if mesh is None else mesh.pp_group
+        self.mesh = mesh
         self.optimizers: dict[int, Any] = {}
         self.schedulers: dict[int, Any] = {}
         for s, m in modules.items():
@@ -96,6 +97,8 @@ class Optim:
                 self.tied.append(_Tied(mine, src == rank,
                                        src if mesh is None else mesh.peer(src), pg))
         self._copy_tied()
+        if mesh is not None:
+            mesh.attach(modules)  # gradients as views of the all-reduce buckets
 
     # ---- set-up -------------------------------------------------------------------------------
     def _copy_tied(self) -> None:
@@ -111,6 +114,9 @@ class Optim:
 
     # ---- the step -----------------------------------------------------------------------------
     def zero_grad(self) -> None:
+        if self.mesh is not None:
+            self.mesh.zero_grad()  # in place: the gradients are views of the buckets
+            return
         for m in self.modules.values():
             m.zero_grad(set_to_none=True)
 

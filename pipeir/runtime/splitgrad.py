@@ -185,7 +185,10 @@ def backward_weight(work: WeightWork) -> None:
                 h.remove()
         for p, g in zip(params, grads):
             if g is not None:
-                p.grad = g if p.grad is None else p.grad + g
+                if p.grad is None:
+                    p.grad = g
+                else:  # in place, as autograd accumulates (the grad may be a bucket's view)
+                    p.grad.add_(g)
 
 
 def _pin(grads: Grads) -> Callable[[Grads], Grads]:

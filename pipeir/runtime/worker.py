@@ -146,7 +146,8 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
                                else None),
                     "grad_norm": st.grad_norm, "lr": st.lr, "skipped": st.skipped}
         emit(("step", index, rank if mesh is None else mesh.rank, step,
-              ctx.loss_sum if last else None, t0, t1, list(ctx.times), info))
+              ctx.loss_sum if last else None, t0, t1, list(ctx.times), info,
+              list(ctx.reduced)))
         emit(("memory", index, rank if mesh is None else mesh.rank, step, ctx.saved.peak,
               dict(ctx.saved.per_stage), dict(ctx.saved.inputs_per_stage)))
         track(index, -1)
