@@ -1,0 +1,165 @@
+"""Schedule synthesis: the fastest per-rank order of ops for a cost model and a memory budget,
+with a proven lower bound (OR-Tools CP-SAT).
+
+    problem  what is solved: ops, durations, dependencies, memory (`problem`)
+    warmstart  where the solver starts: tune's best library schedule of the same shape, the
+             Zero Bubble greedy scheduler (`zb_greedy`), one micro-batch at a time
+    model    the constraint model and its solver run
+    decompose  large sizes: solve a short pipeline, repeat its steady round
+
+`synthesize(problem)` solves one problem; `synth(costs, ranks, microbatches, ...)` is what
+`pipeirc synth` runs: it cuts the cost model into chunks like `pipeir.tune` and tries both
+placements when asked to search.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+from pipeir.config import PipelineConfig
+from pipeir.diagnostics import UsageError
+from pipeir.passes.context import CommModel
+from pipeir.schedule import Schedule
+from pipeir.sim import CostModel
+from pipeir.synth.decompose import extend, short_problem
+from pipeir.synth.model import Progress, Solved, solve
+from pipeir.synth.problem import Problem
+from pipeir.synth.warmstart import Start, starts
+
+#: Above this many ops the exact model is not expected to close; synthesis decomposes.
+EXACT_OPS = 1600
+
+Placement = Literal["loop", "vshape", "search"]
+
+
+class BudgetError(UsageError):
+    """The memory limit is below what any schedule needs; `least` is the smallest that works
+    (in the problem's unit: activations per rank, or bytes)."""
+
+    def __init__(self, limit: float, least: float):
+        self.limit, self.least = limit, least
+        super().__init__(f"no schedule fits a memory limit of {limit:g} per rank: the least "
+                         f"any schedule needs is {least:g}")
+
+
+@dataclass(frozen=True)
+class SynthResult:
+    """The best schedule found, its simulated step, the proven lower bound and how."""
+
+    problem: Problem
+    schedule: Schedule
+    step: float
+    bound: float
+    warm: Start
+    method: str
+    optimal: bool
+    wall: float
+
+    @property
+    def gap(self) -> float:
+        """How much faster than `step` an optimal schedule could at most be, as a fraction."""
+        return 0.0 if self.optimal or self.step <= 0 else max(0.0, 1 - self.bound / self.step)
+
+
+def synthesize(problem: Problem, *, tune_costs: CostModel | None = None, v: int = 1,
+               given: Schedule | None = None, time_limit: float = 60.0, workers: int = 1,
+               seed: int = 0, work_limit: float | None = None,
+               progress: Progress | None = None) -> SynthResult:
+    """Solve `problem` within `time_limit` seconds. `tune_costs` (one stage per rank) and `v`
+    let tune's library schedules warm-start it; `given` is one more warm start."""
+    t0 = time.perf_counter()
+    limit = problem.memory_limit
+    if limit is not None and limit < problem.least_memory * (1 - 1e-9):
+        raise BudgetError(limit, problem.least_memory)
+    warm = starts(problem, tune_costs, v, given)[0]
+    left = time_limit - (time.perf_counter() - t0)
+    best, bound, optimal, method = warm.schedule, problem.lower_bound(), False, "exact model"
+    step = warm.step
+    hint = warm
+    if len(problem.ops) > EXACT_OPS and problem.mb_uniform:
+        grown = _decompose(problem, tune_costs, v, left / 2, workers, seed, work_limit)
+        if grown is not None:
+            method = f"decomposed: {grown[1]}"
+            if grown[0].step < step:
+                hint = grown[0]
+                best, step = grown[0].schedule, grown[0].step
+        left = time_limit - (time.perf_counter() - t0)
+    if left > 0:
+        solved = solve(problem, hint=hint.schedule, upper=hint.step, time_limit=left,
+                       workers=workers, seed=seed, work_limit=work_limit, progress=progress)
+        bound = max(bound, solved.bound)
+        if solved.schedule is not None and solved.step is not None and solved.step < step:
+            best, step = solved.schedule, solved.step
+        optimal = solved.optimal and step <= solved.bound * (1 + 1e-9)
+    bound = min(bound, step)
+    if best.name != "synth":
+        best = problem.build(best.programs, "synth")
+    return SynthResult(problem, best, step, bound, warm, method, optimal,
+                       time.perf_counter() - t0)
+
+
+def _decompose(problem: Problem, tune_costs: CostModel | None, v: int, time_limit: float,
+               workers: int, seed: int, work_limit: float | None
+               ) -> tuple[Start, str] | None:
+    c = problem.config
+    per_mb = len(problem.ops) // c.microbatches
+    m0 = min(c.microbatches - 1, max(2 * c.stages, EXACT_OPS // per_mb))
+    small = short_problem(problem, m0)
+    warm = starts(small, tune_costs, v)[0]
+    solved = solve(small, hint=warm.schedule, upper=warm.step, time_limit=time_limit,
+                   workers=workers, seed=seed, work_limit=work_limit)
+    short = solved.schedule if solved.schedule is not None and solved.step is not None \
+        and solved.step < warm.step else warm.schedule
+    grown = extend(problem, short)
+    if grown is None:
+        return None
+    return Start("decomposition", grown.schedule, grown.step), grown.describe()
+
+
+def make_problem(costs: CostModel, ranks: int, microbatches: int, v: int = 1,
+                 placement: Literal["loop", "vshape"] = "loop", split: bool = False,
+                 comm: CommModel = "overlapped", memory_limit: float | None = None,
+                 memory_bytes: float | None = None) -> Problem:
+    """The problem for `costs` of `ranks` stages cut into `v` chunks each (as `pipeir.tune`
+    cuts them), `memory_limit` in micro-batches of one stage (1F1B needs `ranks`) or
+    `memory_bytes` per rank."""
+    from pipeir.tune import rescale
+
+    config = PipelineConfig.make(ranks, microbatches, stages=ranks * v, placement=placement)
+    chunk = rescale(costs, ranks, v)
+    if memory_bytes is not None:
+        return Problem(config, chunk, split, comm, memory_bytes, memory_bytes=True)
+    limit = None if memory_limit is None else memory_limit * v
+    return Problem(config, chunk, split, comm, limit)
+
+
+def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int = 1,
+          placement: Placement = "loop", split: bool = False, comm: CommModel = "overlapped",
+          memory_limit: float | None = None, memory_bytes: float | None = None,
+          time_limit: float = 60.0, workers: int = 1, seed: int = 0,
+          work_limit: float | None = None, progress: Progress | None = None) -> SynthResult:
+    """Synthesise a schedule for `costs` (see `make_problem`); with `placement="search"` and
+    v > 1, loop and V placement share the time and the faster result wins."""
+    shapes: list[Literal["loop", "vshape"]] = \
+        ["loop", "vshape"] if placement == "search" and v > 1 else \
+        ["vshape" if placement == "vshape" else "loop"]
+    results = []
+    for shape in shapes:
+        problem = make_problem(costs, ranks, microbatches, v, shape, split, comm,
+                               memory_limit, memory_bytes)
+        results.append(synthesize(problem, tune_costs=costs, v=v,
+                                  time_limit=time_limit / len(shapes), workers=workers,
+                                  seed=seed, work_limit=work_limit, progress=progress))
+    best = min(results, key=lambda r: r.step)
+    # the bound holds for the best placement only if it holds for every placement searched
+    bound = min(r.bound for r in results)
+    return SynthResult(best.problem, best.schedule, best.step, min(bound, best.step),
+                       min((r.warm for r in results), key=lambda w: w.step), best.method,
+                       best.optimal and bound >= best.step * (1 - 1e-9),
+                       sum(r.wall for r in results))
+
+
+__all__ = ["EXACT_OPS", "BudgetError", "Problem", "Solved", "SynthResult", "make_problem",
+           "synth", "synthesize"]
