@@ -70,10 +70,12 @@ def choose_scale(values: Iterable[float]) -> Scale:
 @dataclass(frozen=True)
 class Solved:
     """What one solver run found: the best order (None if none), its simulated step, the
-    proven bound (in time units) and whether the solver closed the gap in its model."""
+    model's objective for it, the proven bound (in time units) and whether the solver closed
+    the gap in its model."""
 
     schedule: Schedule | None
     step: float | None
+    objective: float | None
     bound: float
     optimal: bool
     wall: float
@@ -144,14 +146,15 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
     bound = solver.best_objective_bound / scale.factor if status in (
         cp_model.OPTIMAL, cp_model.FEASIBLE) else lb / scale.factor
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return Solved(None, None, bound, False, time.perf_counter() - t0, name)
+        return Solved(None, None, None, bound, False, time.perf_counter() - t0, name)
     progs: list[list[tuple[int, int, int, Op]]] = [[] for _ in range(ranks)]
     for i, op in enumerate(problem.ops):
         s = solver.value(start[op])
         progs[problem.rank(op)].append((s, s + occ[op], i, op))
     sched = problem.build([[op for *_, op in sorted(p)] for p in progs])
     step = problem.step_time(sched)
-    return Solved(sched, step, bound, status == cp_model.OPTIMAL and scale.exact,
+    return Solved(sched, step, solver.objective_value / scale.factor, bound,
+                  status == cp_model.OPTIMAL and scale.exact,
                   time.perf_counter() - t0, name)
 
 
