@@ -206,7 +206,8 @@ def test_cli_writes_a_schedule_that_simulates_to_the_reported_step(cli, tmp_path
     assert re.search(r"makespan (\S+) ms", sim).group(1) == step.group(1)  # type: ignore[union-attr]
     elab = pipeir.load(out)
     verify(elab.schedule)
-    assert max(verify(elab.schedule).peak_activations) <= 3  # the default budget: 1F1B's
+    v = elab.schedule.config.stages // 3
+    assert max(verify(elab.schedule).peak_activations) <= 3 * v  # the default budget: 1F1B's
 
 
 @pytest.mark.parametrize(("args", "message"), [

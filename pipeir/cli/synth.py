@@ -23,8 +23,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="pipeline ranks (default: the stages the cost file describes)")
     p.add_argument("--microbatches", type=int, required=True, metavar="M",
                    help="micro-batches per step")
-    p.add_argument("--v", type=int, default=1, metavar="V",
-                   help="chunks per rank: each stage is cut into V, as tune does (default 1)")
+    p.add_argument("--v", type=int, default=None, metavar="V",
+                   help="chunks per rank: each stage is cut into V, as tune does (default: "
+                        "search 1, 2 and the V of tune's best schedule)")
     p.add_argument("--placement", choices=("loop", "vshape", "search"), default="search",
                    help="where chunks live when V > 1; search tries both (default)")
     mem = p.add_mutually_exclusive_group()
@@ -75,8 +76,8 @@ def run(args: argparse.Namespace) -> int:
             raise UsageError(f"--memory-bytes {args.memory_bytes:g}: no schedule fits; the "
                              f"smallest feasible limit is --memory-bytes {e.least:g}") from None
         raise UsageError(f"--memory-limit {limit:g}: no schedule fits; the smallest feasible "
-                         f"limit is --memory-limit {e.least / args.v:g} (one micro-batch "
-                         "in flight per stage)") from None
+                         f"limit is --memory-limit {e.least / (e.limit / (limit or 1)):g} "
+                         "(one micro-batch in flight per stage)") from None
     finally:
         if progress is not None:
             progress.done()
@@ -84,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
     c = result.problem.config
     budget = f"--memory-bytes {args.memory_bytes:g}" if args.memory_bytes is not None \
         else f"--memory-limit {limit:g}"
-    print(f"synth: {c.ranks} ranks, {c.microbatches} micro-batches, v={args.v} "
+    print(f"synth: {c.ranks} ranks, {c.microbatches} micro-batches, v={c.stages // c.ranks} "
           f"({c.placement_name or 'explicit'} placement), "
           f"{'I + W' if args.split_backward else 'B'} backwards, {args.comm} communication, "
           f"{budget}")
@@ -111,7 +112,7 @@ def _check(args: argparse.Namespace, costs: Any, ranks: int | None) -> None:
                          "give --ranks P")
     known = infer_ranks(costs)
     for flag, value in (("--ranks", ranks), ("--microbatches", args.microbatches),
-                        ("--v", args.v), ("--workers", args.workers)):
+                        ("--v", 1 if args.v is None else args.v), ("--workers", args.workers)):
         if value < 1:
             raise UsageError(f"{flag} {value}: need at least 1")
     if known is not None and known > ranks:

@@ -64,16 +64,14 @@ class SynthResult:
 
 
 def synthesize(problem: Problem, *, tune_costs: CostModel | None = None, v: int = 1,
-               given: Schedule | None = None, time_limit: float = 60.0, workers: int = 1,
-               seed: int = 0, work_limit: float | None = None,
-               progress: Progress | None = None) -> SynthResult:
+               given: Schedule | None = None, warm: Start | None = None,
+               time_limit: float = 60.0, workers: int = 1, seed: int = 0,
+               work_limit: float | None = None, progress: Progress | None = None) -> SynthResult:
     """Solve `problem` within `time_limit` seconds. `tune_costs` (one stage per rank) and `v`
-    let tune's library schedules warm-start it; `given` is one more warm start."""
+    let tune's library schedules warm-start it; `given` is one more warm start; `warm` the
+    warm start already chosen (see `prepare`)."""
     t0 = time.perf_counter()
-    limit = problem.memory_limit
-    if limit is not None and limit < problem.least_memory * (1 - 1e-9):
-        raise BudgetError(limit, problem.least_memory)
-    warm = starts(problem, tune_costs, v, given)[0]
+    warm = warm if warm is not None else prepare(problem, tune_costs, v, given)
     left = time_limit - (time.perf_counter() - t0)
     best, bound, optimal, method = warm.schedule, problem.lower_bound(), False, "exact model"
     step = warm.step
@@ -86,7 +84,9 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None, v: int 
                 hint = grown[0]
                 best, step = grown[0].schedule, grown[0].step
         left = time_limit - (time.perf_counter() - t0)
-    if left > 0:
+    if step <= bound * (1 + 1e-9):
+        optimal, method = True, "the warm start meets the lower bound"
+    elif left > 0:
         solved = solve(problem, hint=hint.schedule, upper=hint.step, time_limit=left,
                        workers=workers, seed=seed, work_limit=work_limit, progress=progress)
         bound = max(bound, solved.bound)
@@ -98,6 +98,15 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None, v: int 
         best = problem.build(best.programs, "synth")
     return SynthResult(problem, best, step, bound, warm, method, optimal,
                        time.perf_counter() - t0)
+
+
+def prepare(problem: Problem, tune_costs: CostModel | None = None, v: int = 1,
+            given: Schedule | None = None) -> Start:
+    """Check the budget and choose the warm start (the fastest candidate that fits)."""
+    limit = problem.memory_limit
+    if limit is not None and limit < problem.least_memory * (1 - 1e-9):
+        raise BudgetError(limit, problem.least_memory)
+    return starts(problem, tune_costs, v, given)[0]
 
 
 def _decompose(problem: Problem, tune_costs: CostModel | None, v: int, time_limit: float,
@@ -135,31 +144,69 @@ def make_problem(costs: CostModel, ranks: int, microbatches: int, v: int = 1,
     return Problem(config, chunk, split, comm, limit)
 
 
-def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int = 1,
-          placement: Placement = "loop", split: bool = False, comm: CommModel = "overlapped",
-          memory_limit: float | None = None, memory_bytes: float | None = None,
-          time_limit: float = 60.0, workers: int = 1, seed: int = 0,
-          work_limit: float | None = None, progress: Progress | None = None) -> SynthResult:
-    """Synthesise a schedule for `costs` (see `make_problem`); with `placement="search"` and
-    v > 1, loop and V placement share the time and the faster result wins."""
-    shapes: list[Literal["loop", "vshape"]] = \
-        ["loop", "vshape"] if placement == "search" and v > 1 else \
-        ["vshape" if placement == "vshape" else "loop"]
-    results = []
-    for shape in shapes:
-        problem = make_problem(costs, ranks, microbatches, v, shape, split, comm,
-                               memory_limit, memory_bytes)
-        results.append(synthesize(problem, tune_costs=costs, v=v,
-                                  time_limit=time_limit / len(shapes), workers=workers,
-                                  seed=seed, work_limit=work_limit, progress=progress))
+def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = 1,
+          placement: Placement = "search", split: bool = False,
+          comm: CommModel = "overlapped", memory_limit: float | None = None,
+          memory_bytes: float | None = None, time_limit: float = 60.0, workers: int = 1,
+          seed: int = 0, work_limit: float | None = None,
+          progress: Progress | None = None) -> SynthResult:
+    """Synthesise a schedule for `costs` (see `make_problem`) over one or more shapes (chunks
+    per rank and placement): `v` chunks (None: 1, 2 and the v of tune's best schedule), in
+    `placement` ("search": loop and V when v > 1). Every shape gets its warm start and lower
+    bound first; shapes whose bound is no better than the best warm start are dropped, and the
+    others share the time. The bound reported holds for every shape searched."""
+    t0 = time.perf_counter()
+    problems = [make_problem(costs, ranks, microbatches, n, shape, split, comm, memory_limit,
+                             memory_bytes)
+                for n, shape in _shapes(costs, ranks, microbatches, v, placement, comm,
+                                        memory_limit if memory_bytes is None else None)]
+    warms = [prepare(p, costs, p.config.stages // ranks) for p in problems]
+    bounds = [p.lower_bound() for p in problems]
+    first = min(warms, key=lambda w: w.step)
+    live = [i for i, b in enumerate(bounds) if b < first.step * (1 - 1e-9)]
+    each = (time_limit - (time.perf_counter() - t0)) / max(1, len(live))
+    results = [synthesize(problems[i], tune_costs=costs, v=problems[i].config.stages // ranks,
+                          warm=warms[i], time_limit=each, workers=workers, seed=seed,
+                          work_limit=work_limit, progress=progress) for i in live]
+    if not results:  # a warm start already meets every shape's bound
+        i = warms.index(first)
+        results = [synthesize(problems[i], warm=first, time_limit=0.0)]
     best = min(results, key=lambda r: r.step)
-    # the bound holds for the best placement only if it holds for every placement searched
-    bound = min(r.bound for r in results)
-    return SynthResult(best.problem, best.schedule, best.step, min(bound, best.step),
-                       min((r.warm for r in results), key=lambda w: w.step), best.method,
-                       best.optimal and bound >= best.step * (1 - 1e-9),
-                       sum(r.wall for r in results))
+    bound = min(best.step, *(r.bound for r in results),
+                *(b for i, b in enumerate(bounds) if i not in live))
+    return SynthResult(best.problem, best.schedule, best.step, bound, first, best.method,
+                       bound >= best.step * (1 - 1e-9), time.perf_counter() - t0)
+
+
+def _shapes(costs: CostModel, ranks: int, microbatches: int, v: int | None,
+            placement: Placement, comm: CommModel, memory_limit: float | None
+            ) -> list[tuple[int, Literal["loop", "vshape"]]]:
+    """The (chunks per rank, placement) pairs to search."""
+    both: list[Literal["loop", "vshape"]] = ["loop", "vshape"] if placement == "search" \
+        else [placement]
+    if v is not None:
+        return [(v, "loop")] if v == 1 else [(v, shape) for shape in both]
+    out: list[tuple[int, Literal["loop", "vshape"]]] = [(1, "loop")]
+    if ranks > 1:
+        out.extend((2, shape) for shape in both)
+        best = _tune_best(costs, ranks, microbatches, comm, memory_limit)
+        if best is not None and best not in out:
+            out.append(best)
+    return out
+
+
+def _tune_best(costs: CostModel, ranks: int, microbatches: int, comm: CommModel,
+               memory_limit: float | None) -> tuple[int, Literal["loop", "vshape"]] | None:
+    """The shape of tune's fastest library schedule within the budget."""
+    from pipeir.tune import search
+
+    try:
+        best = search(costs, ranks, [microbatches], memory_limit=memory_limit,
+                      comms=(comm,)).best
+    except UsageError:
+        return None
+    return best.v, "vshape" if best.schedule.config.placement_name == "vshape" else "loop"
 
 
 __all__ = ["EXACT_OPS", "BudgetError", "Problem", "Solved", "SynthResult", "make_problem",
-           "synth", "synthesize"]
+           "prepare", "synth", "synthesize"]

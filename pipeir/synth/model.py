@@ -83,13 +83,14 @@ class Solved:
 
 
 class _Callback(cp_model.CpSolverSolutionCallback):  # type: ignore[misc]
-    def __init__(self, scale: int, progress: Progress, t0: float):
+    def __init__(self, scale: int, weight: int, progress: Progress, t0: float):
         super().__init__()
-        self.scale, self.progress, self.t0 = scale, progress, t0
+        self.scale, self.weight, self.progress, self.t0 = scale, weight, progress, t0
 
     def on_solution_callback(self) -> None:
-        self.progress(time.perf_counter() - self.t0, self.objective_value / self.scale,
-                      self.best_objective_bound / self.scale)
+        self.progress(time.perf_counter() - self.t0,
+                      int(self.objective_value) // self.weight / self.scale,
+                      math.ceil(self.best_objective_bound) // self.weight / self.scale)
 
 
 def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None = None,
@@ -123,15 +124,30 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
             if op.mb > 0:
                 prev = Op(op.kind, op.stage, op.mb - 1)
                 m.add(start[op] >= start[prev] + occ[prev])
-    _memory(problem, m, start, occ, horizon)
+    alive = _memory(problem, m, start, occ, horizon)
     span = m.new_int_var(lb, horizon, "makespan")
+    finish = [m.new_int_var(0, horizon, f"end_{r}") for r in range(ranks)]
     for op in problem.ops:
-        m.add(span >= start[op] + occ[op])
-    m.minimize(span)
+        m.add(finish[problem.rank(op)] >= start[op] + occ[op])
+    for f in finish:
+        m.add(span >= f)
+    # NOTE: lexicographic: the makespan first, then the sum of the ranks' ends, which gives
+    # the search a slope on the makespan's plateaus; `weight` keeps the first term decisive.
+    weight = ranks * horizon + 1
+    m.minimize(span * weight + sum(finish))
     if hint is not None:
         times = simulate(hint, problem.costs, comm=problem.comm).start
+        at = {op: scale.down(times[op]) for op in problem.ops}
         for op in problem.ops:
-            m.add_hint(start[op], scale.down(times[op]))
+            m.add_hint(start[op], at[op])
+        ends = [max((at[op] + occ[op] for op in problem.ops if problem.rank(op) == r),
+                    default=0) for r in range(ranks)]
+        for f, e in zip(finish, ends):
+            m.add_hint(f, e)
+        m.add_hint(span, max(ends))
+        for (f_op, rel), (size, end) in alive.items():
+            m.add_hint(end, at[rel] + occ[rel])
+            m.add_hint(size, at[rel] + occ[rel] - at[f_op])
 
     solver = cp_model.CpSolver()
     prm = solver.parameters
@@ -140,11 +156,13 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
         prm.max_deterministic_time = work_limit
     prm.num_workers = workers
     prm.random_seed = seed
-    cb = _Callback(scale.factor, progress, t0) if progress is not None else None
+    cb = _Callback(scale.factor, weight, progress, t0) if progress is not None else None
     status = solver.solve(m, cb)
     name = solver.status_name(status)
-    bound = solver.best_objective_bound / scale.factor if status in (
-        cp_model.OPTIMAL, cp_model.FEASIBLE) else lb / scale.factor
+    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    # the sum of ends is < weight, so bound // weight bounds the makespan
+    bound = max(lb, math.ceil(solver.best_objective_bound) // weight if found else lb) \
+        / scale.factor
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return Solved(None, None, None, bound, False, time.perf_counter() - t0, name)
     progs: list[list[tuple[int, int, int, Op]]] = [[] for _ in range(ranks)]
@@ -153,23 +171,36 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
         progs[problem.rank(op)].append((s, s + occ[op], i, op))
     sched = problem.build([[op for *_, op in sorted(p)] for p in progs])
     step = problem.step_time(sched)
-    return Solved(sched, step, solver.objective_value / scale.factor, bound,
+    span_value = solver.value(span)
+    return Solved(sched, step, span_value / scale.factor, bound,
                   status == cp_model.OPTIMAL and scale.exact,
                   time.perf_counter() - t0, name)
 
 
 def _memory(problem: Problem, m: cp_model.CpModel, start: dict[Op, cp_model.IntVar],
-            occ: dict[Op, int], horizon: int) -> None:
-    """The per-rank cumulative of live activations, when the limit can bind at all."""
+            occ: dict[Op, int], horizon: int
+            ) -> dict[tuple[Op, Op], tuple[cp_model.IntVar, cp_model.IntVar]]:
+    """The per-rank cumulative of live activations, when the limit can bind at all; returns
+    the (size, end) variables of each activation's interval, by (its F, its release op)."""
+    out: dict[tuple[Op, Op], tuple[cp_model.IntVar, cp_model.IntVar]] = {}
     limit = problem.memory_limit
     if limit is None:
-        return
+        return out
     c = problem.config
+    cap = math.floor(limit + 1e-9)
     for r in range(c.ranks):
         stages = c.stages_of(r)
         demand = {s: math.ceil(problem.weight(s) - 1e-9) for s in stages}
         if sum(demand.values()) * c.microbatches <= limit:
             continue
+        if problem.mb_uniform:
+            # implied: one stage alone holds at most cap // demand activations, so with
+            # micro-batches in order F(s, mb) waits for the release of mb - that many
+            for s in stages:
+                k = cap // demand[s] if demand[s] else c.microbatches
+                for mb in range(k, c.microbatches):
+                    rel = problem.release_op(s, mb - k)
+                    m.add(start[Op("F", s, mb)] >= start[rel] + occ[rel])
         alive, need = [], []
         for s in stages:
             for mb in range(c.microbatches):
@@ -179,4 +210,6 @@ def _memory(problem: Problem, m: cp_model.CpModel, start: dict[Op, cp_model.IntV
                 m.add(end == start[rel] + occ[rel])
                 alive.append(m.new_interval_var(start[f], size, end, f"a_{s}_{mb}"))
                 need.append(demand[s])
-        m.add_cumulative(alive, need, math.floor(limit + 1e-9))
+                out[f, rel] = (size, end)
+        m.add_cumulative(alive, need, cap)
+    return out

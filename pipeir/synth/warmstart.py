@@ -7,6 +7,7 @@ only when within the memory limit:
 * `pipeir.tune`'s library schedules with its passes, at the same ranks, micro-batches, chunks
   and communication model;
 * the Zero Bubble paper's greedy scheduler (`zb_greedy`), for split one-stage-per-rank runs;
+* a memory-aware list scheduler (`greedy`), for shapes no library schedule fits;
 * an input schedule, when synth runs as a pass;
 * one micro-batch at a time, which fits any budget the problem can meet at all.
 
@@ -21,6 +22,7 @@ from pipeir.diagnostics import PipeirError
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel
+from pipeir.synth.greedy import greedy
 from pipeir.synth.problem import Problem
 from pipeir.synth.zb_greedy import zb_greedy
 
@@ -99,6 +101,8 @@ def starts(problem: Problem, costs: CostModel | None = None, v: int = 1,
         s = conform(problem, given)
         if s is not None and problem.fits(s):
             out.append(Start(f"input {given.name}", s, problem.step_time(s)))
+    for g in greedy(problem):
+        out.append(Start(f"list scheduler ({g.name[7:].upper()})", g, problem.step_time(g)))
     seq = sequential(problem)
     if problem.fits(seq):
         out.append(Start("one micro-batch at a time", seq, problem.step_time(seq)))
