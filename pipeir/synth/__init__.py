@@ -15,8 +15,9 @@ placements when asked to search.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pipeir.config import PipelineConfig
 from pipeir.diagnostics import UsageError
@@ -26,10 +27,10 @@ from pipeir.sim import CostModel
 from pipeir.synth.decompose import extend, short_problem
 from pipeir.synth.model import Progress, Solved, solve
 from pipeir.synth.problem import Problem
-from pipeir.synth.warmstart import Start, starts
+from pipeir.synth.warmstart import EXACT_OPS, MAX_OPS, Start, library, starts
 
-#: Above this many ops the exact model is not expected to close; synthesis decomposes.
-EXACT_OPS = 1600
+if TYPE_CHECKING:
+    from pipeir.tune import Candidate
 
 Placement = Literal["loop", "vshape", "search"]
 
@@ -63,21 +64,23 @@ class SynthResult:
         return 0.0 if self.optimal or self.step <= 0 else max(0.0, 1 - self.bound / self.step)
 
 
-def synthesize(problem: Problem, *, tune_costs: CostModel | None = None, v: int = 1,
+def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
                given: Schedule | None = None, warm: Start | None = None,
                time_limit: float = 60.0, workers: int = 1, seed: int = 0,
-               work_limit: float | None = None, progress: Progress | None = None) -> SynthResult:
-    """Solve `problem` within `time_limit` seconds. `tune_costs` (one stage per rank) and `v`
-    let tune's library schedules warm-start it; `given` is one more warm start; `warm` the
-    warm start already chosen (see `prepare`)."""
+               work_limit: float | None = None, progress: Progress | None = None,
+               decompose: bool = True) -> SynthResult:
+    """Solve `problem` within `time_limit` seconds. `tune_costs` (the costs of one stage per
+    rank, which the problem's cut into chunks) let tune's library schedules warm-start it;
+    `given` is one more warm start; `warm` the warm start already chosen (see `prepare`);
+    `decompose=False` goes straight to the full model even for large problems."""
     t0 = time.perf_counter()
-    warm = warm if warm is not None else prepare(problem, tune_costs, v, given)
+    warm = warm if warm is not None else prepare(problem, _library(problem, tune_costs), given)
     left = time_limit - (time.perf_counter() - t0)
     best, bound, optimal, method = warm.schedule, problem.lower_bound(), False, "exact model"
     step = warm.step
     hint = warm
-    if len(problem.ops) > EXACT_OPS and problem.mb_uniform:
-        grown = _decompose(problem, tune_costs, v, left / 2, workers, seed, work_limit)
+    if decompose and len(problem.ops) > EXACT_OPS and problem.mb_uniform:
+        grown = _decompose(problem, tune_costs, left / 2, workers, seed, work_limit)
         if grown is not None:
             method = f"decomposed: {grown[1]}"
             if grown[0].step < step:
@@ -86,6 +89,8 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None, v: int 
         left = time_limit - (time.perf_counter() - t0)
     if step <= bound * (1 + 1e-9):
         optimal, method = True, "the warm start meets the lower bound"
+    elif len(problem.ops) > MAX_OPS:
+        method = f"the warm start: over {MAX_OPS} ops is too large for the model"
     elif left > 0:
         solved = solve(problem, hint=hint.schedule, upper=hint.step, time_limit=left,
                        workers=workers, seed=seed, work_limit=work_limit, progress=progress)
@@ -100,23 +105,30 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None, v: int 
                        time.perf_counter() - t0)
 
 
-def prepare(problem: Problem, tune_costs: CostModel | None = None, v: int = 1,
+def prepare(problem: Problem, candidates: Sequence[Candidate] = (),
             given: Schedule | None = None) -> Start:
     """Check the budget and choose the warm start (the fastest candidate that fits)."""
     limit = problem.memory_limit
     if limit is not None and limit < problem.least_memory * (1 - 1e-9):
         raise BudgetError(limit, problem.least_memory)
-    return starts(problem, tune_costs, v, given)[0]
+    return starts(problem, candidates, given)[0]
 
 
-def _decompose(problem: Problem, tune_costs: CostModel | None, v: int, time_limit: float,
+def _library(problem: Problem, tune_costs: CostModel | None) -> list[Candidate]:
+    c = problem.config
+    if tune_costs is None:
+        return []
+    return library(tune_costs, c.ranks, c.microbatches, problem.comm, c.stages // c.ranks)
+
+
+def _decompose(problem: Problem, tune_costs: CostModel | None, time_limit: float,
                workers: int, seed: int, work_limit: float | None
                ) -> tuple[Start, str] | None:
     c = problem.config
     per_mb = len(problem.ops) // c.microbatches
     m0 = min(c.microbatches - 1, max(2 * c.stages, EXACT_OPS // per_mb))
     small = short_problem(problem, m0)
-    warm = starts(small, tune_costs, v)[0]
+    warm = starts(small, _library(small, tune_costs))[0]
     solved = solve(small, hint=warm.schedule, upper=warm.step, time_limit=time_limit,
                    workers=workers, seed=seed, work_limit=work_limit)
     short = solved.schedule if solved.schedule is not None and solved.step is not None \
@@ -156,32 +168,47 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = 1,
     bound first; shapes whose bound is no better than the best warm start are dropped, and the
     others share the time. The bound reported holds for every shape searched."""
     t0 = time.perf_counter()
+    candidates = library(costs, ranks, microbatches, comm, 8 if v is None else v)
     problems = [make_problem(costs, ranks, microbatches, n, shape, split, comm, memory_limit,
                              memory_bytes)
-                for n, shape in _shapes(costs, ranks, microbatches, v, placement, comm,
+                for n, shape in _shapes(candidates, ranks, v, placement,
                                         memory_limit if memory_bytes is None else None)]
-    warms = [prepare(p, costs, p.config.stages // ranks) for p in problems]
+    warms = [prepare(p, candidates) for p in problems]
     bounds = [p.lower_bound() for p in problems]
     first = min(warms, key=lambda w: w.step)
     live = [i for i, b in enumerate(bounds) if b < first.step * (1 - 1e-9)]
-    each = (time_limit - (time.perf_counter() - t0)) / max(1, len(live))
-    results = [synthesize(problems[i], tune_costs=costs, v=problems[i].config.stages // ranks,
-                          warm=warms[i], time_limit=each, workers=workers, seed=seed,
-                          work_limit=work_limit, progress=progress) for i in live]
-    if not results:  # a warm start already meets every shape's bound
+    if not live:  # a warm start already meets every shape's bound
         i = warms.index(first)
-        results = [synthesize(problems[i], warm=first, time_limit=0.0)]
-    best = min(results, key=lambda r: r.step)
-    bound = min(best.step, *(r.bound for r in results),
-                *(b for i, b in enumerate(bounds) if i not in live))
+        live, bounds[i] = [i], first.step
+    # NOTE: two rounds. Every live shape gets a share of a third of the time; the rest goes
+    # to the shape that is fastest then, continuing from its best schedule.
+    share = (time_limit - (time.perf_counter() - t0)) / 3 / len(live)
+    results = {i: synthesize(problems[i], tune_costs=costs, warm=warms[i], time_limit=share,
+                             workers=workers, seed=seed, work_limit=work_limit,
+                             progress=progress) for i in live}
+    lead = min(results, key=lambda i: results[i].step)
+    first_round = results[lead]
+    left = time_limit - (time.perf_counter() - t0)
+    if left > 0 and not first_round.optimal:
+        again = synthesize(problems[lead], warm=Start(first_round.method, first_round.schedule,
+                                                      first_round.step),
+                           time_limit=left, workers=workers, seed=seed, work_limit=work_limit,
+                           progress=progress, decompose=False)
+        results[lead] = SynthResult(again.problem, again.schedule, again.step,
+                                    max(again.bound, first_round.bound), first_round.warm,
+                                    first_round.method, again.optimal, again.wall)
+    best = results[min(results, key=lambda i: results[i].step)]
+    bound = min(best.step, *(r.bound for r in results.values()),
+                *(b for i, b in enumerate(bounds) if i not in results))
     return SynthResult(best.problem, best.schedule, best.step, bound, first, best.method,
                        bound >= best.step * (1 - 1e-9), time.perf_counter() - t0)
 
 
-def _shapes(costs: CostModel, ranks: int, microbatches: int, v: int | None,
-            placement: Placement, comm: CommModel, memory_limit: float | None
+def _shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
+            placement: Placement, memory_limit: float | None
             ) -> list[tuple[int, Literal["loop", "vshape"]]]:
-    """The (chunks per rank, placement) pairs to search."""
+    """The (chunks per rank, placement) pairs to search: `v` in `placement`, or with v None,
+    1, 2 in both placements and the shape of tune's fastest candidate within the budget."""
     both: list[Literal["loop", "vshape"]] = ["loop", "vshape"] if placement == "search" \
         else [placement]
     if v is not None:
@@ -189,23 +216,15 @@ def _shapes(costs: CostModel, ranks: int, microbatches: int, v: int | None,
     out: list[tuple[int, Literal["loop", "vshape"]]] = [(1, "loop")]
     if ranks > 1:
         out.extend((2, shape) for shape in both)
-        best = _tune_best(costs, ranks, microbatches, comm, memory_limit)
-        if best is not None and best not in out:
-            out.append(best)
+        fits = [c for c in candidates
+                if memory_limit is None or c.peak_memory <= memory_limit + 1e-9]
+        if fits:
+            best = min(fits, key=lambda c: c.sort_key())
+            shape = (best.v, "vshape" if best.schedule.config.placement_name == "vshape"
+                     else "loop")
+            if shape not in out:
+                out.append(shape)  # type: ignore[arg-type]
     return out
-
-
-def _tune_best(costs: CostModel, ranks: int, microbatches: int, comm: CommModel,
-               memory_limit: float | None) -> tuple[int, Literal["loop", "vshape"]] | None:
-    """The shape of tune's fastest library schedule within the budget."""
-    from pipeir.tune import search
-
-    try:
-        best = search(costs, ranks, [microbatches], memory_limit=memory_limit,
-                      comms=(comm,)).best
-    except UsageError:
-        return None
-    return best.v, "vshape" if best.schedule.config.placement_name == "vshape" else "loop"
 
 
 __all__ = ["EXACT_OPS", "BudgetError", "Problem", "Solved", "SynthResult", "make_problem",

@@ -13,6 +13,8 @@ anyway, and variants that fail are dropped.
 
 from __future__ import annotations
 
+import random
+
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
 from pipeir.sim.engine import Timing
@@ -22,28 +24,39 @@ from pipeir.synth.problem import Problem
 PRIORITIES = ("IFW", "IWF", "FIW")
 
 
-def greedy(problem: Problem) -> list[Schedule]:
-    """The valid schedules of every priority variant (needs equal micro-batch costs)."""
+def greedy(problem: Problem, seed: int = 0, work: int = 400_000) -> list[Schedule]:
+    """The valid schedules of every priority variant (needs equal micro-batch costs), and of
+    randomised ones: kind priorities jittered at every choice, as many runs as about `work`
+    candidate looks allow (a GRASP-style restart; cheap next to the solver, and the solver
+    starts from whichever is fastest)."""
     if not problem.mb_uniform:
         return []
+    c = problem.config
+    looks = len(problem.ops) * c.stages * (3 if problem.split else 2)
+    rng = random.Random(seed)
+    runs: list[tuple[str, random.Random | None]] = [(prio, None) for prio in PRIORITIES]
+    runs += [(rng.choice(PRIORITIES), random.Random(rng.random()))
+             for _ in range(min(40, work // max(1, looks)))]
     out = []
-    for prio in PRIORITIES:
-        progs = _run(problem, prio)
+    for prio, jitter in runs:
+        progs = _run(problem, prio, jitter)
         if progs is None:
             continue
-        s = problem.build(progs, f"greedy_{prio.lower()}")
+        s = problem.build(progs, f"greedy_{prio.lower()}{'_random' if jitter else ''}")
         if Timing(s, problem.costs, problem.comm).complete and problem.fits(s):
             out.append(s)
     return out
 
 
-def _run(problem: Problem, prio: str) -> list[list[Op]] | None:
+def _run(problem: Problem, prio: str, jitter: random.Random | None = None
+         ) -> list[list[Op]] | None:
     c = problem.config
     occ = problem.occupation
     delay = {(p, q): h for p, q, h in problem.edges}
     rank_of = problem.rank
     kinds = ("F", "I", "W") if problem.split else ("F", "B")
-    order = {k: i for i, k in enumerate(prio.replace("I", "I" if problem.split else "B"))}
+    base = {k: float(i) for i, k in enumerate(prio.replace("I", "I" if problem.split else "B"))}
+    order = dict(base)
     queues = [[(k, s) for s in reversed(c.stages_of(r)) for k in kinds] for r in range(c.ranks)]
     nxt = {(k, s): 0 for k in kinds for s in range(c.stages)}
     end: dict[Op, float] = {}
@@ -56,6 +69,8 @@ def _run(problem: Problem, prio: str) -> list[list[Op]] | None:
     progs: list[list[Op]] = [[] for _ in range(c.ranks)]
     total = len(problem.ops)
     while sum(map(len, progs)) < total:
+        if jitter is not None:
+            order = {k: v + jitter.uniform(0, 1.5) for k, v in base.items()}
         best: tuple[float, int, int, int, Op] | None = None
         for r in range(c.ranks):
             for k, s in queues[r]:

@@ -16,7 +16,9 @@ The fastest under the simulator is the warm start; synth never returns anything 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
 
 from pipeir.diagnostics import PipeirError
 from pipeir.ops import Op
@@ -25,6 +27,18 @@ from pipeir.sim import CostModel
 from pipeir.synth.greedy import greedy
 from pipeir.synth.problem import Problem
 from pipeir.synth.zb_greedy import zb_greedy
+
+if TYPE_CHECKING:
+    from pipeir.passes.context import CommModel
+    from pipeir.tune import Candidate
+
+#: Above this many ops the exact model is not expected to close; synthesis decomposes, and
+#: the list scheduler (slow in Python at that size) is left out.
+EXACT_OPS: Final = 1600
+
+#: Above this many ops synthesis only picks among warm starts: building the model would take
+#: longer than the search is worth.
+MAX_OPS: Final = 8000
 
 
 @dataclass(frozen=True)
@@ -68,32 +82,35 @@ def sequential(problem: Problem) -> Schedule:
     return problem.build(progs, "sequential")
 
 
-def library_starts(problem: Problem, costs: CostModel, v: int) -> list[Start]:
-    """tune's candidates (at `costs` for one stage per rank, `v` chunks) that fit."""
+def library(costs: CostModel, ranks: int, microbatches: int, comm: CommModel,
+            max_v: int) -> list[Candidate]:
+    """tune's candidates (within any budget) for `costs` of one stage per rank."""
     from pipeir.tune import search
 
-    c = problem.config
     try:
-        result = search(costs, c.ranks, [c.microbatches], max_v=v, comms=(problem.comm,))
+        result = search(costs, ranks, [microbatches], max_v=max_v, comms=(comm,))
     except PipeirError:
         return []
+    return [*result.ranked, *result.over_limit]
+
+
+def library_starts(problem: Problem, candidates: Sequence[Candidate]) -> list[Start]:
+    """The candidates that have the problem's shape, made to fit it, within its budget."""
     out = []
-    for cand in [*result.ranked, *result.over_limit]:
-        if cand.v != v:
-            continue
+    for cand in candidates:
         s = conform(problem, cand.schedule)
         if s is not None and problem.fits(s):
-            label = cand.family + (f" v={v}" if v > 1 else "") + \
+            label = cand.family + (f" v={cand.v}" if cand.v > 1 else "") + \
                 (f" + {cand.passes}" if cand.passes else "")
             out.append(Start(label, s, problem.step_time(s)))
     return out
 
 
-def starts(problem: Problem, costs: CostModel | None = None, v: int = 1,
+def starts(problem: Problem, candidates: Sequence[Candidate] = (),
            given: Schedule | None = None) -> list[Start]:
-    """Every candidate within the budget, fastest first (never empty when the budget is at
-    least `problem.least_memory`). `costs`: the one-stage-per-rank costs tune searches with."""
-    out = library_starts(problem, costs, v) if costs is not None else []
+    """Every warm start within the budget, fastest first (never empty when the budget is at
+    least `problem.least_memory`). `candidates`: tune's (see `library`)."""
+    out = library_starts(problem, candidates)
     zb = zb_greedy(problem)
     if zb is not None and problem.fits(zb):
         out.append(Start("zb greedy", zb, problem.step_time(zb)))
@@ -101,8 +118,10 @@ def starts(problem: Problem, costs: CostModel | None = None, v: int = 1,
         s = conform(problem, given)
         if s is not None and problem.fits(s):
             out.append(Start(f"input {given.name}", s, problem.step_time(s)))
-    for g in greedy(problem):
-        out.append(Start(f"list scheduler ({g.name[7:].upper()})", g, problem.step_time(g)))
+    if len(problem.ops) <= EXACT_OPS:
+        for g in greedy(problem):
+            name = g.name[7:].upper().replace("_RANDOM", ", randomised")
+            out.append(Start(f"list scheduler ({name})", g, problem.step_time(g)))
     seq = sequential(problem)
     if problem.fits(seq):
         out.append(Start("one micro-batch at a time", seq, problem.step_time(seq)))
