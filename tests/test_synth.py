@@ -115,6 +115,16 @@ def test_scale_is_exact_for_decimal_costs_and_rounds_down_otherwise() -> None:
     assert not odd.exact and odd.down(1 / 3) <= odd.factor / 3
 
 
+def test_progress_reports_each_improvement_with_its_bound() -> None:
+    problem = make_problem(HETERO, 3, 6, split=True, memory_limit=3)
+    seen: list[tuple[float, float, float]] = []
+    got = synthesize(problem, time_limit=20, progress=lambda *x: seen.append(x))
+    assert seen, "the warm start is improved on here"
+    assert all(bound <= best + 1e-9 for _, best, bound in seen)
+    assert [best for _, best, _ in seen] == sorted((b for _, b, _ in seen), reverse=True)
+    assert seen[-1][1] >= got.step - 1e-9  # the model's objective, >= the simulated step
+
+
 def test_same_seed_same_schedule_with_one_worker() -> None:
     problem = make_problem(HETERO, 3, 5, split=True, memory_limit=3)
     a = synthesize(problem, time_limit=30, workers=1, seed=7)

@@ -156,7 +156,7 @@ def make_problem(costs: CostModel, ranks: int, microbatches: int, v: int = 1,
     return Problem(config, chunk, split, comm, limit)
 
 
-def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = 1,
+def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = None,
           placement: Placement = "search", split: bool = False,
           comm: CommModel = "overlapped", memory_limit: float | None = None,
           memory_bytes: float | None = None, time_limit: float = 60.0, workers: int = 1,
