@@ -19,13 +19,14 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TypeVar
 
+import networkx as nx
+
 from pipeir.config import PipelineConfig
 from pipeir.diagnostics import UsageError
 from pipeir.ops import Op
 from pipeir.passes.context import CommModel
 from pipeir.schedule import Schedule, data_predecessors
 from pipeir.sim import CostModel, simulate
-from pipeir.sim.engine import _topological as topological
 from pipeir.verify import live_activations
 
 T = TypeVar("T", int, float)
@@ -168,9 +169,10 @@ def longest_paths(ops: Sequence[Op], edges: Sequence[tuple[Op, Op, T]], occ: Map
     for p, q, h in edges:
         succ[p].append((q, h))
         pred[q].append((p, h))
-    index = {op: i for i, op in enumerate(ops)}
-    order = [ops[i] for i in topological([[index[p] for p, _ in pred[op]] for op in ops],
-                                         len(ops))]
+    g: nx.DiGraph = nx.DiGraph()
+    g.add_nodes_from(ops)
+    g.add_edges_from((p, q) for p, q, _ in edges)
+    order: list[Op] = list(nx.topological_sort(g))
     head: dict[Op, T] = {}
     for op in order:
         head[op] = max((head[p] + occ[p] + h for p, h in pred[op]), default=zero)
