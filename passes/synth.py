@@ -9,6 +9,9 @@ NOTE (guarantees). The input is one of the warm starts, so the result is never s
 the input under the context's costs, and never holds more activations per rank than
 `memory_limit`, which defaults to the pipeline's own `memory_limit`, or else the input's
 peak: the pass never trades memory for time unless asked to.
+
+It refuses inputs with memory ops (FC/RC/OFF/RELOAD) or gradient reductions (R): run
+`recompute`, `offload` and `dp-reduce` after it (`synth,dp-reduce`).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import ClassVar
 
 from pipeir.passes.base import OptionError, Pass
 from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
+from pipeir.passes.dp_reduce import reject_reductions
+from pipeir.passes.memory import reject_memory_ops
 from pipeir.schedule import Schedule
 
 
@@ -49,6 +54,10 @@ class Synth(Pass):
         from pipeir.synth import Problem, synthesize
         from pipeir.verify import memory_report
 
+        # NOTE: the model orders F/B/I/W ops only; memory ops change what a rank holds and
+        # reductions follow the weight gradients, so both are added after synth, not kept.
+        reject_memory_ops(schedule, self.name)
+        reject_reductions(schedule, self.name)
         c = schedule.config
         limit = self.memory_limit or c.memory_limit or \
             max(memory_report(schedule).peak_activations, default=1)

@@ -199,6 +199,20 @@ def test_pass_option_errors() -> None:
         pipeir.compile(pipeir.library.get("1f1b", 2, 4), "synth{time_limit=0}")
 
 
+@pytest.mark.parametrize(("before", "message"), [
+    ("recompute{all=true}", "synth works on F/B/I/W schedules, but this one has FC"),
+    ("dp-reduce", "the input has gradient reductions (R ops)"),
+])
+def test_pass_refuses_memory_ops_and_reductions(before: str, message: str) -> None:
+    """The model orders F/B/I/W; memory ops and R ops are placed after it, never dropped."""
+    s = pipeir.compile(pipeir.library.get("1f1b", 2, 4), before).schedule
+    with pytest.raises(pipeir.UsageError, match=re.escape(message)):
+        pipeir.compile(s, "synth{time_limit=1}")
+    out = pipeir.compile(pipeir.library.get("1f1b", 2, 4),
+                         f"synth{{time_limit=1}},{before}").schedule
+    assert any(op.kind in ("FC", "R") for op in out)
+
+
 # ---- the command line ------------------------------------------------------------------------
 def test_cli_writes_a_schedule_that_simulates_to_the_reported_step(cli, tmp_path: Path) -> None:
     costs = tmp_path / "c.toml"
@@ -224,9 +238,12 @@ def test_cli_writes_a_schedule_that_simulates_to_the_reported_step(cli, tmp_path
     (("--memory-limit", "0.5"), "smallest feasible limit is --memory-limit 1"),
     (("--memory-limit", "0.75", "--v", "2"), "smallest feasible limit is --memory-limit 1"),
     (("--memory-bytes", "1e9"), "needs activation sizes in the cost file"),
-    (("--time-limit", "0"), "--time-limit 0: need a positive number"),
+    (("--time-limit", "0"), "argument --time-limit: expected a positive number, got 0"),
+    (("--time-limit", "nan"), "argument --time-limit: expected a positive number, got nan"),
     (("--ranks", "2"), "the costs describe 4 stages"),
-    (("--v", "0"), "--v 0: need at least 1"),
+    (("--v", "0"), "argument --v: expected a positive integer, got 0"),
+    (("--workers", "x"), "argument --workers: expected a positive integer, got 'x'"),
+    (("-o", "/nonexistent/dir/out.sched"), "-o /nonexistent/dir/out.sched: directory"),
 ])
 def test_cli_errors_are_clear(cli, args: tuple[str, ...], message: str) -> None:
     code, _out, err = cli("synth", "--costs", REPO / "examples/costs/compute-bound.toml",
@@ -243,6 +260,16 @@ def test_cli_bytes_budget_names_the_least_bytes(cli, tmp_path: Path) -> None:
     code, _out, err = cli("synth", "--costs", costs, "--microbatches", 4, "--memory-bytes",
                          1000, "--time-limit", 5)
     assert code == 0, err
+
+
+def test_cli_refuses_data_parallel_costs_before_searching(cli, tmp_path: Path) -> None:
+    costs = tmp_path / "c.toml"
+    costs.write_text("F = 1.0\ndp = 2\n")
+    out = tmp_path / "out.sched"
+    code, _out, err = cli("synth", "--costs", costs, "--ranks", 2, "--microbatches", 4,
+                          "-o", out)
+    assert code == 2 and "does not model gradient all-reduces" in err, err
+    assert err.count("\n") <= 2 and not out.exists()
 
 
 def test_cli_bad_cost_file_gets_the_cost_file_error(cli, tmp_path: Path) -> None:

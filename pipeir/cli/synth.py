@@ -7,8 +7,9 @@ import argparse
 import sys
 from typing import Any
 
+from pipeir.cli.common import positive_float, positive_int
 from pipeir.diagnostics import Span, UsageError
-from pipeir.files import write_atomic
+from pipeir.files import resolve_output, write_atomic
 
 ORDER = 115
 NAME = "synth"
@@ -19,32 +20,32 @@ HELP = ("synthesise the fastest schedule for a cost file and a memory budget, wi
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--costs", required=True, metavar="FILE",
                    help="JSON or TOML cost file (what `pipeirc profile` writes)")
-    p.add_argument("--ranks", type=int, metavar="P",
+    p.add_argument("--ranks", type=positive_int, metavar="P",
                    help="pipeline ranks (default: the stages the cost file describes)")
-    p.add_argument("--microbatches", type=int, required=True, metavar="M",
+    p.add_argument("--microbatches", type=positive_int, required=True, metavar="M",
                    help="micro-batches per step")
-    p.add_argument("--v", type=int, default=None, metavar="V",
+    p.add_argument("--v", type=positive_int, default=None, metavar="V",
                    help="chunks per rank: each stage is cut into V, as tune does (default: "
                         "search 1, 2 and the V of tune's best schedule)")
     p.add_argument("--placement", choices=("loop", "vshape", "search"), default="search",
                    help="where chunks live when V > 1; search tries both (default)")
     mem = p.add_mutually_exclusive_group()
-    mem.add_argument("--memory-limit", type=float, metavar="K",
+    mem.add_argument("--memory-limit", type=positive_float, metavar="K",
                      help="most activations a rank may hold, in micro-batches of one stage "
                           "(1F1B needs P; the default)")
-    mem.add_argument("--memory-bytes", type=float, metavar="B",
+    mem.add_argument("--memory-bytes", type=positive_float, metavar="B",
                      help="most activation bytes a rank may hold (needs memory_bytes costs)")
     p.add_argument("--split-backward", action="store_true",
                    help="order I and W separately (zero-bubble schedules) instead of B")
     p.add_argument("--comm", choices=("overlapped", "blocking"), default="overlapped",
                    help="communication model (default: %(default)s)")
-    p.add_argument("--time-limit", type=float, default=60.0, metavar="S",
+    p.add_argument("--time-limit", type=positive_float, default=60.0, metavar="S",
                    help="seconds the search may take (default 60)")
-    p.add_argument("--work-limit", type=float, metavar="D",
+    p.add_argument("--work-limit", type=positive_float, metavar="D",
                    help="also stop after D deterministic seconds of solver work: with one "
                         "worker the result then no longer depends on machine load")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="solver seed (default 0)")
-    p.add_argument("--workers", type=int, default=2, metavar="N",
+    p.add_argument("--workers", type=positive_int, default=2, metavar="N",
                    help="solver threads (default 2; 1 is deterministic)")
     p.add_argument("-o", "--output", metavar="OUT", help="write the schedule to OUT")
 
@@ -57,6 +58,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.tune import infer_ranks
     from pipeir.verify import verify
 
+    if args.output:
+        resolve_output(args.output, "-o")  # before the search, not after it
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
     costs = CostModel.from_settings(settings)
     ranks = args.ranks if args.ranks is not None else infer_ranks(costs)
@@ -98,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output:
         verify(result.schedule)
         write_atomic(args.output, print_schedule(result.schedule,
-                                                 result.problem.costs.settings()))
+                                                 result.problem.costs.settings()), "-o")
         hint = " --comm blocking" if args.comm == "blocking" else ""
         print(f"wrote {args.output} (pipeirc simulate {args.output}{hint})")
     return 0
@@ -111,21 +114,13 @@ def _check(args: argparse.Namespace, costs: Any, ranks: int | None) -> None:
         raise UsageError(f"{args.costs} has no per-stage costs to tell the number of stages; "
                          "give --ranks P")
     known = infer_ranks(costs)
-    for flag, value in (("--ranks", ranks), ("--microbatches", args.microbatches),
-                        ("--v", 1 if args.v is None else args.v), ("--workers", args.workers)):
-        if value < 1:
-            raise UsageError(f"{flag} {value}: need at least 1")
     if known is not None and known > ranks:
         raise UsageError(f"the costs describe {known} stages (stage.{known - 1}.* is set) but "
                          f"--ranks is {ranks}; synth runs one model stage per rank")
-    if args.time_limit <= 0:
-        raise UsageError(f"--time-limit {args.time_limit:g}: need a positive number of seconds")
-    if args.work_limit is not None and args.work_limit <= 0:
-        raise UsageError(f"--work-limit {args.work_limit:g}: need a positive number")
-    if args.memory_limit is not None and args.memory_limit <= 0:
-        raise UsageError(f"--memory-limit {args.memory_limit:g}: need a positive number")
-    if args.memory_bytes is not None and args.memory_bytes <= 0:
-        raise UsageError(f"--memory-bytes {args.memory_bytes:g}: need a positive number")
+    if costs.dp > 1:
+        raise UsageError(f"{args.costs}: dp = {costs.dp}: synth orders one pipeline replica "
+                         "and does not model gradient all-reduces; synthesise with dp = 1, "
+                         "then add them with `pipeirc opt OUT --passes dp-reduce`")
     if costs.mb or costs.stage_mb:
         given = max([*costs.mb, *(m for _, m in costs.stage_mb)]) + 1
         if given > args.microbatches:

@@ -52,6 +52,7 @@ class Start:
 
 def conform(problem: Problem, schedule: Schedule) -> Schedule | None:
     """`schedule` as an order of exactly the problem's ops, or None if it has another shape."""
+    from pipeir.passes.manager import PassManager
     from pipeir.passes.merge_backward import MergeBackward
     from pipeir.passes.split_backward import split_in_place
 
@@ -60,10 +61,12 @@ def conform(problem: Problem, schedule: Schedule) -> Schedule | None:
             (mine.ranks, mine.microbatches, mine.stages, mine.placement):
         return None
     kinds = {op.kind for op in schedule}
+    if not kinds <= {"F", "B", "I", "W"}:
+        return None  # memory ops or reductions: not an order of the model's ops
     if problem.split and "B" in kinds:
         schedule = split_in_place(schedule)
     elif not problem.split and "I" in kinds:
-        schedule = MergeBackward().run(schedule)
+        schedule = PassManager([MergeBackward()], verify_each=False).run(schedule)
     if set(schedule) != set(problem.ops):
         return None
     return problem.build(schedule.programs, schedule.name)  # pairs run in turn
@@ -88,7 +91,8 @@ def library(costs: CostModel, ranks: int, microbatches: int, comm: CommModel,
     from pipeir.tune import search
 
     try:
-        result = search(costs, ranks, [microbatches], max_v=max_v, comms=(comm,))
+        # dp=1: the model has no gradient reductions, so neither may its warm starts
+        result = search(costs, ranks, [microbatches], max_v=max_v, comms=(comm,), dp=1)
     except PipeirError:
         return []
     return [*result.ranked, *result.over_limit]
