@@ -68,41 +68,44 @@ def _run(problem: Problem, prio: str, jitter: random.Random | None = None
     left = {}  # (rank, mb) -> release ops still to run there
     progs: list[list[Op]] = [[] for _ in range(c.ranks)]
     total = len(problem.ops)
+
+    def ready(k: str, s: int) -> tuple[Op, float] | None:
+        """The next op of kind `k` on stage `s` and the earliest it can start, if its inputs
+        have run and (for a micro-batch entering its rank) its memory fits."""
+        mb = nxt[k, s]
+        r = c.placement[s]
+        if mb >= c.microbatches:
+            return None
+        op = Op(k, s, mb)  # type: ignore[arg-type]
+        if any(p not in end for p in problem.preds[op]):
+            return None
+        if k == "F" and s == first[r] and reserved[r] + whole[r] > limit * (1 + 1e-9):
+            return None
+        return op, max([free[r], *(end[p] + delay[p, op] for p in problem.preds[op])])
+
     while sum(map(len, progs)) < total:
         if jitter is not None:
             order = {k: v + jitter.uniform(0, 1.5) for k, v in base.items()}
-        best: tuple[float, int, int, int, Op] | None = None
+        best: tuple[float, float, int, int, Op] | None = None
         for r in range(c.ranks):
             for k, s in queues[r]:
-                mb = nxt[k, s]
-                if mb >= c.microbatches:
+                found = ready(k, s)
+                if found is None:
                     continue
-                op = Op(k, s, mb)  # type: ignore[arg-type]
-                if any(p not in end for p in problem.preds[op]):
-                    continue
-                if k == "F" and s == first[r] and reserved[r] + whole[r] > limit * (1 + 1e-9):
-                    continue
-                ready = max([free[r], *(end[p] + delay[p, op] for p in problem.preds[op])])
-                key = (ready, order[k], mb, -s, op)
+                op, at = found
+                key = (at, order[k], op.mb, -s, op)
                 # the earliest start over all ranks, then the rank's priority at that time
                 if best is None or key[:4] < best[:4]:
-                    best = key  # type: ignore[assignment]
+                    best = key
         if best is None:
             return None
-        t, _, mb, _, op = best
+        t, _, _, _, op = best
         r = rank_of(op)
         # prefer, among ops of this rank ready by t, the highest priority one
         for k, s in sorted(queues[r], key=lambda q: order[q[0]]):
-            m = nxt[k, s]
-            if m >= c.microbatches:
-                continue
-            cand = Op(k, s, m)  # type: ignore[arg-type]
-            if any(p not in end for p in problem.preds[cand]):
-                continue
-            if k == "F" and s == first[r] and reserved[r] + whole[r] > limit * (1 + 1e-9):
-                continue
-            if max([free[r], *(end[p] + delay[p, cand] for p in problem.preds[cand])]) <= t:
-                op = cand
+            found = ready(k, s)
+            if found is not None and found[1] <= t:
+                op = found[0]
                 break
         k, s, m = op.kind, op.stage, op.mb
         start = max([free[r], *(end[p] + delay[p, op] for p in problem.preds[op])])
