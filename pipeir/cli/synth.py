@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="micro-batches per step")
     p.add_argument("--v", type=positive_int, default=None, metavar="V",
                    help="chunks per rank: each stage is cut into V, as tune does (default: "
-                        "search 1, 2 and the V of tune's best schedule)")
+                        "search 1, 2, 4 while small enough to solve exactly, and the V of "
+                        "tune's best schedule)")
     p.add_argument("--placement", choices=("loop", "vshape", "search"), default="search",
                    help="where chunks live when V > 1; search tries both (default)")
     mem = p.add_mutually_exclusive_group()

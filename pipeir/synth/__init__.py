@@ -172,7 +172,8 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     problems = [make_problem(costs, ranks, microbatches, n, shape, split, comm, memory_limit,
                              memory_bytes)
                 for n, shape in _shapes(candidates, ranks, v, placement,
-                                        memory_limit if memory_bytes is None else None)]
+                                        memory_limit if memory_bytes is None else None,
+                                        ranks * microbatches * (3 if split else 2))]
     warms = [prepare(p, candidates) for p in problems]
     bounds = [p.lower_bound() for p in problems]
     first = min(warms, key=lambda w: w.step)
@@ -205,10 +206,17 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
 
 
 def _shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
-            placement: Placement, memory_limit: float | None
+            placement: Placement, memory_limit: float | None, ops_per_chunk: int
             ) -> list[tuple[int, Literal["loop", "vshape"]]]:
     """The (chunks per rank, placement) pairs to search: `v` in `placement`, or with v None,
-    1, 2 in both placements and the shape of tune's fastest candidate within the budget."""
+    1 and 2 in both placements, 4 too while its model is small enough to solve exactly (it
+    has `ops_per_chunk` ops per chunk per rank), and the shape of tune's fastest candidate
+    within the budget.
+
+    NOTE: more chunks let uneven stages be balanced across ranks (heavy first and last stages
+    split over more ranks), but every shape searched also lowers the bound reported, which
+    holds for all of them; v = 4 is added only where the exact model and the list scheduler
+    can still give it a good schedule."""
     both: list[Literal["loop", "vshape"]] = ["loop", "vshape"] if placement == "search" \
         else [placement]
     if v is not None:
@@ -216,6 +224,8 @@ def _shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
     out: list[tuple[int, Literal["loop", "vshape"]]] = [(1, "loop")]
     if ranks > 1:
         out.extend((2, shape) for shape in both)
+        if 4 * ops_per_chunk <= EXACT_OPS:
+            out.extend((4, shape) for shape in both)
         fits = [c for c in candidates
                 if memory_limit is None or c.peak_memory <= memory_limit + 1e-9]
         if fits:
