@@ -7,7 +7,7 @@ Columns: the memory budget K (micro-batches of one stage per rank; 1F1B needs P)
 fastest library schedule with passes at the same P, M and K (`pipeir.tune.search`, overlapped
 communication) and its step; zb: the re-implemented Zero Bubble greedy scheduler
 (`pipeir.synth.zb_greedy`, one stage per rank, I + W, at K); synth: `synth(..., v=None,
-split=True)` (shapes 1, 2 loop/V and tune's best, I + W), its step, the proven lower bound,
+split=True)` (shapes 1, 2, 4 loop/V and tune's best, I + W), its step, the proven lower bound,
 the gap and the wall time; vs tune: how much faster synth is. Every step is the simulator's
 (`pipeir.simulate` of the emitted schedule). Steps, bounds and times are medians over
 --repeat runs with seeds 0, 1, 2...; the goals of issue 15 are checked at the end. A second
