@@ -220,7 +220,7 @@ def test_cli_writes_a_schedule_that_simulates_to_the_reported_step(cli, tmp_path
                      '[stage.0]\nF = 1.5\n[stage.2]\nF = 2.0\n')
     out = tmp_path / "best.sched"
     code, text, err = cli("synth", "--costs", costs, "--ranks", 3, "--microbatches", 6,
-                          "--split-backward", "--time-limit", 20, "--workers", 1, "-o", out)
+                          "--split-backward", "--time-limit", 5, "--workers", 1, "-o", out)
     assert code == 0, err
     step = re.search(r"best: step (\S+) ms", text)
     bound = re.search(r"lower bound: (\S+) ms; gap (\S+)%", text)
