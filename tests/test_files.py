@@ -43,6 +43,8 @@ WRITERS: dict[str, Callable[[Path, Cli], list[str]]] = {
     "plot": lambda t, c: ["plot", SCHED, "-o"],
     "tune": lambda t, c: ["tune", "--costs", COSTS, "--ranks", "4", "--microbatches", "8",
                           "--max-v", "1", "-o"],
+    "synth": lambda t, c: ["synth", "--costs", COSTS, "--ranks", "4", "--microbatches", "4",
+                           "--time-limit", "1", "--workers", "1", "-o"],
     "profile": lambda t, c: ["profile", "--model", "mlp", "--iters", "1", "--warmup", "0",
                              "-o"],
     "import-torch": lambda t, c: ["import-torch", _csv(t, c), "-o"],

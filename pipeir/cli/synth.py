@@ -1,0 +1,149 @@
+"""pipeirc synth: find the fastest per-rank order of ops for a cost file and a memory budget
+(OR-Tools CP-SAT, warm-started from tune), with a proven lower bound; write it as .sched."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from pipeir.cli.common import positive_float, positive_int
+from pipeir.diagnostics import Span, UsageError
+from pipeir.files import resolve_output, write_atomic
+
+ORDER = 115
+NAME = "synth"
+HELP = ("synthesise the fastest schedule for a cost file and a memory budget, with a proven "
+        "lower bound (writes .sched)")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--costs", required=True, metavar="FILE",
+                   help="JSON or TOML cost file (what `pipeirc profile` writes)")
+    p.add_argument("--ranks", type=positive_int, metavar="P",
+                   help="pipeline ranks (default: the stages the cost file describes)")
+    p.add_argument("--microbatches", type=positive_int, required=True, metavar="M",
+                   help="micro-batches per step")
+    p.add_argument("--v", type=positive_int, default=None, metavar="V",
+                   help="chunks per rank: each stage is cut into V, as tune does (default: "
+                        "search 1, 2, 4 while small enough to solve exactly, and the V of "
+                        "tune's best schedule)")
+    p.add_argument("--placement", choices=("loop", "vshape", "search"), default="search",
+                   help="where chunks live when V > 1; search tries both (default)")
+    mem = p.add_mutually_exclusive_group()
+    mem.add_argument("--memory-limit", type=positive_float, metavar="K",
+                     help="most activations a rank may hold, in micro-batches of one stage "
+                          "(1F1B needs P; the default)")
+    mem.add_argument("--memory-bytes", type=positive_float, metavar="B",
+                     help="most activation bytes a rank may hold (needs memory_bytes costs)")
+    p.add_argument("--split-backward", action="store_true",
+                   help="order I and W separately (zero-bubble schedules) instead of B")
+    p.add_argument("--comm", choices=("overlapped", "blocking"), default="overlapped",
+                   help="communication model (default: %(default)s)")
+    p.add_argument("--time-limit", type=positive_float, default=60.0, metavar="S",
+                   help="seconds the search may take (default 60)")
+    p.add_argument("--work-limit", type=positive_float, metavar="D",
+                   help="also stop after D deterministic seconds of solver work: with one "
+                        "worker the result then no longer depends on machine load")
+    p.add_argument("--seed", type=int, default=0, metavar="N", help="solver seed (default 0)")
+    p.add_argument("--workers", type=positive_int, default=2, metavar="N",
+                   help="solver threads (default 2; 1 is deterministic)")
+    p.add_argument("-o", "--output", metavar="OUT", help="write the schedule to OUT")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeir.printer import print_schedule
+    from pipeir.sim import CostModel
+    from pipeir.sim.costs import read_cost_file
+    from pipeir.synth import BudgetError, synth
+    from pipeir.tune import infer_ranks
+    from pipeir.verify import verify
+
+    if args.output:
+        resolve_output(args.output, "-o")  # before the search, not after it
+    settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
+    costs = CostModel.from_settings(settings)
+    ranks = args.ranks if args.ranks is not None else infer_ranks(costs)
+    _check(args, costs, ranks)
+    assert ranks is not None
+    limit = args.memory_limit if args.memory_bytes is None and args.memory_limit is not None \
+        else (None if args.memory_bytes is not None else float(ranks))
+    progress = _Line(costs.unit) if sys.stderr.isatty() else None
+    try:
+        result = synth(costs, ranks, args.microbatches, v=args.v, placement=args.placement,
+                       split=args.split_backward, comm=args.comm, memory_limit=limit,
+                       memory_bytes=args.memory_bytes, time_limit=args.time_limit,
+                       workers=args.workers, seed=args.seed, work_limit=args.work_limit,
+                       progress=progress)
+    except BudgetError as e:
+        if args.memory_bytes is not None:
+            raise UsageError(f"--memory-bytes {args.memory_bytes:g}: no schedule fits; the "
+                             f"smallest feasible limit is --memory-bytes {e.least:g}") from None
+        raise UsageError(f"--memory-limit {limit:g}: no schedule fits; the smallest feasible "
+                         f"limit is --memory-limit {e.least / (e.limit / (limit or 1)):g} "
+                         "(one micro-batch in flight per stage)") from None
+    finally:
+        if progress is not None:
+            progress.done()
+    unit = f" {costs.unit}" if costs.unit else ""
+    c = result.problem.config
+    budget = f"--memory-bytes {args.memory_bytes:g}" if args.memory_bytes is not None \
+        else f"--memory-limit {limit:g}"
+    print(f"synth: {c.ranks} ranks, {c.microbatches} micro-batches, v={c.stages // c.ranks} "
+          f"({c.placement_name or 'explicit'} placement), "
+          f"{'I + W' if args.split_backward else 'B'} backwards, {args.comm} communication, "
+          f"{budget}")
+    print(f"warm start: {result.warm.label}: step {result.warm.step:.6g}{unit}")
+    gain = 1 - result.step / result.warm.step if result.warm.step > 0 else 0.0
+    print(f"best: step {result.step:.6g}{unit} ({gain:.1%} faster than the warm start); "
+          f"{result.method}")
+    print(f"lower bound: {result.bound:.6g}{unit}; gap {result.gap:.1%}"
+          f"{' (optimal)' if result.optimal else ''}; {result.wall:.1f} s")
+    if args.output:
+        verify(result.schedule)
+        write_atomic(args.output, print_schedule(result.schedule,
+                                                 result.problem.costs.settings()), "-o")
+        hint = " --comm blocking" if args.comm == "blocking" else ""
+        print(f"wrote {args.output} (pipeirc simulate {args.output}{hint})")
+    return 0
+
+
+def _check(args: argparse.Namespace, costs: Any, ranks: int | None) -> None:
+    from pipeir.tune import infer_ranks
+
+    if ranks is None:
+        raise UsageError(f"{args.costs} has no per-stage costs to tell the number of stages; "
+                         "give --ranks P")
+    known = infer_ranks(costs)
+    if known is not None and known > ranks:
+        raise UsageError(f"the costs describe {known} stages (stage.{known - 1}.* is set) but "
+                         f"--ranks is {ranks}; synth runs one model stage per rank")
+    if costs.dp > 1:
+        raise UsageError(f"{args.costs}: dp = {costs.dp}: synth orders one pipeline replica "
+                         "and does not model gradient all-reduces; synthesise with dp = 1, "
+                         "then add them with `pipeirc opt OUT --passes dp-reduce`")
+    if costs.mb or costs.stage_mb:
+        given = max([*costs.mb, *(m for _, m in costs.stage_mb)]) + 1
+        if given > args.microbatches:
+            raise UsageError(f"the costs give per-micro-batch times for {given} micro-batches "
+                             f"but --microbatches is {args.microbatches}")
+
+
+class _Line:
+    """The live one-line progress display on a terminal (stderr)."""
+
+    def __init__(self, unit: str | None):
+        self.unit = f" {unit}" if unit else ""
+        self.shown = False
+
+    def __call__(self, wall: float, best: float, bound: float) -> None:
+        gap = max(0.0, 1 - bound / best) if best > 0 else 0.0
+        sys.stderr.write(f"\r  {wall:6.1f} s  best {best:.6g}{self.unit}  bound "
+                         f"{bound:.6g}{self.unit}  gap {gap:5.1%} ")
+        sys.stderr.flush()
+        self.shown = True
+
+    def done(self) -> None:
+        if self.shown:
+            sys.stderr.write("\n")
+

@@ -1,0 +1,241 @@
+"""Schedule synthesis: the fastest per-rank order of ops for a cost model and a memory budget,
+with a proven lower bound (OR-Tools CP-SAT).
+
+    problem  what is solved: ops, durations, dependencies, memory (`problem`)
+    warmstart  where the solver starts: tune's best library schedule of the same shape, the
+             Zero Bubble greedy scheduler (`zb_greedy`), one micro-batch at a time
+    model    the constraint model and its solver run
+    decompose  large sizes: solve a short pipeline, repeat its steady round
+
+`synthesize(problem)` solves one problem; `synth(costs, ranks, microbatches, ...)` is what
+`pipeirc synth` runs: it cuts the cost model into chunks like `pipeir.tune` and tries both
+placements when asked to search.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from pipeir.config import PipelineConfig
+from pipeir.diagnostics import UsageError
+from pipeir.passes.context import CommModel
+from pipeir.schedule import Schedule
+from pipeir.sim import CostModel
+from pipeir.synth.decompose import extend, short_problem
+from pipeir.synth.model import Progress, Solved, solve
+from pipeir.synth.problem import Problem
+from pipeir.synth.warmstart import EXACT_OPS, MAX_OPS, Start, library, starts
+
+if TYPE_CHECKING:
+    from pipeir.tune import Candidate
+
+Placement = Literal["loop", "vshape", "search"]
+
+
+class BudgetError(UsageError):
+    """The memory limit is below what any schedule needs; `least` is the smallest that works
+    (in the problem's unit: activations per rank, or bytes)."""
+
+    def __init__(self, limit: float, least: float):
+        self.limit, self.least = limit, least
+        super().__init__(f"no schedule fits a memory limit of {limit:g} per rank: the least "
+                         f"any schedule needs is {least:g}")
+
+
+@dataclass(frozen=True)
+class SynthResult:
+    """The best schedule found, its simulated step, the proven lower bound and how."""
+
+    problem: Problem
+    schedule: Schedule
+    step: float
+    bound: float
+    warm: Start
+    method: str
+    optimal: bool
+    wall: float
+
+    @property
+    def gap(self) -> float:
+        """How much faster than `step` an optimal schedule could at most be, as a fraction."""
+        return 0.0 if self.optimal or self.step <= 0 else max(0.0, 1 - self.bound / self.step)
+
+
+def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
+               given: Schedule | None = None, warm: Start | None = None,
+               time_limit: float = 60.0, workers: int = 1, seed: int = 0,
+               work_limit: float | None = None, progress: Progress | None = None,
+               decompose: bool = True) -> SynthResult:
+    """Solve `problem` within `time_limit` seconds. `tune_costs` (the costs of one stage per
+    rank, which the problem's cut into chunks) let tune's library schedules warm-start it;
+    `given` is one more warm start; `warm` the warm start already chosen (see `prepare`);
+    `decompose=False` goes straight to the full model even for large problems."""
+    t0 = time.perf_counter()
+    warm = warm if warm is not None else prepare(problem, _library(problem, tune_costs), given)
+    left = time_limit - (time.perf_counter() - t0)
+    best, bound, optimal, method = warm.schedule, problem.lower_bound(), False, "exact model"
+    step = warm.step
+    hint = warm
+    if decompose and len(problem.ops) > EXACT_OPS and problem.mb_uniform:
+        grown = _decompose(problem, tune_costs, left / 2, workers, seed, work_limit)
+        if grown is not None:
+            method = f"decomposed: {grown[1]}"
+            if grown[0].step < step:
+                hint = grown[0]
+                best, step = grown[0].schedule, grown[0].step
+        left = time_limit - (time.perf_counter() - t0)
+    if step <= bound * (1 + 1e-9):
+        optimal, method = True, "the warm start meets the lower bound"
+    elif len(problem.ops) > MAX_OPS:
+        method = f"the warm start: over {MAX_OPS} ops is too large for the model"
+    elif left > 0:
+        solved = solve(problem, hint=hint.schedule, upper=hint.step, time_limit=left,
+                       workers=workers, seed=seed, work_limit=work_limit, progress=progress)
+        bound = max(bound, solved.bound)
+        if solved.schedule is not None and solved.step is not None and solved.step < step:
+            best, step = solved.schedule, solved.step
+        optimal = solved.optimal and step <= solved.bound * (1 + 1e-9)
+    bound = min(bound, step)
+    if best.name != "synth":
+        best = problem.build(best.programs, "synth")
+    return SynthResult(problem, best, step, bound, warm, method, optimal,
+                       time.perf_counter() - t0)
+
+
+def prepare(problem: Problem, candidates: Sequence[Candidate] = (),
+            given: Schedule | None = None) -> Start:
+    """Check the budget and choose the warm start (the fastest candidate that fits)."""
+    limit = problem.memory_limit
+    if limit is not None and limit < problem.least_memory * (1 - 1e-9):
+        raise BudgetError(limit, problem.least_memory)
+    return starts(problem, candidates, given)[0]
+
+
+def _library(problem: Problem, tune_costs: CostModel | None) -> list[Candidate]:
+    c = problem.config
+    if tune_costs is None:
+        return []
+    return library(tune_costs, c.ranks, c.microbatches, problem.comm, c.stages // c.ranks)
+
+
+def _decompose(problem: Problem, tune_costs: CostModel | None, time_limit: float,
+               workers: int, seed: int, work_limit: float | None
+               ) -> tuple[Start, str] | None:
+    c = problem.config
+    per_mb = len(problem.ops) // c.microbatches
+    m0 = min(c.microbatches - 1, max(2 * c.stages, EXACT_OPS // per_mb))
+    small = short_problem(problem, m0)
+    warm = starts(small, _library(small, tune_costs))[0]
+    solved = solve(small, hint=warm.schedule, upper=warm.step, time_limit=time_limit,
+                   workers=workers, seed=seed, work_limit=work_limit)
+    short = solved.schedule if solved.schedule is not None and solved.step is not None \
+        and solved.step < warm.step else warm.schedule
+    grown = extend(problem, short)
+    if grown is None:
+        return None
+    return Start("decomposition", grown.schedule, grown.step), grown.describe()
+
+
+def make_problem(costs: CostModel, ranks: int, microbatches: int, v: int = 1,
+                 placement: Literal["loop", "vshape"] = "loop", split: bool = False,
+                 comm: CommModel = "overlapped", memory_limit: float | None = None,
+                 memory_bytes: float | None = None) -> Problem:
+    """The problem for `costs` of `ranks` stages cut into `v` chunks each (as `pipeir.tune`
+    cuts them), `memory_limit` in micro-batches of one stage (1F1B needs `ranks`) or
+    `memory_bytes` per rank."""
+    from pipeir.tune import rescale
+
+    config = PipelineConfig.make(ranks, microbatches, stages=ranks * v, placement=placement)
+    chunk = rescale(costs, ranks, v)
+    if memory_bytes is not None:
+        return Problem(config, chunk, split, comm, memory_bytes, memory_bytes=True)
+    limit = None if memory_limit is None else memory_limit * v
+    return Problem(config, chunk, split, comm, limit)
+
+
+def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = None,
+          placement: Placement = "search", split: bool = False,
+          comm: CommModel = "overlapped", memory_limit: float | None = None,
+          memory_bytes: float | None = None, time_limit: float = 60.0, workers: int = 1,
+          seed: int = 0, work_limit: float | None = None,
+          progress: Progress | None = None) -> SynthResult:
+    """Synthesise a schedule for `costs` (see `make_problem`) over one or more shapes (chunks
+    per rank and placement): `v` chunks (None: 1, 2 and the v of tune's best schedule), in
+    `placement` ("search": loop and V when v > 1). Every shape gets its warm start and lower
+    bound first; shapes whose bound is no better than the best warm start are dropped, and the
+    others share the time. The bound reported holds for every shape searched."""
+    t0 = time.perf_counter()
+    candidates = library(costs, ranks, microbatches, comm, 8 if v is None else v)
+    problems = [make_problem(costs, ranks, microbatches, n, shape, split, comm, memory_limit,
+                             memory_bytes)
+                for n, shape in _shapes(candidates, ranks, v, placement,
+                                        memory_limit if memory_bytes is None else None,
+                                        ranks * microbatches * (3 if split else 2))]
+    warms = [prepare(p, candidates) for p in problems]
+    bounds = [p.lower_bound() for p in problems]
+    first = min(warms, key=lambda w: w.step)
+    live = [i for i, b in enumerate(bounds) if b < first.step * (1 - 1e-9)]
+    if not live:  # a warm start already meets every shape's bound
+        i = warms.index(first)
+        live, bounds[i] = [i], first.step
+    # NOTE: two rounds. Every live shape gets a share of a third of the time; the rest goes
+    # to the shape that is fastest then, continuing from its best schedule.
+    share = (time_limit - (time.perf_counter() - t0)) / 3 / len(live)
+    results = {i: synthesize(problems[i], tune_costs=costs, warm=warms[i], time_limit=share,
+                             workers=workers, seed=seed, work_limit=work_limit,
+                             progress=progress) for i in live}
+    lead = min(results, key=lambda i: results[i].step)
+    first_round = results[lead]
+    left = time_limit - (time.perf_counter() - t0)
+    if left > 0 and not first_round.optimal:
+        again = synthesize(problems[lead], warm=Start(first_round.method, first_round.schedule,
+                                                      first_round.step),
+                           time_limit=left, workers=workers, seed=seed, work_limit=work_limit,
+                           progress=progress, decompose=False)
+        results[lead] = SynthResult(again.problem, again.schedule, again.step,
+                                    max(again.bound, first_round.bound), first_round.warm,
+                                    first_round.method, again.optimal, again.wall)
+    best = results[min(results, key=lambda i: results[i].step)]
+    bound = min(best.step, *(r.bound for r in results.values()),
+                *(b for i, b in enumerate(bounds) if i not in results))
+    return SynthResult(best.problem, best.schedule, best.step, bound, first, best.method,
+                       bound >= best.step * (1 - 1e-9), time.perf_counter() - t0)
+
+
+def _shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
+            placement: Placement, memory_limit: float | None, ops_per_chunk: int
+            ) -> list[tuple[int, Literal["loop", "vshape"]]]:
+    """The (chunks per rank, placement) pairs to search: `v` in `placement`, or with v None,
+    1 and 2 in both placements, 4 too while its model is small enough to solve exactly (it
+    has `ops_per_chunk` ops per chunk per rank), and the shape of tune's fastest candidate
+    within the budget.
+
+    NOTE: more chunks let uneven stages be balanced across ranks (heavy first and last stages
+    split over more ranks), but every shape searched also lowers the bound reported, which
+    holds for all of them; v = 4 is added only where the exact model and the list scheduler
+    can still give it a good schedule."""
+    both: list[Literal["loop", "vshape"]] = ["loop", "vshape"] if placement == "search" \
+        else [placement]
+    if v is not None:
+        return [(v, "loop")] if v == 1 else [(v, shape) for shape in both]
+    out: list[tuple[int, Literal["loop", "vshape"]]] = [(1, "loop")]
+    if ranks > 1:
+        out.extend((2, shape) for shape in both)
+        if 4 * ops_per_chunk <= EXACT_OPS:
+            out.extend((4, shape) for shape in both)
+        fits = [c for c in candidates
+                if memory_limit is None or c.peak_memory <= memory_limit + 1e-9]
+        if fits:
+            best = min(fits, key=lambda c: c.sort_key())
+            shape = (best.v, "vshape" if best.schedule.config.placement_name == "vshape"
+                     else "loop")
+            if shape not in out:
+                out.append(shape)  # type: ignore[arg-type]
+    return out
+
+
+__all__ = ["EXACT_OPS", "BudgetError", "Problem", "Solved", "SynthResult", "make_problem",
+           "prepare", "synth", "synthesize"]

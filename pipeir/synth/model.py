@@ -1,0 +1,215 @@
+"""The constraint model: one interval per op on its rank, solved with OR-Tools CP-SAT.
+
+* Each op is an interval of its occupation (`Problem.occupation`); a rank's intervals do not
+  overlap (one op at a time).
+* A data edge p -> q is a precedence: q starts no earlier than p's end plus the edge's delay.
+* Activation memory is a cumulative constraint per rank: the activation of (stage, mb) is an
+  interval from its F's start to its release op's end, with demand 1 (or its bytes), under
+  the limit.
+* Minimise the makespan, the latest end.
+
+NOTE (why the model and `simulate` agree). For a fixed per-rank order the simulator's times
+are the earliest that respect the order and these same precedences, so the simulated step of
+the order read off a solution (sort each rank's ops by start) is at most the solution's
+objective, and equal at an optimum. Costs are scaled to integers (the smallest power of ten
+that makes every duration and delay whole, when one up to 10^6 does; otherwise durations are
+rounded *down*, so the model stays a relaxation and its bound stays a bound); the step synth
+reports is always the simulated one.
+
+NOTE (symmetry). When every micro-batch costs the same, ops of one kind on one stage run in
+micro-batch order (F(s, m) before F(s, m + 1), and likewise for B, I and W). That loses no
+schedule: relabel, on each stage and kind, the k-th op to run as micro-batch k; every
+dependency still holds (the k-th F(s) starts after k F(s - 1) ended, so after the k-th
+did), live counts per rank are unchanged, and with equal costs so are all times.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from pipeir.ops import Op
+from pipeir.schedule import Schedule
+from pipeir.sim import simulate
+from pipeir.synth.problem import Problem, longest_paths, lower_bound
+
+#: Called on every improving solution: (seconds since the start, best step, bound).
+Progress = Callable[[float, float, float], None]
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Model units per time unit; `exact` when every duration and delay is whole in them."""
+
+    factor: int
+    exact: bool
+
+    def down(self, x: float) -> int:
+        return math.floor(x * self.factor + 1e-6)
+
+    def up(self, x: float) -> int:
+        return math.ceil(x * self.factor - 1e-6)
+
+
+def choose_scale(values: Iterable[float]) -> Scale:
+    """The smallest power of ten (up to 10^6) that makes every value whole; else 10^6, or a
+    resolution of 1/1000 of the smallest positive value if that is finer."""
+    vals = [v for v in values if v > 0]
+    for k in range(7):
+        f = 10 ** k
+        if all(abs(v * f - round(v * f)) <= 1e-9 * max(1.0, v * f) for v in vals):
+            return Scale(f, True)
+    least = min(vals, default=1.0)
+    return Scale(max(10 ** 6, 10 ** math.ceil(math.log10(1000 / least))), False)
+
+
+@dataclass(frozen=True)
+class Solved:
+    """What one solver run found: the best order (None if none), its simulated step, the
+    model's objective for it, the proven bound (in time units) and whether the solver closed
+    the gap in its model."""
+
+    schedule: Schedule | None
+    step: float | None
+    objective: float | None
+    bound: float
+    optimal: bool
+    wall: float
+    status: str
+
+
+class _Callback(cp_model.CpSolverSolutionCallback):  # type: ignore[misc]
+    def __init__(self, scale: int, weight: int, progress: Progress, t0: float):
+        super().__init__()
+        self.scale, self.weight, self.progress, self.t0 = scale, weight, progress, t0
+
+    def on_solution_callback(self) -> None:
+        self.progress(time.perf_counter() - self.t0,
+                      int(self.objective_value) // self.weight / self.scale,
+                      math.ceil(self.best_objective_bound) // self.weight / self.scale)
+
+
+def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None = None,
+          time_limit: float = 60.0, workers: int = 1, seed: int = 0,
+          work_limit: float | None = None, progress: Progress | None = None) -> Solved:
+    """Solve `problem` from `hint` (a valid schedule of it, whose step `upper` is), within
+    `time_limit` seconds (and `work_limit` deterministic seconds: reproducible)."""
+    t0 = time.perf_counter()
+    occ_f = problem.occupation
+    scale = choose_scale([*occ_f.values(), *(h for _, _, h in problem.edges)])
+    occ = {op: scale.down(d) for op, d in occ_f.items()}
+    edges = [(p, q, scale.down(h)) for p, q, h in problem.edges]
+    head, tail = longest_paths(problem.ops, edges, occ)
+    lb = lower_bound(problem, head, occ, tail)
+    horizon = scale.up(upper) if upper is not None else \
+        sum(occ.values()) + sum(h for _, _, h in edges)
+    horizon = max(horizon, lb)
+
+    m = cp_model.CpModel()
+    start = {op: m.new_int_var(head[op], max(head[op], horizon - occ[op] - tail[op]),
+                               f"s_{op}") for op in problem.ops}
+    interval = {op: m.new_fixed_size_interval_var(start[op], occ[op], f"i_{op}")
+                for op in problem.ops}
+    ranks = problem.config.ranks
+    for r in range(ranks):
+        m.add_no_overlap([interval[op] for op in problem.ops if problem.rank(op) == r])
+    for p, q, h in edges:
+        m.add(start[q] >= start[p] + occ[p] + h)
+    if problem.mb_uniform:
+        for op in problem.ops:
+            if op.mb > 0:
+                prev = Op(op.kind, op.stage, op.mb - 1)
+                m.add(start[op] >= start[prev] + occ[prev])
+    alive = _memory(problem, m, start, occ, horizon)
+    span = m.new_int_var(lb, horizon, "makespan")
+    finish = [m.new_int_var(0, horizon, f"end_{r}") for r in range(ranks)]
+    for op in problem.ops:
+        m.add(finish[problem.rank(op)] >= start[op] + occ[op])
+    for f in finish:
+        m.add(span >= f)
+    # NOTE: lexicographic: the makespan first, then the sum of the ranks' ends, which gives
+    # the search a slope on the makespan's plateaus; `weight` keeps the first term decisive.
+    weight = ranks * horizon + 1
+    m.minimize(span * weight + sum(finish))
+    if hint is not None:
+        times = simulate(hint, problem.costs, comm=problem.comm).start
+        at = {op: scale.down(times[op]) for op in problem.ops}
+        for op in problem.ops:
+            m.add_hint(start[op], at[op])
+        ends = [max((at[op] + occ[op] for op in problem.ops if problem.rank(op) == r),
+                    default=0) for r in range(ranks)]
+        for f, e in zip(finish, ends):
+            m.add_hint(f, e)
+        m.add_hint(span, max(ends))
+        for (f_op, rel), (size, end) in alive.items():
+            m.add_hint(end, at[rel] + occ[rel])
+            m.add_hint(size, at[rel] + occ[rel] - at[f_op])
+
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.max_time_in_seconds = max(0.01, time_limit - (time.perf_counter() - t0))
+    if work_limit is not None:
+        prm.max_deterministic_time = work_limit
+    prm.num_workers = workers
+    prm.random_seed = seed
+    cb = _Callback(scale.factor, weight, progress, t0) if progress is not None else None
+    status = solver.solve(m, cb)
+    name = solver.status_name(status)
+    found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
+    # the sum of ends is < weight, so bound // weight bounds the makespan
+    bound = max(lb, math.ceil(solver.best_objective_bound) // weight if found else lb) \
+        / scale.factor
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return Solved(None, None, None, bound, False, time.perf_counter() - t0, name)
+    progs: list[list[tuple[int, int, int, Op]]] = [[] for _ in range(ranks)]
+    for i, op in enumerate(problem.ops):
+        s = solver.value(start[op])
+        progs[problem.rank(op)].append((s, s + occ[op], i, op))
+    sched = problem.build([[op for *_, op in sorted(p)] for p in progs])
+    step = problem.step_time(sched)
+    span_value = solver.value(span)
+    return Solved(sched, step, span_value / scale.factor, bound,
+                  status == cp_model.OPTIMAL and scale.exact,
+                  time.perf_counter() - t0, name)
+
+
+def _memory(problem: Problem, m: cp_model.CpModel, start: dict[Op, cp_model.IntVar],
+            occ: dict[Op, int], horizon: int
+            ) -> dict[tuple[Op, Op], tuple[cp_model.IntVar, cp_model.IntVar]]:
+    """The per-rank cumulative of live activations, when the limit can bind at all; returns
+    the (size, end) variables of each activation's interval, by (its F, its release op)."""
+    out: dict[tuple[Op, Op], tuple[cp_model.IntVar, cp_model.IntVar]] = {}
+    limit = problem.memory_limit
+    if limit is None:
+        return out
+    c = problem.config
+    cap = math.floor(limit + 1e-9)
+    for r in range(c.ranks):
+        stages = c.stages_of(r)
+        demand = {s: math.ceil(problem.weight(s) - 1e-9) for s in stages}
+        if sum(demand.values()) * c.microbatches <= limit:
+            continue
+        if problem.mb_uniform:
+            # implied: one stage alone holds at most cap // demand activations, so with
+            # micro-batches in order F(s, mb) waits for the release of mb - that many
+            for s in stages:
+                k = cap // demand[s] if demand[s] else c.microbatches
+                for mb in range(k, c.microbatches):
+                    rel = problem.release_op(s, mb - k)
+                    m.add(start[Op("F", s, mb)] >= start[rel] + occ[rel])
+        alive, need = [], []
+        for s in stages:
+            for mb in range(c.microbatches):
+                f, rel = Op("F", s, mb), problem.release_op(s, mb)
+                size = m.new_int_var(0, horizon, "")
+                end = m.new_int_var(0, horizon, "")
+                m.add(end == start[rel] + occ[rel])
+                alive.append(m.new_interval_var(start[f], size, end, f"a_{s}_{mb}"))
+                need.append(demand[s])
+                out[f, rel] = (size, end)
+        m.add_cumulative(alive, need, cap)
+    return out

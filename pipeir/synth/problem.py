@@ -1,0 +1,211 @@
+"""What synthesis solves: the ops of a pipeline, their durations and dependencies under a cost
+model and a communication model, and the per-rank memory budget.
+
+The time semantics are the simulator's (`pipeir.sim.engine`), restated as constraints so the
+solver's model and `simulate` agree: an op starts once its rank is free and every input has
+arrived; a cross-rank input arrives `transfer_time` after its producer ends (overlapped) or
+the producer's rank is busy sending it (blocking: the send is part of the producer's time on
+its rank). An op's *occupation* is its cost plus, with blocking sends, its cross-rank sends.
+
+Memory is counted as `pipeir.verify.live_activations` does: an activation is live on its rank
+from its F until its last backward (B, or W) has run. Since a rank runs one op at a time, "live
+after each op in program order" equals "live at each instant", which is how the model counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cached_property
+from typing import TypeVar
+
+import networkx as nx
+
+from pipeir.config import PipelineConfig
+from pipeir.diagnostics import UsageError
+from pipeir.ops import Op
+from pipeir.passes.context import CommModel
+from pipeir.schedule import Schedule, data_predecessors
+from pipeir.sim import CostModel, simulate
+from pipeir.verify import live_activations
+
+T = TypeVar("T", int, float)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One synthesis instance: `config` fixes ranks, micro-batches, stages and placement;
+    `costs` describe its stages (already cut into chunks); `split` asks for I + W instead of
+    B; `memory_limit` bounds each rank's live activations, counted (one per stage and
+    micro-batch) or, with `memory_bytes`, in the cost model's bytes (None: no bound)."""
+
+    config: PipelineConfig
+    costs: CostModel
+    split: bool = False
+    comm: CommModel = "overlapped"
+    memory_limit: float | None = None
+    memory_bytes: bool = False
+
+    def __post_init__(self) -> None:
+        if self.memory_bytes and not self.costs.knows_memory:
+            raise UsageError("--memory-bytes needs activation sizes in the cost file "
+                             "(memory_bytes or stage.S.memory_bytes)")
+
+    # ---- ops and their relations ---------------------------------------------------------
+    @cached_property
+    def ops(self) -> tuple[Op, ...]:
+        """Every op, stage by stage, micro-batch by micro-batch."""
+        kinds = ("F", "I", "W") if self.split else ("F", "B")
+        return tuple(Op(k, s, m) for s in range(self.config.stages)  # type: ignore[arg-type]
+                     for m in range(self.config.microbatches) for k in kinds)
+
+    def rank(self, op: Op) -> int:
+        return self.config.placement[op.stage]
+
+    @cached_property
+    def preds(self) -> dict[Op, tuple[Op, ...]]:
+        """The data predecessors of every op."""
+        present = set(self.ops)
+        return {op: tuple(data_predecessors(op, present, self.config.stages)) for op in self.ops}
+
+    @cached_property
+    def edges(self) -> tuple[tuple[Op, Op, float], ...]:
+        """(producer, consumer, delay from the producer's occupation end to the consumer's
+        earliest start): the transfer time for a cross-rank edge with overlapped
+        communication, else 0 (same rank: free; blocking: paid inside the occupation)."""
+        out = []
+        for op, ps in self.preds.items():
+            for p in ps:
+                cross = self.rank(p) != self.rank(op)
+                h = self.costs.transfer_time(p.stage, op.stage) if cross else 0.0
+                out.append((p, op, h if self.comm == "overlapped" else 0.0))
+        return tuple(out)
+
+    @cached_property
+    def occupation(self) -> dict[Op, float]:
+        """How long each op keeps its rank busy (cost, plus blocking sends)."""
+        out = {op: self.costs.cost(op) for op in self.ops}
+        if self.comm == "blocking":
+            for op, ps in self.preds.items():
+                for p in ps:
+                    if self.rank(p) != self.rank(op):
+                        out[p] += self.costs.transfer_time(p.stage, op.stage)
+        return out
+
+    @property
+    def mb_uniform(self) -> bool:
+        """Whether every micro-batch costs the same: then ops of one kind on one stage can be
+        taken in micro-batch order without losing any schedule (see `model`)."""
+        return not (self.costs.mb or self.costs.stage_mb)
+
+    def release_op(self, stage: int, mb: int) -> Op:
+        """The op that frees the activation of (stage, mb): its B, or its W."""
+        return Op("W" if self.split else "B", stage, mb)
+
+    def weight(self, stage: int) -> float:
+        """What one activation of `stage` counts against the memory limit."""
+        if self.memory_bytes:
+            return self.costs.activation_memory(stage) or 0.0
+        return 1.0
+
+    # ---- memory --------------------------------------------------------------------------
+    def peak(self, schedule: Schedule) -> float:
+        """The largest per-rank live memory of `schedule`, in this problem's unit."""
+        def size(op: Op) -> float:
+            return self.weight(op.stage)
+        return max((live for prog in schedule.programs
+                    for _, live in live_activations(prog, size)), default=0.0)
+
+    def fits(self, schedule: Schedule) -> bool:
+        return self.memory_limit is None or self.peak(schedule) <= self.memory_limit * (1 + 1e-9)
+
+    @property
+    def least_memory(self) -> float:
+        """The smallest limit any schedule meets: after the F of a micro-batch's highest stage
+        on a rank, all of that rank's stages hold it (their backwards come later), and running
+        one micro-batch at a time holds no more."""
+        c = self.config
+        return max(sum(self.weight(s) for s in c.stages_of(r)) for r in range(c.ranks))
+
+    # ---- time ----------------------------------------------------------------------------
+    def step_time(self, schedule: Schedule) -> float:
+        """The simulator's step time of `schedule` (the number synth reports)."""
+        return simulate(schedule, self.costs, comm=self.comm).makespan
+
+    def build(self, programs: Sequence[Sequence[Op]], name: str = "synth") -> Schedule:
+        return Schedule.from_programs(self.config, programs, name)
+
+    @cached_property
+    def heads_tails(self) -> tuple[dict[Op, float], dict[Op, float]]:
+        """Per op, the earliest start (longest path from the first ops, resources ignored) and
+        the least time that must follow its end (longest path after it)."""
+        return longest_paths(self.ops, self.edges, self.occupation)
+
+    def lower_bound(self) -> float:
+        """A step time no schedule beats (see `lower_bound`)."""
+        head, tail = self.heads_tails
+        return lower_bound(self, head, self.occupation, tail)
+
+
+def lower_bound(problem: Problem, head: Mapping[Op, T], occ: Mapping[Op, T],
+                tail: Mapping[Op, T]) -> T:
+    """The longest dependency chain, and per rank the one-machine bound: Jackson's preemptive
+    schedule with heads and tails (a rank cannot start an op before its head, and after each
+    op its tail must still run elsewhere). Generic in the number type, so the solver's
+    integer model gets the same bound in its own units."""
+    best = max(head[op] + occ[op] + tail[op] for op in problem.ops)
+    for r in range(problem.config.ranks):
+        mine = [op for op in problem.ops if problem.rank(op) == r]
+        best = max(best, _jackson(mine, head, occ, tail))
+    return best
+
+
+def longest_paths(ops: Sequence[Op], edges: Sequence[tuple[Op, Op, T]], occ: Mapping[Op, T]
+                  ) -> tuple[dict[Op, T], dict[Op, T]]:
+    """Heads (longest path to each op's start) and tails (longest path after its end)."""
+    zero = occ[ops[0]] * 0
+    succ: dict[Op, list[tuple[Op, T]]] = {op: [] for op in ops}
+    pred: dict[Op, list[tuple[Op, T]]] = {op: [] for op in ops}
+    for p, q, h in edges:
+        succ[p].append((q, h))
+        pred[q].append((p, h))
+    g: nx.DiGraph = nx.DiGraph()
+    g.add_nodes_from(ops)
+    g.add_edges_from((p, q) for p, q, _ in edges)
+    order: list[Op] = list(nx.topological_sort(g))
+    head: dict[Op, T] = {}
+    for op in order:
+        head[op] = max((head[p] + occ[p] + h for p, h in pred[op]), default=zero)
+    tail: dict[Op, T] = {}
+    for op in reversed(order):
+        tail[op] = max((h + occ[q] + tail[q] for q, h in succ[op]), default=zero)
+    return head, tail
+
+
+def _jackson(ops: list[Op], head: Mapping[Op, T], occ: Mapping[Op, T],
+             tail: Mapping[Op, T]) -> T:
+    """The preemptive one-machine bound: at each moment run the released op with the longest
+    tail; the answer, max over ops of completion + tail, is a lower bound on any
+    non-preemptive schedule of these ops on one rank (Carlier, 1982)."""
+    import heapq
+
+    todo = sorted(ops, key=head.__getitem__)
+    left = {op: occ[op] for op in ops}
+    ready: list[tuple[T, int, Op]] = []
+    t = best = occ[ops[0]] * 0
+    i, n = 0, len(todo)
+    while i < n or ready:
+        if not ready and t < head[todo[i]]:
+            t = head[todo[i]]
+        while i < n and head[todo[i]] <= t:
+            op = todo[i]
+            heapq.heappush(ready, (-tail[op], i, op))
+            i += 1
+        op = ready[0][2]
+        run = left[op] if i >= n else min(left[op], head[todo[i]] - t)
+        t += run
+        left[op] -= run
+        if left[op] <= 1e-12:
+            heapq.heappop(ready)
+            best = max(best, t + tail[op])
+    return best

@@ -1,0 +1,133 @@
+"""Where the solver starts: the best known schedule of the same shape within the budget.
+
+Candidates, each made to fit the problem's shape (same stages and placement; backwards split
+in place or merged as the problem asks; overlapped pairs run one after the other) and kept
+only when within the memory limit:
+
+* `pipeir.tune`'s library schedules with its passes, at the same ranks, micro-batches, chunks
+  and communication model;
+* the Zero Bubble paper's greedy scheduler (`zb_greedy`), for split one-stage-per-rank runs;
+* a memory-aware list scheduler (`greedy`), for shapes no library schedule fits;
+* an input schedule, when synth runs as a pass;
+* one micro-batch at a time, which fits any budget the problem can meet at all.
+
+The fastest under the simulator is the warm start; synth never returns anything slower.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Final
+
+from pipeir.diagnostics import PipeirError
+from pipeir.ops import Op
+from pipeir.schedule import Schedule
+from pipeir.sim import CostModel
+from pipeir.synth.greedy import greedy
+from pipeir.synth.problem import Problem
+from pipeir.synth.zb_greedy import zb_greedy
+
+if TYPE_CHECKING:
+    from pipeir.passes.context import CommModel
+    from pipeir.tune import Candidate
+
+#: Above this many ops the exact model is not expected to close; synthesis decomposes, and
+#: the list scheduler (slow in Python at that size) is left out.
+EXACT_OPS: Final = 1600
+
+#: Above this many ops synthesis only picks among warm starts: building the model would take
+#: longer than the search is worth.
+MAX_OPS: Final = 8000
+
+
+@dataclass(frozen=True)
+class Start:
+    """A candidate warm start: where it came from, the schedule, its simulated step."""
+
+    label: str
+    schedule: Schedule
+    step: float
+
+
+def conform(problem: Problem, schedule: Schedule) -> Schedule | None:
+    """`schedule` as an order of exactly the problem's ops, or None if it has another shape."""
+    from pipeir.passes.manager import PassManager
+    from pipeir.passes.merge_backward import MergeBackward
+    from pipeir.passes.split_backward import split_in_place
+
+    c, mine = problem.config, schedule.config
+    if (c.ranks, c.microbatches, c.stages, c.placement) != \
+            (mine.ranks, mine.microbatches, mine.stages, mine.placement):
+        return None
+    kinds = {op.kind for op in schedule}
+    if not kinds <= {"F", "B", "I", "W"}:
+        return None  # memory ops or reductions: not an order of the model's ops
+    if problem.split and "B" in kinds:
+        schedule = split_in_place(schedule)
+    elif not problem.split and "I" in kinds:
+        schedule = PassManager([MergeBackward()], verify_each=False).run(schedule)
+    if set(schedule) != set(problem.ops):
+        return None
+    return problem.build(schedule.programs, schedule.name)  # pairs run in turn
+
+
+def sequential(problem: Problem) -> Schedule:
+    """One micro-batch at a time, all the way down and back: the least memory possible."""
+    c = problem.config
+    progs: list[list[Op]] = [[] for _ in range(c.ranks)]
+    for mb in range(c.microbatches):
+        for s in range(c.stages):
+            progs[c.placement[s]].append(Op("F", s, mb))
+        for s in reversed(range(c.stages)):
+            back = [Op("I", s, mb), Op("W", s, mb)] if problem.split else [Op("B", s, mb)]
+            progs[c.placement[s]].extend(back)
+    return problem.build(progs, "sequential")
+
+
+def library(costs: CostModel, ranks: int, microbatches: int, comm: CommModel,
+            max_v: int) -> list[Candidate]:
+    """tune's candidates (within any budget) for `costs` of one stage per rank."""
+    from pipeir.tune import search
+
+    try:
+        # dp=1: the model has no gradient reductions, so neither may its warm starts
+        result = search(costs, ranks, [microbatches], max_v=max_v, comms=(comm,), dp=1)
+    except PipeirError:
+        return []
+    return [*result.ranked, *result.over_limit]
+
+
+def library_starts(problem: Problem, candidates: Sequence[Candidate]) -> list[Start]:
+    """The candidates that have the problem's shape, made to fit it, within its budget."""
+    out = []
+    for cand in candidates:
+        s = conform(problem, cand.schedule)
+        if s is not None and problem.fits(s):
+            label = cand.family + (f" v={cand.v}" if cand.v > 1 else "") + \
+                (f" + {cand.passes}" if cand.passes else "")
+            out.append(Start(label, s, problem.step_time(s)))
+    return out
+
+
+def starts(problem: Problem, candidates: Sequence[Candidate] = (),
+           given: Schedule | None = None) -> list[Start]:
+    """Every warm start within the budget, fastest first (never empty when the budget is at
+    least `problem.least_memory`). `candidates`: tune's (see `library`)."""
+    out = library_starts(problem, candidates)
+    zb = zb_greedy(problem)
+    if zb is not None and problem.fits(zb):
+        out.append(Start("zb greedy", zb, problem.step_time(zb)))
+    if given is not None:
+        s = conform(problem, given)
+        if s is not None and problem.fits(s):
+            out.append(Start(f"input {given.name}", s, problem.step_time(s)))
+    if len(problem.ops) <= EXACT_OPS:
+        for g in greedy(problem):
+            name = g.name[7:].upper().replace("_RANDOM", ", randomised")
+            out.append(Start(f"list scheduler ({name})", g, problem.step_time(g)))
+    seq = sequential(problem)
+    if problem.fits(seq):
+        out.append(Start("one micro-batch at a time", seq, problem.step_time(seq)))
+    out.sort(key=lambda st: st.step)
+    return out

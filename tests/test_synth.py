@@ -1,0 +1,279 @@
+"""Schedule synthesis: optimal on tiny instances (brute force over every valid order), on the
+closed forms (1F1B, ZB-H1), agreeing with the simulator; the CLI, the pass and bad input.
+
+Solver runs here are small (tens of ops) and single-threaded, so they are fast and
+deterministic."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import pytest
+
+import pipeir
+from pipeir.config import PipelineConfig
+from pipeir.ops import Op
+from pipeir.schedule import Schedule
+from pipeir.sim import CostModel, simulate
+from pipeir.sim.engine import Timing
+from pipeir.synth import EXACT_OPS, Problem, make_problem, synthesize
+from pipeir.synth.decompose import extend, short_problem
+from pipeir.synth.model import choose_scale, solve
+from pipeir.synth.warmstart import sequential, starts
+from pipeir.synth.zb_greedy import zb_greedy
+from pipeir.verify import verify
+
+REPO = Path(__file__).parent.parent
+HETERO = CostModel.from_settings({"F": 1.0, "I": 1.5, "W": 0.5, "stage.0.F": 1.5,
+                                  "stage.1.F": 2.0, "stage.1.I": 2.5, "stage.1.W": 0.5,
+                                  "latency": 0.25})
+
+
+def _orders(problem: Problem, rank: int) -> list[list[Op]]:
+    """Every order of a rank's ops in which each op comes after its same-rank inputs."""
+    mine = [op for op in problem.ops if problem.rank(op) == rank]
+    local = {op: [p for p in problem.preds[op] if problem.rank(p) == rank] for op in mine}
+    out: list[list[Op]] = []
+
+    def grow(prefix: list[Op], left: set[Op]) -> None:
+        if not left:
+            out.append(list(prefix))
+            return
+        done = set(prefix)
+        for op in sorted(left):
+            if all(p in done for p in local[op]):
+                prefix.append(op)
+                grow(prefix, left - {op})
+                prefix.pop()
+    grow([], set(mine))
+    return out
+
+
+def brute_force(problem: Problem) -> float:
+    """The least simulated step over every valid combination of per-rank orders."""
+    best = float("inf")
+    for progs in itertools.product(*(_orders(problem, r) for r in range(problem.config.ranks))):
+        s = Schedule.from_programs(problem.config, progs)
+        timing = Timing(s, problem.costs, problem.comm)
+        if not timing.complete or not problem.fits(s):
+            continue
+        best = min(best, timing.makespan([problem.costs.cost(op) for op in timing.ops]))
+    return best
+
+
+@pytest.mark.parametrize(("m", "split", "limit", "comm"), [
+    (2, False, None, "overlapped"), (3, False, None, "overlapped"), (3, False, 1, "overlapped"),
+    (3, False, 2, "blocking"), (2, True, None, "overlapped"), (2, True, 1, "blocking"),
+])
+def test_optimal_on_every_order_of_two_ranks(m: int, split: bool, limit: int | None,
+                                             comm: str) -> None:
+    problem = Problem(PipelineConfig.make(2, m), HETERO, split, comm,  # type: ignore[arg-type]
+                      None if limit is None else float(limit))
+    want = brute_force(problem)
+    got = synthesize(problem, time_limit=20, workers=1)
+    assert got.optimal and got.gap == 0
+    assert got.step == pytest.approx(want, abs=1e-9)
+    verify(got.schedule)
+    assert problem.fits(got.schedule)
+
+
+@pytest.mark.parametrize(("p", "m"), [(3, 4), (4, 6)])
+def test_closed_forms_1f1b_and_zb_h1(p: int, m: int) -> None:
+    """At 1F1B's memory with F = 1, B = 2 the best step is 1F1B's, (m + p - 1)(F + B); split
+    into I = W = 1 it is ZB-H1's, m(F + I + W) + (p - 1)(F + I - W)."""
+    costs = CostModel()
+    fb = synthesize(make_problem(costs, p, m, memory_limit=p), time_limit=20)
+    assert fb.step == (m + p - 1) * 3 and fb.optimal
+    zb = synthesize(make_problem(costs, p, m, split=True, memory_limit=p), time_limit=20)
+    assert zb.step == 3 * m + (p - 1) and zb.optimal
+    assert max(verify(zb.schedule).peak_activations) <= p
+
+
+@pytest.mark.parametrize("comm", ["overlapped", "blocking"])
+def test_model_objective_is_the_simulated_step(comm: str) -> None:
+    problem = make_problem(HETERO, 2, 4, split=True, comm=comm, memory_limit=2)  # type: ignore[arg-type]
+    warm = starts(problem)[0]
+    solved = solve(problem, hint=warm.schedule, upper=warm.step, time_limit=20)
+    assert solved.optimal and solved.schedule is not None
+    assert solved.step == pytest.approx(solved.objective, abs=1e-9)
+    assert simulate(solved.schedule, problem.costs, comm=comm).makespan == solved.step
+
+
+def test_any_solution_simulates_no_slower_than_the_model_says() -> None:
+    problem = make_problem(HETERO, 3, 6, split=True, memory_limit=3)
+    solved = solve(problem, time_limit=1, workers=1, work_limit=0.05)
+    assert solved.schedule is not None and solved.objective is not None and solved.step is not None
+    assert solved.step <= solved.objective + 1e-9
+
+
+def test_scale_is_exact_for_decimal_costs_and_rounds_down_otherwise() -> None:
+    assert choose_scale([4.4, 0.005, 1.0]) == choose_scale([0.005])
+    assert choose_scale([4.4, 0.005]).exact and choose_scale([4.4]).factor == 10
+    odd = choose_scale([1 / 3])
+    assert not odd.exact and odd.down(1 / 3) <= odd.factor / 3
+
+
+def test_progress_reports_each_improvement_with_its_bound() -> None:
+    problem = make_problem(HETERO, 3, 6, split=True, memory_limit=3)
+    seen: list[tuple[float, float, float]] = []
+    got = synthesize(problem, time_limit=20, progress=lambda *x: seen.append(x))
+    assert seen, "the warm start is improved on here"
+    assert all(bound <= best + 1e-9 for _, best, bound in seen)
+    assert [best for _, best, _ in seen] == sorted((b for _, b, _ in seen), reverse=True)
+    assert seen[-1][1] >= got.step - 1e-9  # the model's objective, >= the simulated step
+
+
+def test_same_seed_same_schedule_with_one_worker() -> None:
+    problem = make_problem(HETERO, 3, 5, split=True, memory_limit=3)
+    a = synthesize(problem, time_limit=30, workers=1, seed=7)
+    b = synthesize(problem, time_limit=30, workers=1, seed=7)
+    assert a.schedule.programs == b.schedule.programs and a.step == b.step
+
+
+def test_memory_budget_between_the_least_and_1f1b_holds() -> None:
+    problem = make_problem(HETERO, 3, 6, memory_limit=2)
+    got = synthesize(problem, time_limit=20)
+    assert max(verify(got.schedule).peak_activations) <= 2
+    assert got.step <= simulate(sequential(problem), HETERO).makespan
+
+
+def test_too_short_a_time_limit_returns_the_warm_start_with_its_gap() -> None:
+    problem = make_problem(HETERO, 4, 12, split=True, memory_limit=4)
+    got = synthesize(problem, time_limit=1e-3)
+    assert got.step == got.warm.step and got.gap > 0 and not got.optimal
+    verify(got.schedule)
+
+
+def test_zb_greedy_is_valid_and_reaches_zb_h1_on_equal_costs() -> None:
+    p, m = 4, 8
+    problem = make_problem(CostModel(), p, m, split=True, memory_limit=p)
+    s = zb_greedy(problem)
+    assert s is not None and problem.fits(s)
+    verify(s)
+    assert simulate(s).makespan == 3 * m + p - 1
+    assert zb_greedy(make_problem(CostModel(), p, m, memory_limit=p)) is None  # needs I + W
+
+
+def test_decomposition_repeats_a_steady_round() -> None:
+    problem = make_problem(CostModel(), 3, 12, split=True, memory_limit=3)
+    small = short_problem(problem, 6)
+    short = synthesize(small, time_limit=20).schedule
+    grown = extend(problem, short)
+    assert grown is not None and grown.rounds == 6
+    verify(grown.schedule)
+    assert problem.fits(grown.schedule)
+    assert grown.step == 3 * 12 + 2  # still ZB-H1's closed form
+
+
+def test_large_problems_are_decomposed(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pipeir.synth as synth
+
+    problem = make_problem(HETERO, 3, 10, split=True, memory_limit=3)
+    assert len(problem.ops) > 60
+    monkeypatch.setattr(synth, "EXACT_OPS", 60)
+    got = synth.synthesize(problem, time_limit=10)
+    assert got.method.startswith("decomposed")
+    assert got.step <= got.warm.step and got.bound <= got.step
+    verify(got.schedule)
+    assert EXACT_OPS > 60
+
+
+# ---- the pass --------------------------------------------------------------------------------
+def test_pass_is_never_slower_and_keeps_the_inputs_memory() -> None:
+    costs = HETERO
+    s = pipeir.compile(pipeir.library.get("1f1b", 2, 4), "split-backward").schedule
+    before = simulate(s, costs).makespan
+    out = pipeir.compile(s, "synth{time_limit=5},verify", costs=costs,
+                         comm="overlapped").schedule
+    assert simulate(out, costs).makespan <= before
+    roomy = pipeir.compile(s, "synth{time_limit=5,memory_limit=4}", costs=costs).schedule
+    assert simulate(roomy, costs).makespan < before
+    assert max(verify(out).peak_activations) <= max(verify(s).peak_activations)
+    assert out.name == s.name
+
+
+def test_pass_option_errors() -> None:
+    with pytest.raises(pipeir.UsageError, match="time_limit must be > 0"):
+        pipeir.compile(pipeir.library.get("1f1b", 2, 4), "synth{time_limit=0}")
+
+
+@pytest.mark.parametrize(("before", "message"), [
+    ("recompute{all=true}", "synth works on F/B/I/W schedules, but this one has FC"),
+    ("dp-reduce", "the input has gradient reductions (R ops)"),
+])
+def test_pass_refuses_memory_ops_and_reductions(before: str, message: str) -> None:
+    """The model orders F/B/I/W; memory ops and R ops are placed after it, never dropped."""
+    s = pipeir.compile(pipeir.library.get("1f1b", 2, 4), before).schedule
+    with pytest.raises(pipeir.UsageError, match=re.escape(message)):
+        pipeir.compile(s, "synth{time_limit=1}")
+    out = pipeir.compile(pipeir.library.get("1f1b", 2, 4),
+                         f"synth{{time_limit=1}},{before}").schedule
+    assert any(op.kind in ("FC", "R") for op in out)
+
+
+# ---- the command line ------------------------------------------------------------------------
+def test_cli_writes_a_schedule_that_simulates_to_the_reported_step(cli, tmp_path: Path) -> None:
+    costs = tmp_path / "c.toml"
+    costs.write_text('F = 1.0\nI = 1.5\nW = 0.5\nlatency = 0.25\nunit = "ms"\n'
+                     '[stage.0]\nF = 1.5\n[stage.2]\nF = 2.0\n')
+    out = tmp_path / "best.sched"
+    code, text, err = cli("synth", "--costs", costs, "--ranks", 3, "--microbatches", 6,
+                          "--split-backward", "--time-limit", 5, "--workers", 1, "-o", out)
+    assert code == 0, err
+    step = re.search(r"best: step (\S+) ms", text)
+    bound = re.search(r"lower bound: (\S+) ms; gap (\S+)%", text)
+    assert step and bound, text
+    code, sim, err = cli("simulate", out)
+    assert code == 0, err
+    assert re.search(r"makespan (\S+) ms", sim).group(1) == step.group(1)  # type: ignore[union-attr]
+    elab = pipeir.load(out)
+    verify(elab.schedule)
+    v = elab.schedule.config.stages // 3
+    assert max(verify(elab.schedule).peak_activations) <= 3 * v  # the default budget: 1F1B's
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--memory-limit", "0.5"), "smallest feasible limit is --memory-limit 1"),
+    (("--memory-limit", "0.75", "--v", "2"), "smallest feasible limit is --memory-limit 1"),
+    (("--memory-bytes", "1e9"), "needs activation sizes in the cost file"),
+    (("--time-limit", "0"), "argument --time-limit: expected a positive number, got 0"),
+    (("--time-limit", "nan"), "argument --time-limit: expected a positive number, got nan"),
+    (("--ranks", "2"), "the costs describe 4 stages"),
+    (("--v", "0"), "argument --v: expected a positive integer, got 0"),
+    (("--workers", "x"), "argument --workers: expected a positive integer, got 'x'"),
+    (("-o", "/nonexistent/dir/out.sched"), "-o /nonexistent/dir/out.sched: directory"),
+])
+def test_cli_errors_are_clear(cli, args: tuple[str, ...], message: str) -> None:
+    code, _out, err = cli("synth", "--costs", REPO / "examples/costs/compute-bound.toml",
+                         "--microbatches", 4, *args)
+    assert code == 2 and message in err, err
+    assert "Traceback" not in err
+
+
+def test_cli_bytes_budget_names_the_least_bytes(cli, tmp_path: Path) -> None:
+    costs = tmp_path / "c.toml"
+    costs.write_text("memory_bytes = 1000\n[stage.1]\nF = 2.0\n")
+    code, _, err = cli("synth", "--costs", costs, "--microbatches", 4, "--memory-bytes", 999)
+    assert code == 2 and "smallest feasible limit is --memory-bytes 1000" in err, err
+    code, _out, err = cli("synth", "--costs", costs, "--microbatches", 4, "--memory-bytes",
+                         1000, "--time-limit", 5)
+    assert code == 0, err
+
+
+def test_cli_refuses_data_parallel_costs_before_searching(cli, tmp_path: Path) -> None:
+    costs = tmp_path / "c.toml"
+    costs.write_text("F = 1.0\ndp = 2\n")
+    out = tmp_path / "out.sched"
+    code, _out, err = cli("synth", "--costs", costs, "--ranks", 2, "--microbatches", 4,
+                          "-o", out)
+    assert code == 2 and "does not model gradient all-reduces" in err, err
+    assert err.count("\n") <= 2 and not out.exists()
+
+
+def test_cli_bad_cost_file_gets_the_cost_file_error(cli, tmp_path: Path) -> None:
+    costs = tmp_path / "c.toml"
+    costs.write_text("F = 1.0\nQ = 2\n")
+    code, _out, err = cli("synth", "--costs", costs, "--ranks", 2, "--microbatches", 4)
+    assert code == 2 and "unknown cost 'Q'" in err and "c.toml:2:1" in err, err
