@@ -22,6 +22,20 @@ EXIT_INVALID = 1  # the input is well-formed but the schedule is wrong (verifica
 EXIT_USAGE = 2  # syntax, name, type or command-line errors
 
 
+def read_bytes(p: Path, kind: str, most: int | None) -> bytes:
+    """The bytes of `p` (at most `most` + 1 of them when `most` is given); errors as
+    UsageErrors."""
+    try:
+        with p.open("rb") as f:
+            return f.read() if most is None else f.read(most + 1)
+    except FileNotFoundError:
+        raise UsageError(f"{p}: no such {kind}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{p}: is a directory, not a {kind}") from None
+    except OSError as e:
+        raise UsageError(f"{p}: cannot read: {e.strerror}") from None
+
+
 @dataclass(frozen=True)
 class Source:
     """A piece of source text and the name it is reported under."""
@@ -34,15 +48,13 @@ class Source:
         """Read a user's text file (`kind` names it in messages): a missing, unreadable,
         binary or non-UTF-8 file is a UsageError, never a traceback. A UTF-8 byte-order mark
         is dropped."""
+        return cls.decode(path, read_bytes(Path(path), kind, None), kind)
+
+    @classmethod
+    def decode(cls, path: str | os.PathLike[str], data: bytes, kind: str = ".sched file"
+               ) -> Source:
+        """The text of `data`, read from `path`: binary or non-UTF-8 data is a UsageError."""
         p = Path(path)
-        try:
-            data = p.read_bytes()
-        except FileNotFoundError:
-            raise UsageError(f"{p}: no such {kind}") from None
-        except IsADirectoryError:
-            raise UsageError(f"{p}: is a directory, not a {kind}") from None
-        except OSError as e:
-            raise UsageError(f"{p}: cannot read: {e.strerror}") from None
         try:
             text = data.decode("utf-8-sig")
         except UnicodeDecodeError as e:

@@ -7,9 +7,10 @@ from functools import cache
 from typing import Any
 
 from lark import Lark, Token, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 from lark.visitors import Transformer_NonRecursive
 
+from pipeir import limits
 from pipeir._nesting import nesting_guard
 from pipeir.diagnostics import Note, Source, Span, UsageError
 from pipeir.frontend import ast
@@ -29,7 +30,12 @@ def parse_source(source: Source) -> ast.Module:
             tree = _lark().parse(source.text)
         except UnexpectedInput as e:
             raise _syntax_error(source, e) from None
-        module = _ToAst(source).transform(tree)
+        try:
+            module = _ToAst(source).transform(tree)
+        except VisitError as e:  # a literal the transformer refuses (an integer too large)
+            if isinstance(e.orig_exc, UsageError):
+                raise e.orig_exc from None
+            raise
     assert isinstance(module, ast.Module)
     return module
 
@@ -255,7 +261,12 @@ class _ToAst(Transformer_NonRecursive):  # type: ignore[type-arg]
         return ast.Unary(self._span(meta), str(c[0]), c[1])
 
     def int_lit(self, meta: Any, c: list[Token]) -> ast.Num:
-        return ast.Num(self._span(meta), int(c[0]))
+        text = str(c[0])
+        if len(text.lstrip("0")) > len(str(limits.MAX_INT)) or int(text) > limits.MAX_INT:
+            raise UsageError(f"integer {text if len(text) < 30 else text[:12] + '...'} "
+                             f"({len(text)} digits) is out of range: integers are 64-bit, at "
+                             f"most {limits.MAX_INT:,}", self._span(meta))
+        return ast.Num(self._span(meta), int(text))
 
     def float_lit(self, meta: Any, c: list[Token]) -> ast.Num:
         return ast.Num(self._span(meta), float(c[0]))

@@ -75,6 +75,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pipeir import limits
 from pipeir.diagnostics import Note, Source, Span, UsageError, did_you_mean, where_prefix
 from pipeir.ops import CHANNEL, KINDS, Kind, Op
 from pipeir.sim.lengths import LENGTH_KEYS, LengthCost, split_length_settings
@@ -502,7 +503,7 @@ def read_cost_file(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Span | 
     """A JSON or TOML cost file as dotted settings, each with the span of its key when it can
     be found in the text (so errors point at the line)."""
     p = Path(path)
-    src = Source.read(p, "cost file (JSON or TOML)")
+    src = limits.read_input(p, "cost file (JSON or TOML)")
     data = _parse_json(src) if p.suffix.lower() == ".json" else _parse_toml(src)
     if not isinstance(data, dict):
         raise UsageError("a cost file must be a JSON object or a TOML table, "
