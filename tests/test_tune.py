@@ -177,12 +177,12 @@ def test_chunks_of_stage_0_after_the_first_have_an_input_gradient() -> None:
 
 def test_simulate_with_costs_over_tunes_file_warns(cli, tmp_path: Path) -> None:
     best = tmp_path / "best.sched"
-    code, out, err = cli("tune", "--costs", COMPUTE, "--max-v", "2", "-o", best)
+    code, _, err = cli("tune", "--costs", COMPUTE, "--max-v", "2", "-o", best)
     assert code == 0, err
-    code, out, err = cli("simulate", best, "--costs", COMPUTE)
+    code, _, err = cli("simulate", best, "--costs", COMPUTE)
     assert code == 0
     assert f"warning: --costs {COMPUTE} replaces the schedule file's own costs block" in err
     if "stages = 8" in best.read_text():
         assert "describes 4 stages but the schedule has 8" in err
-    code, out, err = cli("simulate", best)
+    code, _, err = cli("simulate", best)
     assert code == 0 and "warning" not in err
