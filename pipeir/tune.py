@@ -26,7 +26,7 @@ count does not change them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from pipeir import library
@@ -154,11 +154,13 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
            memory_limit: float | None = None, max_v: int = 8,
            comms: Sequence[str] = ("overlapped", "blocking"),
            splits: Sequence[str | None] = SPLITS, reorder: bool | None = None,
-           dp: int | None = None) -> TuneResult:
+           dp: int | None = None, progress: Callable[[str], None] | None = None
+           ) -> TuneResult:
     """Simulate every candidate; rank those within `memory_limit` by predicted step time
     (then fewer messages, then less memory). `reorder` (default: when micro-batches differ
     in cost) adds the `reorder` pass to every candidate; `dp` (default: the costs' `dp`)
-    replicates the pipeline and adds `dp-reduce`."""
+    replicates the pipeline and adds `dp-reduce`. `progress` hears of each candidate before
+    it is simulated (`pipeir.progress`)."""
     if dp is not None:
         if dp < 1:
             raise UsageError(f"--dp {dp}: need at least 1 replica")
@@ -179,25 +181,32 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
     ref = microbatches[0]
     ranked: list[Candidate] = []
     over: list[Candidate] = []
+    plan = []
+    refused: list[str] = []
     for m in dict.fromkeys(microbatches):
         for family, v in _families(ranks, m, max_v):
             try:
                 base = library.get(family, ranks=ranks, microbatches=m,
                                    **({"v": v} if family == "interleaved-1f1b" else {}))
-            except PipeirError:
-                continue  # e.g. interleaved 1F1B needs m to be a multiple of its rounds
+            except PipeirError as e:  # e.g. interleaved 1F1B needs m to be a multiple of
+                refused.append(e.diagnostics[0].message)  # its rounds; or a size limit
+                continue
             chunk_costs = rescale(costs, ranks, v, ref / m)
-            for split in ([None] if family in PRESPLIT else splits):
-                for comm in comms:
-                    cand = _evaluate(base, chunk_costs, family, v, m, split, comm,
-                                     do_reorder, ref / m)
-                    fits = memory_limit is None or cand.peak_memory <= memory_limit + 1e-9
-                    (ranked if fits else over).append(cand)
+            plan += [(base, chunk_costs, family, v, m, split, comm)
+                     for split in ([None] if family in PRESPLIT else splits) for comm in comms]
+    for i, (base, chunk_costs, family, v, m, split, comm) in enumerate(plan, 1):
+        if progress is not None:
+            progress(f"candidate {i}/{len(plan)}: {family} v={v} m={m}"
+                     + (f" split {split}" if split else "") + f" {comm}")
+        cand = _evaluate(base, chunk_costs, family, v, m, split, comm, do_reorder, ref / m)
+        fits = memory_limit is None or cand.peak_memory <= memory_limit + 1e-9
+        (ranked if fits else over).append(cand)
     ranked.sort(key=Candidate.sort_key)
     over.sort(key=Candidate.sort_key)
     if not ranked and not over:
         raise UsageError(f"no library schedule admits {ranks} ranks with "
-                         f"{', '.join(map(str, microbatches))} micro-batches")
+                         f"{', '.join(map(str, microbatches))} micro-batches"
+                         + (f" (the first refusal: {refused[0]})" if refused else ""))
     if not ranked:
         least = min((c.peak_memory for c in over), default=0.0)
         raise UsageError(f"no schedule fits --memory-limit {memory_limit:g}: the least "

@@ -9,6 +9,7 @@ from typing import Any
 from pipeir.cli.common import positive_float
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
+from pipeir.progress import Progress
 
 ORDER = 110
 NAME = "tune"
@@ -74,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
     for m in mbs:
         check_count(spec, m)
     comms = ("overlapped", "blocking") if args.comm == "both" else (args.comm,)
-    result = search(costs, ranks, mbs, memory_limit=args.memory_limit, max_v=args.max_v,
-                    comms=comms, dp=args.dp)
+    with Progress("tune") as progress:
+        result = search(costs, ranks, mbs, memory_limit=args.memory_limit, max_v=args.max_v,
+                        comms=comms, dp=args.dp, progress=progress)
     best = result.best
     print(table(result, args.top), end="")
     if result.over_limit:
