@@ -52,9 +52,23 @@ MAX_INT: Final = 2**63 - 1
 #: Past this much memory no budget helps: the input is wrong, not large.
 _ABSURD: Final = 2**50
 
-_UNITS: Final = {"": 1, "B": 1, "K": 2**10, "KB": 10**3, "KIB": 2**10, "M": 2**20,
-                 "MB": 10**6, "MIB": 2**20, "G": 2**30, "GB": 10**9, "GIB": 2**30,
-                 "T": 2**40, "TB": 10**12, "TIB": 2**40}
+#: Units of a size written with one (`8GB`, `512MiB`, `3e8B`).
+BYTE_UNITS: Final = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+                     "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def split_unit(text: str) -> tuple[str, str]:
+    """`"8GiB"` -> `("8", "GIB")`: the number and its unit (upper case; "" for none)."""
+    t = text.strip()
+    num = t.rstrip("BbKkMmGgTtIi")
+    return num, t[len(num):].upper()
+
+
+def bytes_of(num: str, unit: str) -> float:
+    """The bytes `num` `unit` stand for; ValueError for an unknown unit or a bad number."""
+    if unit not in BYTE_UNITS:
+        raise ValueError(unit)
+    return float(num) * BYTE_UNITS[unit]
 
 
 def budget() -> int:
@@ -62,11 +76,10 @@ def budget() -> int:
     raw = os.environ.get(ENV, "").strip()
     if not raw:
         return DEFAULT_BUDGET
-    num = raw.rstrip("BbKkMmGgTtIi")
-    unit = raw[len(num):].upper()
+    num, unit = split_unit(raw)
     try:
-        value = float(num) * _UNITS[unit]
-    except (KeyError, ValueError):
+        value = bytes_of(num, unit or "B")
+    except ValueError:
         value = -1.0
     if not 1 <= value < 2**63:
         raise UsageError(f"{ENV}={raw}: expected a size such as 8GiB, 500MB or 4000000000")
