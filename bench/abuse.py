@@ -282,6 +282,11 @@ def option_cases() -> list[Case]:
              quick=q),
         Case("cost file with a 5000-digit integer", ["simulate", *LIB, "--costs", "c.json"],
              setup=_file("c.json", '{"F": ' + "9" * 5000 + "}")),
+        Case("simulate with fewer lengths than micro-batches",
+             ["simulate", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "16",
+              "--costs", str(REPO / "examples/costs/lengths.toml")]),
+        Case("check --lowered a torch CSV", ["check", "--lowered", "in.csv"], OK,
+             setup=_csv("in.csv")),
         Case("check a directory", ["check", str(REPO / "examples")]),
         Case("check a missing file", ["check", "missing.sched"]),
     ]
@@ -357,6 +362,8 @@ def resource_cases() -> list[Case]:
         Case("run accumulate = 10**12", [*RUN2, "--set", "accumulate=1000000000000"],
              timeout=60),
         Case("PIPEIR_MAX_MEMORY=lots", ["check", SCHED], env={"PIPEIR_MAX_MEMORY": "lots"},
+             **bound),
+        Case("PIPEIR_MAX_MEMORY=1KiB", ["check", SCHED], env={"PIPEIR_MAX_MEMORY": "1KiB"},
              **bound),
     ]
 
