@@ -345,6 +345,18 @@ def resource_cases() -> list[Case]:
                          "def sq(x, n) = sq(x * x, n - 1)\n"
                          "schedule s { rank r { let k = sq(3, 150)\n F(r, 0) B(r, 0) } }\n"),
              **bound),
+        Case("a 5000-digit rank number", ["check", "rank.sched"],
+             setup=_file("rank.sched", "pipeline { ranks = 1 microbatches = 1 }\n"
+                         "schedule s { rank " + "9" * 5000 + " { F(0,0) B(0,0) } }\n"),
+             **bound),
+        Case("a 5000-digit stage in a costs block", ["simulate", "cost.sched"],
+             setup=_file("cost.sched", "pipeline { ranks = 1 microbatches = 1 }\n"
+                         "costs { stage." + "9" * 5000 + ".F = 1 }\nschedule = 1f1b\n"),
+             **bound),
+        Case("--set a 5000-digit micro-batch cost", ["simulate", SCHED, "--set",
+                                                     "mb." + "9" * 5000 + ".F=1"], **bound),
+        Case("torch CSV with a 5000-digit stage", ["check", "huge.csv"],
+             setup=_file("huge.csv", "9" * 5000 + "F0\n"), **bound),
         Case("torch CSV 0F99999999999999999999", ["check", "huge.csv"],
              setup=_file("huge.csv", "0F99999999999999999999\n"), **bound),
         Case("torch CSV 999999999F0", ["check", "huge.csv"],

@@ -110,6 +110,10 @@ class Diagnostic:
                                                     fallback=self.span)])
 
 
+#: Source lines longer than this are shown as a window of this many columns around the span.
+SHOWN_COLUMNS = 200
+
+
 def _render_one(severity: str, message: str, span: Span | None,
                 fallback: Span | None) -> list[str]:
     if span is None:
@@ -119,9 +123,18 @@ def _render_one(severity: str, message: str, span: Span | None,
     text = span.source.line(span.line)
     if text:
         same_line = span.end_line == span.line
-        width = (span.end_col - span.col) if same_line else len(text) - span.col + 1
-        out.append("    " + text.rstrip())
-        out.append("    " + " " * (span.col - 1) + "^" * max(1, width))
+        col = span.col - 1
+        width = (span.end_col - span.col) if same_line else len(text) - col
+        text = text.rstrip()
+        if len(text) > SHOWN_COLUMNS:  # a window around the span (a 16,000-digit number...)
+            start = max(0, min(col - 20, len(text) - SHOWN_COLUMNS))
+            pre = "..." if start else ""
+            post = "..." if start + SHOWN_COLUMNS < len(text) else ""
+            shown = text[start:start + SHOWN_COLUMNS]
+            width = min(width, len(shown) - (col - start))
+            text, col = pre + shown + post, len(pre) + col - start
+        out.append("    " + text)
+        out.append("    " + " " * col + "^" * max(1, width))
     return out
 
 

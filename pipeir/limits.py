@@ -146,6 +146,17 @@ def check_lowering(what: str, ops: int, rounds: int) -> None:
     check(what, ops * rounds, "ops x rounds" if rounds > 1 else "ops", BYTES_PER_LOWERED_OP)
 
 
+def to_int(digits: str) -> int:
+    """A string of decimal digits as an integer of the 64-bit range, else a ValueError that
+    says so (Python's own int() refuses past 4,300 digits with advice about sys)."""
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > len(str(MAX_INT)) or int(significant) > MAX_INT:
+        shown = digits if len(digits) < 30 else digits[:12] + "..."
+        raise ValueError(f"integer {shown} ({len(digits)} digits) is out of range: integers "
+                         f"are 64-bit, at most {MAX_INT:,}")
+    return int(significant)
+
+
 def int_overflow(value: int) -> bool:
     """Whether an integer is outside the language's 64-bit range."""
     return not -MAX_INT <= value <= MAX_INT

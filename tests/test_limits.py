@@ -119,6 +119,30 @@ def test_torch_csv_stage_numbers_are_not_listed() -> None:
     t0 = time.monotonic()
     with pytest.raises(pipeir.VerifyError, match="stage 0 appears in no cell"):
         loads_csv("999999999F0\n")
-    with pytest.raises(pipeir.UsageError, match="is a number wrong"):
+    with pytest.raises(pipeir.UsageError, match=r"integer 99999999999999999999 \(20 digits\)"):
         loads_csv("0F99999999999999999999\n")
+    with pytest.raises(pipeir.UsageError, match="is a number wrong"):
+        loads_csv("0F9999999999999999\n")
     assert time.monotonic() - t0 < 1
+
+
+def test_every_integer_in_the_input_is_64_bit(cli, tmp_path: Path) -> None:
+    """Rank numbers, cost indices and CSV cells past 64 bits are errors at their place, not
+    Python's 4,300-digit ValueError; a long line is shown as a window around the span."""
+    big = "9" * 5000
+    cases = {
+        "rank.sched": HEAD + f"schedule s {{ rank {big} {{ F(0,0) B(0,0) }} }}\n",
+        "cost.sched": HEAD + f"costs {{ stage.{big}.F = 1 }}\n" + BODY % "",
+        "zeros.sched": HEAD + BODY % ("let k = " + "0" * 5000 + "1"),
+        "cell.csv": f"{big}F0\n",
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        code, _, err = cli("simulate" if name == "cost.sched" else "check", tmp_path / name)
+        if name == "zeros.sched":
+            assert code == 0, err  # leading zeros are still a small number
+            continue
+        assert code == 2, err
+        first, source, carets = err.splitlines()[:3]
+        assert "integer 999999999999... (5000 digits) is out of range" in first
+        assert len(source) < 220 and len(carets) < 220 and "^" in carets

@@ -105,8 +105,9 @@ def _warn_replaced(path: str, elab: Elaborated, costs: CostModel) -> None:
         why = (f"; {path} describes {described} stages but the schedule has {stages}: if "
                "`pipeirc tune` wrote this file, its costs block holds the per-chunk costs it "
                "ranked by, so simulate it without --costs")
+    n = len(elab.costs)
     d = Diagnostic(f"--costs {path} replaces the schedule file's own costs block "
-                   f"({len(elab.costs)} settings){why}", severity="warning")
+                   f"({n} setting{'s' if n != 1 else ''}){why}", severity="warning")
     print(d.render(), file=sys.stderr)
 
 
@@ -119,7 +120,7 @@ def _warn_unused(config: PipelineConfig, settings: dict[str, tuple[Any, Span | N
             if key in parts[:-1]:
                 i = parts.index(key)
                 idx = parts[i + 1] if i + 1 < len(parts) else ""
-                if idx.isdigit() and int(idx) >= count:
+                if idx.isdigit() and (len(idx) > 18 or int(idx) >= count):
                     d = Diagnostic(f"cost '{name}' names {key} {idx}, but the pipeline has "
                                    f"{count} ({key} 0..{count - 1}); it is ignored", span,
                                    severity="warning")

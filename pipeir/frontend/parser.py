@@ -227,7 +227,7 @@ class _ToAst(Transformer_NonRecursive):  # type: ignore[type-arg]
     def rank_one(self, meta: Any, c: list[Any]) -> ast.RankOne:
         rank = c[0]
         if isinstance(rank, Token):
-            rank = ast.Num(self._tspan(rank), int(rank))
+            rank = ast.Num(self._tspan(rank), self._int(rank, self._tspan(rank)))
         return ast.RankOne(self._span(meta), rank, c[1])
 
     def call_stmt(self, meta: Any, c: list[Any]) -> ast.CallStmt:
@@ -261,12 +261,13 @@ class _ToAst(Transformer_NonRecursive):  # type: ignore[type-arg]
         return ast.Unary(self._span(meta), str(c[0]), c[1])
 
     def int_lit(self, meta: Any, c: list[Token]) -> ast.Num:
-        text = str(c[0])
-        if len(text.lstrip("0")) > len(str(limits.MAX_INT)) or int(text) > limits.MAX_INT:
-            raise UsageError(f"integer {text if len(text) < 30 else text[:12] + '...'} "
-                             f"({len(text)} digits) is out of range: integers are 64-bit, at "
-                             f"most {limits.MAX_INT:,}", self._span(meta))
-        return ast.Num(self._span(meta), int(text))
+        return ast.Num(self._span(meta), self._int(c[0], self._span(meta)))
+
+    def _int(self, token: Token, span: Span) -> int:
+        try:
+            return limits.to_int(str(token))
+        except ValueError as e:
+            raise UsageError(str(e), span) from None
 
     def float_lit(self, meta: Any, c: list[Token]) -> ast.Num:
         return ast.Num(self._span(meta), float(c[0]))
