@@ -146,3 +146,13 @@ def test_every_integer_in_the_input_is_64_bit(cli, tmp_path: Path) -> None:
         first, source, carets = err.splitlines()[:3]
         assert "integer 999999999999... (5000 digits) is out of range" in first
         assert len(source) < 220 and len(carets) < 220 and "^" in carets
+
+
+def test_integer_lists_on_the_command_line_are_64_bit(cli) -> None:
+    big = "9" * 5000
+    costs = Path(__file__).parent.parent / "examples" / "costs" / "compute-bound.toml"
+    for flag, args in (("--ranks", ["bubble", "--ranks", big]),
+                       ("--microbatches", ["tune", "--costs", costs, "--microbatches",
+                                           f"8,{big}"])):
+        code, _, err = cli(*args)
+        assert code == 2 and err.startswith(f"error: {flag}: integer 999999999999... (5000")

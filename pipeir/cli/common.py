@@ -56,6 +56,22 @@ def positive_int(text: str) -> int:
     return value
 
 
+def positive_ints(flag: str, text: str) -> list[int]:
+    """`--microbatches 8,16`: positive integers (of 64 bits) separated by commas."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = limits.to_int(part) if part.isdigit() else 0
+        except ValueError as e:
+            raise UsageError(f"{flag}: {e}") from None
+        if value < 1:
+            raise UsageError(f"{flag} {text}: expected positive integers separated by commas, "
+                             f"got '{part}'")
+        out.append(value)
+    return out
+
+
 def parse_override(text: str) -> tuple[str, Value]:
     """`--set name=value`: value is an integer, a number, a name (loop, vshape) or a list."""
     if "=" not in text:
