@@ -23,7 +23,6 @@ Value = int | float | bool | str | tuple[Any, ...]
 Env = dict[str, Any]
 
 
-
 # ---- compile time: scopes --------------------------------------------------------------------
 @dataclass(frozen=True)
 class Binding:
