@@ -20,9 +20,10 @@ space limit). After it ends the script counts:
 Inputs: every writer against links, FIFOs, devices, /proc, missing and existing directories;
 bad option values; bad cost files; plugins named like built-ins; killed runs; run-time
 guards; generated ones (random bad values for numeric options, random byte edits of the
-examples). Cases marked "open" are issue 11's remaining parts (resource limits in the
-frontend, CSV reader and lowering, which this change does not touch): they are counted
-separately and do not fail the script. Exit status: 1 if any other case fails.
+examples); inputs that used to exhaust memory or time (`.sched` recursion and integers,
+torch CSVs, /dev/zero, library sizes, pass outputs, lowering), each under a 2 GiB address
+space bound. Cases marked "open" are issue 11's remaining parts: they are counted separately
+and do not fail the script. Exit status: 1 if any other case fails.
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ class Case:
     open: str | None = None
     #: bytes of address space the command may use (for the cases that exhausted memory)
     memory: int | None = None
+    #: extra environment variables
+    env: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -279,6 +282,11 @@ def option_cases() -> list[Case]:
              quick=q),
         Case("cost file with a 5000-digit integer", ["simulate", *LIB, "--costs", "c.json"],
              setup=_file("c.json", '{"F": ' + "9" * 5000 + "}")),
+        Case("simulate with fewer lengths than micro-batches",
+             ["simulate", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "16",
+              "--costs", str(REPO / "examples/costs/lengths.toml")]),
+        Case("check --lowered a torch CSV", ["check", "--lowered", "in.csv"], OK,
+             setup=_csv("in.csv")),
         Case("check a directory", ["check", str(REPO / "examples")]),
         Case("check a missing file", ["check", "missing.sched"]),
     ]
@@ -309,33 +317,75 @@ def runtime_cases() -> list[Case]:
 GiB = 2**30
 
 
-def open_cases() -> list[Case]:
-    """Issue 11's resource-limit part (frontend, CSV reader, lowering; not in this change)."""
-    why = "resource limits (frontend/CSV/lowering)"
+def resource_cases() -> list[Case]:
+    """Inputs that used to exhaust memory or time (issue 11's resource part): each must be
+    refused before the work, naming the limit (pipeir/limits.py), under 2 GiB of address
+    space and well within its time bound."""
     deep = "def f40(x) = x\n" + "".join(f"def f{i}(x) = f{i + 1}(f{i + 1}(x))\n"
                                         for i in reversed(range(40)))
+    bound = {"timeout": 15.0, "memory": 2 * GiB}
     return [
-        Case("check /dev/zero", ["check", "/dev/zero"], timeout=15, open=why, memory=2 * GiB),
+        Case("check /dev/zero", ["check", "/dev/zero"], quick=True, **bound),
+        Case("simulate --costs /dev/zero", ["simulate", SCHED, "--costs", "/dev/zero"],
+             **bound),
+        Case("import-torch /dev/zero", ["import-torch", "/dev/zero"], **bound),
         Case("compile accumulate = 10**12",
              ["compile", SCHED, "--set", "accumulate=1000000000000", "--emit", "lowered"],
-             timeout=15, open=why, memory=2 * GiB),
+             quick=True, **bound),
         Case("helper calls 40 deep", ["check", "deep.sched"],
              setup=_file("deep.sched", "pipeline { ranks = 1 microbatches = 1 }\n" + deep +
                          "schedule s { rank r { let k = f0(0)\n F(r, k) B(r, k) } }\n"),
-             timeout=15, open=why, memory=2 * GiB),
+             quick=True, **bound),
         Case("10**16384 as a stage", ["check", "big.sched"],
              setup=_file("big.sched", "pipeline { ranks = 2 microbatches = 2 }\n"
                          "schedule s { rank r { F(1" + "0" * 16384 + ", 0) } }\n"),
-             timeout=15, open=why, memory=2 * GiB),
+             quick=True, **bound),
+        Case("integers past 64 bits by arithmetic", ["check", "mul.sched"],
+             setup=_file("mul.sched", "pipeline { ranks = 1 microbatches = 1 }\n"
+                         "def sq(x, n) = sq(x * x, n - 1)\n"
+                         "schedule s { rank r { let k = sq(3, 150)\n F(r, 0) B(r, 0) } }\n"),
+             **bound),
+        Case("a 5000-digit rank number", ["check", "rank.sched"],
+             setup=_file("rank.sched", "pipeline { ranks = 1 microbatches = 1 }\n"
+                         "schedule s { rank " + "9" * 5000 + " { F(0,0) B(0,0) } }\n"),
+             **bound),
+        Case("a 5000-digit stage in a costs block", ["simulate", "cost.sched"],
+             setup=_file("cost.sched", "pipeline { ranks = 1 microbatches = 1 }\n"
+                         "costs { stage." + "9" * 5000 + ".F = 1 }\nschedule = 1f1b\n"),
+             **bound),
+        Case("--set a 5000-digit micro-batch cost", ["simulate", SCHED, "--set",
+                                                     "mb." + "9" * 5000 + ".F=1"], **bound),
+        Case("tune --microbatches with 5000 digits",
+             ["tune", "--costs", COSTS, "--microbatches", "9" * 5000], **bound),
+        Case("bubble --ranks with 5000 digits", ["bubble", "--ranks", "9" * 5000], **bound),
+        Case("torch CSV with a 5000-digit stage", ["check", "huge.csv"],
+             setup=_file("huge.csv", "9" * 5000 + "F0\n"), **bound),
         Case("torch CSV 0F99999999999999999999", ["check", "huge.csv"],
-             setup=_file("huge.csv", "0F99999999999999999999\n"), timeout=15, open=why,
-             memory=2 * GiB),
+             setup=_file("huge.csv", "0F99999999999999999999\n"), **bound),
+        Case("torch CSV 999999999F0", ["check", "huge.csv"],
+             setup=_file("huge.csv", "999999999F0\n"), quick=True, **bound),
+        Case("import-torch 999999999F0", ["import-torch", "huge.csv"],
+             setup=_file("huge.csv", "999999999F0\n"), **bound),
         Case("opt interleave{v=1000000}", ["opt", SCHED, "--passes", "interleave{v=1000000}"],
-             timeout=15, open=why, memory=2 * GiB),
+             quick=True, **bound),
         Case("check --ranks 2000 --microbatches 2000",
              ["check", "--schedule", "1f1b", "--ranks", "2000", "--microbatches", "2000"],
-             timeout=15, open=why, memory=2 * GiB),
+             quick=True, **bound),
+        Case("compile interleaved p=128 v=8 m=1024",
+             ["compile", "--schedule", "interleaved-1f1b", "--ranks", "128", "--v", "8",
+              "--microbatches", "1024", "-o", "out"], **bound),
+        Case("run accumulate = 10**12", [*RUN2, "--set", "accumulate=1000000000000"],
+             timeout=60),
+        Case("PIPEIR_MAX_MEMORY=lots", ["check", SCHED], env={"PIPEIR_MAX_MEMORY": "lots"},
+             **bound),
+        Case("PIPEIR_MAX_MEMORY=1KiB", ["check", SCHED], env={"PIPEIR_MAX_MEMORY": "1KiB"},
+             **bound),
     ]
+
+
+def open_cases() -> list[Case]:
+    """Issue 11's parts still open (none counted against the script)."""
+    return []
 
 
 #: option -> values that must be refused (numeric options of every command)
@@ -394,7 +444,7 @@ def generated_cases(n: int, seed: int) -> list[Case]:
 
 
 def all_cases(generated: int, seed: int) -> list[Case]:
-    return [*writer_cases(), *option_cases(), *runtime_cases(), *open_cases(),
+    return [*writer_cases(), *option_cases(), *runtime_cases(), *resource_cases(), *open_cases(),
             *generated_cases(generated, seed)]
 
 
@@ -476,7 +526,7 @@ def run_case(case: Case, scratch_root: Path) -> Outcome:
     if case.setup is not None:
         case.setup(work)
     before = snapshot(work)
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "100"}
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "COLUMNS": "100", **case.env}
     t0 = time.monotonic()
     p = subprocess.Popen([sys.executable, "-m", "pipeir", *case.argv], cwd=work,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

@@ -19,6 +19,7 @@ from pipeir.passes.manager import (
     DumpDir,
     Instrument,
     PassManager,
+    Phases,
     PrintAfter,
     TimePasses,
 )
@@ -35,6 +36,7 @@ __all__ = [
     "PassBase",
     "PassContext",
     "PassManager",
+    "Phases",
     "Pipeline",
     "PrintAfter",
     "TimePasses",

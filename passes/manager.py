@@ -42,6 +42,19 @@ class Instrument:
     def after_pipeline(self, schedule: Schedule) -> None:
         """Called once with the final schedule."""
 
+    def phase(self, text: str) -> None:
+        """Called as a run enters a phase: verifying, a pass, lowering, the proof."""
+
+
+class Phases(Instrument):
+    """Hands each phase to `show` (the CLI's one-line progress display, `pipeir.progress`)."""
+
+    def __init__(self, show: Callable[[str], None]):
+        self.show = show
+
+    def phase(self, text: str) -> None:
+        self.show(text)
+
 
 class PrintAfter(Instrument):
     """Print the canonical text after the passes named in `names` ("all" for every one)."""
@@ -148,10 +161,12 @@ class PassManager:
                                  f"'{passes[n].name}', which works on lowered programs; put "
                                  "the schedule passes first", spans[i])
         schedule = self._run_schedule(schedule, n)
+        self._phase(f"lowering {len(schedule):,} ops")
         lowered = lower(schedule, self.context.costs)
         for i in range(n, len(passes)):
             p = passes[i]
             assert isinstance(p, LoweredPass)
+            self._phase(f"{self._where(i)}")
             try:
                 out = p.run(lowered, self.context)
             except PipeirError as e:
@@ -162,14 +177,20 @@ class PassManager:
                 except PipeirError as e:
                     raise self._blame(e, i, during=False) from None
             lowered = out
+        self._phase(f"proving {sum(map(len, lowered.programs)):,} instructions deadlock-free")
         check_comm(lowered)
         return Compiled(schedule, lowered, self.context)
+
+    def _phase(self, text: str) -> None:
+        for inst in self.instruments:
+            inst.phase(text)
 
     def _run_schedule(self, schedule: Schedule, n: int) -> Schedule:
         from pipeir.passes.verify import Verify  # the `verify` pass needs no re-check
 
         passes, spans = self.pipeline.passes, self.pipeline.spans
         if self.verify_each:
+            self._phase(f"verifying {len(schedule):,} ops")
             try:
                 verify(schedule)
             except VerifyError as e:
@@ -179,6 +200,7 @@ class PassManager:
         for i in range(n):
             p = passes[i]
             assert isinstance(p, Pass)
+            self._phase(self._where(i))
             t0 = time.perf_counter()
             try:
                 out = p.run(schedule, self.context)

@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
+from pipeir import limits
 from pipeir.diagnostics import Source
 from pipeir.frontend.elaborate import Elaborated, Value, elaborate
 from pipeir.frontend.parser import parse_source
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 
 def read_source(path: str | os.PathLike[str]) -> Source:
     """Read a `.sched` file; unreadable or non-UTF-8 files are usage errors, not tracebacks."""
-    return Source.read(path, ".sched file")
+    return limits.read_input(path, ".sched file")
 
 
 def _source(src: str | os.PathLike[str]) -> Source:

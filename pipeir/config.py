@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Final
 
+from pipeir import limits
+
 #: Named placements; anything else is an explicit list of ranks, one per stage.
 PLACEMENTS: Final = ("loop", "vshape")
 
@@ -22,11 +24,6 @@ PIPELINE_KEYS: Final[dict[str, str]] = {
     "memory_limit": "most in-flight activations per rank (stage x micro-batch units)",
     "accumulate": "schedule rounds per optimizer step",
 }
-
-#: Pipelines larger than this many (stage, micro-batch) pairs are refused up front: building
-#: one would take minutes and gigabytes (p=64, v=4, m=512 is 131,072 pairs).
-MAX_PAIRS: Final = 4_000_000
-
 
 class ConfigError(ValueError):
     """A bad configuration value; `key` names the setting so a caller can point at it, and
@@ -53,15 +50,17 @@ def _positive(key: str, value: int) -> None:
 
 
 def _check_sizes(ranks: int, stages: int, microbatches: int) -> None:
-    """Positive integers, and a pipeline small enough to build; checked before a named
+    """Positive integers, and a pipeline small enough to build within the memory budget
+    (`pipeir.limits`: every pair has at least an F and a B); checked before a named
     placement is expanded (a tuple of `stages` ranks)."""
     _positive("ranks", ranks)
     _positive("stages", stages)
     _positive("microbatches", microbatches)
-    if stages * microbatches > MAX_PAIRS or ranks > MAX_PAIRS:
-        raise ConfigError("stages", f"{stages} stages x {microbatches} micro-batches on {ranks} "
-                          f"ranks is too large: pipeir handles up to {MAX_PAIRS:,} (stage, "
-                          "micro-batch) pairs", fallback="microbatches")
+    too_big = limits.over(f"{stages} stages x {microbatches} micro-batches on {ranks} ranks",
+                          2 * max(stages, ranks) * microbatches, "ops (F and B)",
+                          limits.BYTES_PER_OP)
+    if too_big is not None:
+        raise ConfigError("stages", too_big, fallback="microbatches")
 
 
 def loop_placement(stages: int, ranks: int) -> tuple[int, ...]:

@@ -22,6 +22,20 @@ EXIT_INVALID = 1  # the input is well-formed but the schedule is wrong (verifica
 EXIT_USAGE = 2  # syntax, name, type or command-line errors
 
 
+def read_bytes(p: Path, kind: str, most: int | None) -> bytes:
+    """The bytes of `p` (at most `most` + 1 of them when `most` is given); errors as
+    UsageErrors."""
+    try:
+        with p.open("rb") as f:
+            return f.read() if most is None else f.read(most + 1)
+    except FileNotFoundError:
+        raise UsageError(f"{p}: no such {kind}") from None
+    except IsADirectoryError:
+        raise UsageError(f"{p}: is a directory, not a {kind}") from None
+    except OSError as e:
+        raise UsageError(f"{p}: cannot read: {e.strerror}") from None
+
+
 @dataclass(frozen=True)
 class Source:
     """A piece of source text and the name it is reported under."""
@@ -34,15 +48,13 @@ class Source:
         """Read a user's text file (`kind` names it in messages): a missing, unreadable,
         binary or non-UTF-8 file is a UsageError, never a traceback. A UTF-8 byte-order mark
         is dropped."""
+        return cls.decode(path, read_bytes(Path(path), kind, None), kind)
+
+    @classmethod
+    def decode(cls, path: str | os.PathLike[str], data: bytes, kind: str = ".sched file"
+               ) -> Source:
+        """The text of `data`, read from `path`: binary or non-UTF-8 data is a UsageError."""
         p = Path(path)
-        try:
-            data = p.read_bytes()
-        except FileNotFoundError:
-            raise UsageError(f"{p}: no such {kind}") from None
-        except IsADirectoryError:
-            raise UsageError(f"{p}: is a directory, not a {kind}") from None
-        except OSError as e:
-            raise UsageError(f"{p}: cannot read: {e.strerror}") from None
         try:
             text = data.decode("utf-8-sig")
         except UnicodeDecodeError as e:
@@ -98,6 +110,10 @@ class Diagnostic:
                                                     fallback=self.span)])
 
 
+#: Source lines longer than this are shown as a window of this many columns around the span.
+SHOWN_COLUMNS = 200
+
+
 def _render_one(severity: str, message: str, span: Span | None,
                 fallback: Span | None) -> list[str]:
     if span is None:
@@ -107,9 +123,18 @@ def _render_one(severity: str, message: str, span: Span | None,
     text = span.source.line(span.line)
     if text:
         same_line = span.end_line == span.line
-        width = (span.end_col - span.col) if same_line else len(text) - span.col + 1
-        out.append("    " + text.rstrip())
-        out.append("    " + " " * (span.col - 1) + "^" * max(1, width))
+        col = span.col - 1
+        width = (span.end_col - span.col) if same_line else len(text) - col
+        text = text.rstrip()
+        if len(text) > SHOWN_COLUMNS:  # a window around the span (a 16,000-digit number...)
+            start = max(0, min(col - 20, len(text) - SHOWN_COLUMNS))
+            pre = "..." if start else ""
+            post = "..." if start + SHOWN_COLUMNS < len(text) else ""
+            shown = text[start:start + SHOWN_COLUMNS]
+            width = min(width, len(shown) - (col - start))
+            text, col = pre + shown + post, len(pre) + col - start
+        out.append("    " + text)
+        out.append("    " + " " * col + "^" * max(1, width))
     return out
 
 

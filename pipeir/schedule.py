@@ -22,6 +22,7 @@ from typing import Any
 
 import networkx as nx
 
+from pipeir import limits
 from pipeir.config import PipelineConfig
 from pipeir.diagnostics import Diagnostic, Note, Span, VerifyError
 from pipeir.ops import Op
@@ -236,6 +237,7 @@ class ScheduleBuilder:
         self._programs: list[list[Op]] = [[] for _ in range(config.ranks)]
         self._where: dict[Op, tuple[int, int, Span | None]] = {}
         self._pairs: list[tuple[Op, Op]] = []
+        self._max_ops = limits.max_ops()
 
     def add(self, rank: int, op: Op, span: Span | None = None) -> None:
         """Append `op` to rank `rank`'s program. A duplicate op is a VerifyError."""
@@ -249,6 +251,8 @@ class ScheduleBuilder:
                 f"duplicate op {op}: it already runs on rank {first[0]}", span,
                 (Note(f"first {op} is here", first[2]),) if first[2] is not None else ()),
                 check="duplicate")
+        if len(self._where) >= self._max_ops:  # before the memory is spent (pipeir.limits)
+            limits.check_ops(f"schedule '{self.name}'", len(self._where) + 1)
         prog = self._programs[rank]
         self._where[op] = (rank, len(prog), span)
         prog.append(op)

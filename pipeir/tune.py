@@ -26,7 +26,7 @@ count does not change them.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from pipeir import library
@@ -105,10 +105,11 @@ def rescale(costs: CostModel, ranks: int, v: int, scale: float = 1.0) -> CostMod
                 out[k] = x / v
         return out
 
-    stage = {s: times(dict(costs.stage[s // v])) for s in range(ranks * v)
-             if s // v in costs.stage}
-    stage_mb = {(s, m): times(dict(level)) for (p, m), level in costs.stage_mb.items()
-                for s in range(p * v, p * v + v)}
+    ratio = _input_grad_ratio(costs)
+    stage = {s: times(_chunk(costs.stage[s // v], s // v, s % v, ratio))
+             for s in range(ranks * v) if s // v in costs.stage}
+    stage_mb = {(p * v + c, m): times(_chunk(level, p, c, ratio))
+                for (p, m), level in costs.stage_mb.items() for c in range(v)}
     mb = {m: times(dict(level)) for m, level in costs.mb.items()}
     memory = costs.memory_bytes
     return replace(costs, F=float(base["F"]) * t, B=float(base["B"]) * t,
@@ -119,15 +120,47 @@ def rescale(costs: CostModel, ranks: int, v: int, scale: float = 1.0) -> CostMod
                    stage=stage, mb=mb, stage_mb=stage_mb)
 
 
+def _input_grad_ratio(costs: CostModel) -> float:
+    """I / W of the stages that have an input gradient (median over the stages after 0 that
+    give both, else the defaults), for chunks of stage 0 that are not the first stage."""
+    ratios = sorted(lv["I"] / lv["W"] for s, lv in costs.stage.items()
+                    if s > 0 and lv.get("I", 0) > 0 and lv.get("W", 0) > 0)
+    if ratios:
+        return ratios[len(ratios) // 2]
+    base = costs.settings()
+    i, w = float(base.get("I") or 0.0), float(base.get("W") or 0.0)
+    return i / w if i > 0 and w > 0 else 0.0
+
+
+def _chunk(level: Mapping[str, float], physical: int, chunk: int, ratio: float
+           ) -> dict[str, float]:
+    """The costs of chunk `chunk` of stage `physical`, before scaling.
+
+    NOTE: a profiled stage 0 has I = 0 and W = B: its input needs no gradient. That holds
+    for the first virtual stage only; stage 0's other chunks (virtual stages 1 .. v-1) get
+    their input from another chunk and compute its gradient, which the profile never
+    measured. It is estimated as W times the I/W ratio of the other stages, and added to B
+    (a plain backward computes both)."""
+    out = dict(level)
+    if physical != 0 or chunk == 0 or out.get("I") != 0 or ratio <= 0:
+        return out
+    w = out.get("W", out.get("B", 0.0))
+    out["I"] = w * ratio
+    out["B"] = w + out["I"]
+    return out
+
+
 def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
            memory_limit: float | None = None, max_v: int = 8,
            comms: Sequence[str] = ("overlapped", "blocking"),
            splits: Sequence[str | None] = SPLITS, reorder: bool | None = None,
-           dp: int | None = None) -> TuneResult:
+           dp: int | None = None, progress: Callable[[str], None] | None = None
+           ) -> TuneResult:
     """Simulate every candidate; rank those within `memory_limit` by predicted step time
     (then fewer messages, then less memory). `reorder` (default: when micro-batches differ
     in cost) adds the `reorder` pass to every candidate; `dp` (default: the costs' `dp`)
-    replicates the pipeline and adds `dp-reduce`."""
+    replicates the pipeline and adds `dp-reduce`. `progress` hears of each candidate before
+    it is simulated (`pipeir.progress`)."""
     if dp is not None:
         if dp < 1:
             raise UsageError(f"--dp {dp}: need at least 1 replica")
@@ -148,25 +181,32 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
     ref = microbatches[0]
     ranked: list[Candidate] = []
     over: list[Candidate] = []
+    plan = []
+    refused: list[str] = []
     for m in dict.fromkeys(microbatches):
         for family, v in _families(ranks, m, max_v):
             try:
                 base = library.get(family, ranks=ranks, microbatches=m,
                                    **({"v": v} if family == "interleaved-1f1b" else {}))
-            except PipeirError:
-                continue  # e.g. interleaved 1F1B needs m to be a multiple of its rounds
+            except PipeirError as e:  # e.g. interleaved 1F1B needs m to be a multiple of
+                refused.append(e.diagnostics[0].message)  # its rounds; or a size limit
+                continue
             chunk_costs = rescale(costs, ranks, v, ref / m)
-            for split in ([None] if family in PRESPLIT else splits):
-                for comm in comms:
-                    cand = _evaluate(base, chunk_costs, family, v, m, split, comm,
-                                     do_reorder, ref / m)
-                    fits = memory_limit is None or cand.peak_memory <= memory_limit + 1e-9
-                    (ranked if fits else over).append(cand)
+            plan += [(base, chunk_costs, family, v, m, split, comm)
+                     for split in ([None] if family in PRESPLIT else splits) for comm in comms]
+    for i, (base, chunk_costs, family, v, m, split, comm) in enumerate(plan, 1):
+        if progress is not None:
+            progress(f"candidate {i}/{len(plan)}: {family} v={v} m={m}"
+                     + (f" split {split}" if split else "") + f" {comm}")
+        cand = _evaluate(base, chunk_costs, family, v, m, split, comm, do_reorder, ref / m)
+        fits = memory_limit is None or cand.peak_memory <= memory_limit + 1e-9
+        (ranked if fits else over).append(cand)
     ranked.sort(key=Candidate.sort_key)
     over.sort(key=Candidate.sort_key)
     if not ranked and not over:
         raise UsageError(f"no library schedule admits {ranks} ranks with "
-                         f"{', '.join(map(str, microbatches))} micro-batches")
+                         f"{', '.join(map(str, microbatches))} micro-batches"
+                         + (f" (the first refusal: {refused[0]})" if refused else ""))
     if not ranked:
         least = min((c.peak_memory for c in over), default=0.0)
         raise UsageError(f"no schedule fits --memory-limit {memory_limit:g}: the least "

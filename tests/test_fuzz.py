@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 import pipeir
 from pipeir import Diagnostic, PipeirError, Schedule, VerifyError, verify
 from pipeir.cli import main
-from pipeir.diagnostics import Note, Source, Span
+from pipeir.diagnostics import SHOWN_COLUMNS, Note, Source, Span
 from pipeir.printer import print_schedule
 from pipeir.testing import random_schedule
 
@@ -294,6 +294,13 @@ def _check_part(lines: list[str], at: int, severity: str, message: str, span: Sp
     assert (span.line, span.col) <= (span.end_line, span.end_col), span
     if not line:
         return at + 1
+    if len(line.rstrip()) > SHOWN_COLUMNS:  # a window around the span: carets under its start
+        shown, caret = lines[at + 1], lines[at + 2]
+        lead = len(caret) - len(caret.lstrip(" "))
+        assert len(shown) <= 4 + SHOWN_COLUMNS + 6 and set(caret[lead:]) == {"^"}, caret
+        first = line.rstrip()[span.col - 1:span.col + 5]
+        assert shown[lead:lead + len(first)] == first or not first.strip(), (shown, span)
+        return at + 3
     assert lines[at + 1] == "    " + line.rstrip()
     lead = 4 + span.col - 1
     caret = lines[at + 2]

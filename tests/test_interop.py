@@ -245,6 +245,19 @@ def test_check_refutes_a_misordered_compute_comms_file(cli, tmp_path: Path) -> N
     assert "comms ok: 4 transfers over 2 rank pairs" in out
 
 
+def test_check_lowered_lowers_a_csv_as_pipeir_would(cli, tmp_path: Path) -> None:
+    """`check --lowered` on a CSV adds the proof of pipeir's own lowering of its compute
+    order (it used to ignore the flag; issue 11)."""
+    f = tmp_path / "s.csv"
+    f.write_text("0F0,0F1,0B0,0B1\n1F0,1B0,1F1,1B1\n")
+    code, out, _ = cli("check", f)
+    assert code == 0 and "lowered by pipeir" not in out
+    code, out, err = cli("check", "--lowered", f)
+    assert code == 0, err
+    assert f"{f}: lowered by pipeir (import-torch, compile): lowered ok: 4 blocking " \
+           "transfers over 2 rank pairs" in out
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("0F0,0B0\n1F0,1B0,1SEND_B0\n",  # no RECV_F
      ":2:1: error: 1F0 (rank 1, action 1 of its row, column 1) waits for a transfer it never "

@@ -376,9 +376,9 @@ def spec():
      "rank 1 failed at instruction #4 `forward stage=1 mb=0` (F(1,0), "),
     ("os.kill(os.getpid(), signal.SIGKILL)",
      "rank 1 died (killed by signal 9) at instruction #4 `forward stage=1 mb=0` (F(1,0), "),
-    # a hang: rank 0's send times out after --timeout; the message says where rank 1 was
+    # a hang: rank 0's send times out after --timeout; the headline names rank 1, not rank 0
     ("time.sleep(60)",
-     "rank 1 was at instruction #4 `forward stage=1 mb=0` (F(1,0), "),
+     "error: rank 1 hung at instruction #4 `forward stage=1 mb=0` (F(1,0), "),
 ])
 def test_a_failing_rank_stops_every_rank_with_one_clear_message(
         cli, tmp_path: Path, action: str, expected: str) -> None:
@@ -414,6 +414,27 @@ def test_generated_program_runs_under_torchrun(tmp_path: Path) -> None:
         capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "step 2/2  loss " in proc.stdout
+
+
+def test_generated_program_with_a_bad_model_says_so_once(tmp_path: Path) -> None:
+    """A bad --model under torchrun: one error line (global rank 0's), not one per rank, and
+    no traceback from pipeir (torchrun's own report of the exit codes follows it)."""
+    import subprocess
+    import sys
+
+    from pipeir.cli import main
+
+    assert main(["compile", str(EXAMPLES / "1f1b.sched"), "--set", "ranks=2", "--set",
+                 "microbatches=2", "-o", str(tmp_path / "gen")]) == 0
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port()), str(tmp_path / "gen" / "main.py"),
+         "--steps", "1", "--model", "no_such_module"],
+        capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0
+    assert proc.stderr.count("--model 'no_such_module'") == 1, proc.stderr
+    assert "main.py: error: --model 'no_such_module': cannot import" in proc.stderr
+    assert "pipeir/runtime" not in proc.stderr  # no frame of ours
 
 
 # ---- the run report ------------------------------------------------------------------------

@@ -342,3 +342,21 @@ def test_two_costs_blocks_are_an_error(cli, tmp_path) -> None:
                  "schedule = 1f1b\n")
     code, _, err = cli("simulate", f)
     assert code == 2 and err.startswith(f"{f}:3:1: error: a file can have only one 'costs'")
+
+
+def test_lengths_must_match_the_micro_batches(cli) -> None:
+    """One length per micro-batch: a shorter list (the rest at plain costs) or a longer one
+    (cut) is an error at the setting, not a silent half-applied model (issue 11)."""
+    lengths = REPO / "examples" / "costs" / "lengths.toml"
+    for m in (4, 16):
+        code, _, err = cli("simulate", "--schedule", "1f1b", "--ranks", "4",
+                           "--microbatches", m, "--costs", lengths)
+        assert code == 2
+        assert f"lengths.toml:12:1: error: lengths gives 8 micro-batch lengths but the " \
+               f"schedule has {m} micro-batches" in err
+    code, _, err = cli("simulate", "--schedule", "1f1b", "--ranks", "2", "--microbatches",
+                       "3", "--set", "lengths=[1,2]")
+    assert code == 2 and err.startswith("error: --set: lengths gives 2")
+    code, _, err = cli("simulate", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "8",
+                       "--costs", lengths)
+    assert code == 0, err

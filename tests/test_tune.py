@@ -160,3 +160,29 @@ def test_tight_memory_picks_zb_v(cli, tmp_path: Path) -> None:
     assert code == 0, err
     assert rows(out)[0][1] == "zb-v"
     check_written(out_file, out)
+
+
+def test_chunks_of_stage_0_after_the_first_have_an_input_gradient() -> None:
+    """A profiled stage 0 has I = 0 (its input needs no gradient); interleaved, only its
+    first chunk is the first stage: the others get W x the other stages' I/W (issue 11)."""
+    costs = CostModel.from_settings({"F": 1.0, "B": 2.0, "stage.0.I": 0.0, "stage.0.W": 1.5,
+                                     "stage.0.B": 1.5, "stage.1.I": 1.2, "stage.1.W": 0.8,
+                                     "stage.1.B": 2.0})
+    chunks = rescale(costs, 2, 2).stage
+    assert chunks[0] == {"I": 0.0, "W": 0.75, "B": 0.75}
+    assert chunks[1]["I"] == pytest.approx(0.75 * 1.5)
+    assert chunks[1]["B"] == pytest.approx(0.75 * 2.5)
+    assert chunks[2] == chunks[3] == pytest.approx({"I": 0.6, "W": 0.4, "B": 1.0})
+
+
+def test_simulate_with_costs_over_tunes_file_warns(cli, tmp_path: Path) -> None:
+    best = tmp_path / "best.sched"
+    code, _, err = cli("tune", "--costs", COMPUTE, "--max-v", "2", "-o", best)
+    assert code == 0, err
+    code, _, err = cli("simulate", best, "--costs", COMPUTE)
+    assert code == 0
+    assert f"warning: --costs {COMPUTE} replaces the schedule file's own costs block" in err
+    if "stages = 8" in best.read_text():
+        assert "describes 4 stages but the schedule has 8" in err
+    code, _, err = cli("simulate", best)
+    assert code == 0 and "warning" not in err

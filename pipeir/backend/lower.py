@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Literal
 
+from pipeir import limits
 from pipeir.diagnostics import UsageError
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
@@ -298,6 +299,9 @@ def lower(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
     (default: unit costs) only decide where communication is placed, never correctness."""
     verify(schedule)
     cfg = schedule.config
+    limits.check_lowering(f"lowering '{schedule.name}'" + (
+        f" ({cfg.accumulate} rounds: accumulate)" if cfg.accumulate > 1 else ""),
+        len(schedule.graph), cfg.accumulate)
     times = _times(schedule, costs if costs is not None else CostModel())
     rounds = [_lower_round(schedule, times, r) for r in range(cfg.accumulate)]
     programs = []

@@ -12,7 +12,8 @@ import argparse
 import math
 
 from pipeir import library
-from pipeir.diagnostics import EXIT_INVALID, EXIT_OK, PipeirError, UsageError
+from pipeir.cli.common import positive_ints
+from pipeir.diagnostics import EXIT_INVALID, EXIT_OK, PipeirError
 from pipeir.sim import CostModel, simulate
 from pipeir.sim.analytic import analytic
 
@@ -36,17 +37,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
 
 
-def _ints(flag: str, text: str) -> list[int]:
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part.isdigit() or int(part) < 1:
-            raise UsageError(f"--{flag} {text}: expected positive integers separated by "
-                             f"commas, got '{part}'")
-        out.append(int(part))
-    return out
-
-
 def run(args: argparse.Namespace) -> int:
     names = []
     for raw in args.schedule.split(","):
@@ -54,9 +44,9 @@ def run(args: argparse.Namespace) -> int:
         if name is None:
             raise library.unknown_schedule(raw.strip())
         names.append(name)
-    ranks = _ints("ranks", args.ranks)
-    mbs = _ints("microbatches", args.microbatches)
-    vs = _ints("v", args.v)
+    ranks = positive_ints("--ranks", args.ranks)
+    mbs = positive_ints("--microbatches", args.microbatches)
+    vs = positive_ints("--v", args.v)
     head = ["schedule", "p", "m", "v", "analytic", "simulated", "peak act", "agree"]
     rows: list[list[str]] = []
     skipped: list[str] = []

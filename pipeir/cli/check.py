@@ -56,7 +56,8 @@ def _check_one(args: argparse.Namespace, f: str | None) -> list[str]:
     if f is not None and f.endswith(".csv"):  # torch.distributed.pipelining schedules
         from pipeir.interop.check import check_csv
 
-        return check_csv(f, memory_limit=args.memory_limit, microbatches=args.microbatches)
+        return check_csv(f, memory_limit=args.memory_limit, microbatches=args.microbatches,
+                         lowered=args.lowered)
     one = copy.copy(args)
     one.files = [f] if f is not None else []
     s = load_schedules(one)[0].schedule

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-from pipeir import library
+from pipeir import library, limits
 from pipeir.api import load
 from pipeir.diagnostics import UsageError
 from pipeir.frontend.elaborate import Elaborated, Value
@@ -28,23 +28,17 @@ def add_schedule_args(p: argparse.ArgumentParser, *, many: bool = False) -> None
                    dest="overrides", help="override a pipeline setting or schedule parameter")
 
 
-_BYTE_UNITS = {"B": 1, "KB": 1e3, "MB": 1e6, "GB": 1e9, "TB": 1e12, "KIB": 2**10,
-               "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
-
 def memory_limit(text: str) -> int | float:
     """argparse type: a positive count of activations (int), or bytes written with a unit
     (`8GB`, `512MiB`, `3e8B`: a float)."""
-    t = text.strip()
-    num = t.rstrip("BbKkMmGgTtIi")
-    unit = t[len(num):].upper()
+    num, unit = limits.split_unit(text)
     if not unit:
         return positive_int(text)
     try:
-        value = float(num) * _BYTE_UNITS[unit]
-    except (KeyError, ValueError):
+        value = limits.bytes_of(num, unit)
+    except ValueError:
         raise argparse.ArgumentTypeError(
-            f"expected a count or bytes with a unit ({', '.join(_BYTE_UNITS)}), got "
+            f"expected a count or bytes with a unit ({', '.join(limits.BYTE_UNITS)}), got "
             f"{text!r}") from None
     if not value > 0:
         raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
@@ -60,6 +54,22 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
     return value
+
+
+def positive_ints(flag: str, text: str) -> list[int]:
+    """`--microbatches 8,16`: positive integers (of 64 bits) separated by commas."""
+    out = []
+    for part in text.split(","):
+        part = part.strip()
+        try:
+            value = limits.to_int(part) if part.isdigit() else 0
+        except ValueError as e:
+            raise UsageError(f"{flag}: {e}") from None
+        if value < 1:
+            raise UsageError(f"{flag} {text}: expected positive integers separated by commas, "
+                             f"got '{part}'")
+        out.append(value)
+    return out
 
 
 def parse_override(text: str) -> tuple[str, Value]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,6 +15,7 @@ from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.diagnostics import EXIT_OK, UsageError
 from pipeir.files import check_tree, write_tree
 from pipeir.passes import Compiled
+from pipeir.progress import Progress
 
 if TYPE_CHECKING:
     from pipeir.passes import Pipeline
@@ -42,10 +44,12 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
     add_costs_arg(p)
 
 
-def compile_args(args: argparse.Namespace) -> Compiled:
+def compile_args(args: argparse.Namespace, progress: Callable[[str], None] | None = None
+                 ) -> Compiled:
     """The schedule the command line names, through its passes, lowered and proved, under its
-    costs (which place communication and drive cost-aware passes such as `reorder`)."""
-    from pipeir.passes import PassContext, PassManager, Pipeline, parse_pipeline
+    costs (which place communication and drive cost-aware passes such as `reorder`);
+    `progress` hears of each phase (`pipeir.progress`)."""
+    from pipeir.passes import PassContext, PassManager, Phases, Pipeline, parse_pipeline
     from pipeir.passes.overlap import Overlap
 
     if args.max_posted is not None and args.max_posted < 0:
@@ -62,7 +66,8 @@ def compile_args(args: argparse.Namespace) -> Compiled:
         costs = replace(costs, dp=args.dp)
         pipeline = _with_reductions(pipeline, elab.schedule)
     ctx = PassContext(costs, pipeline.comm)
-    return PassManager(pipeline, context=ctx).compile(elab.schedule)
+    instruments = [Phases(progress)] if progress is not None else []
+    return PassManager(pipeline, context=ctx, instruments=instruments).compile(elab.schedule)
 
 
 def _with_reductions(pipeline: Pipeline, schedule: Schedule) -> Pipeline:
@@ -105,9 +110,14 @@ def run(args: argparse.Namespace) -> int:
         if not out.parent.is_dir():
             raise UsageError(f"-o {out}: directory {out.parent} does not exist")
         check_tree(out, MARKER, flag="-o", force=args.force)
-    lowered = compile_args(args).lowered
+    with Progress("compile") as progress:
+        progress("reading the schedule")
+        lowered = compile_args(args, progress).lowered
+        if out is not None:
+            progress(f"generating {lowered.ranks} rank programs")
+            files = generate(lowered)
     if out is not None:
-        write_tree(out, generate(lowered), MARKER, flag="-o", force=args.force)
+        write_tree(out, files, MARKER, flag="-o", force=args.force)
         if not args.emit:
             print(f"wrote {out}/: {', '.join(f'rank{r}.py' for r in range(lowered.ranks))}, "
                   f"main.py, lowered.json; run with: torchrun --nproc-per-node "

@@ -10,6 +10,7 @@ import json
 from pipeir.cli.common import timeout_seconds
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.files import resolve_output, write_atomic
+from pipeir.progress import Progress
 
 ORDER = 105
 NAME = "profile"
@@ -49,19 +50,22 @@ def run(args: argparse.Namespace) -> int:
     spec = resolve(args.model)
     from pipeir.runtime import profile as prof  # torch is imported here, not before
 
-    try:
-        stages = prof.profile_stages(spec, args.nproc, mbs, args.warmup, args.iters)
-    except PipeirError:
-        raise
-    except Exception as e:
-        raise UsageError(f"--model {args.model}: running its stages failed: "
-                         f"{type(e).__name__}: {e}") from None
-    link = None
-    if args.nproc > 1:
+    with Progress("profile") as progress:
         try:
-            link = prof.measure_link(timeout_s=args.timeout)
-        except RuntimeError as e:
-            raise UsageError(str(e)) from None
+            stages = prof.profile_stages(spec, args.nproc, mbs, args.warmup, args.iters,
+                                         progress)
+        except PipeirError:
+            raise
+        except Exception as e:
+            raise UsageError(f"--model {args.model}: running its stages failed: "
+                             f"{type(e).__name__}: {e}") from None
+        link = None
+        if args.nproc > 1:
+            progress("timing transfers between two gloo ranks")
+            try:
+                link = prof.measure_link(timeout_s=args.timeout)
+            except RuntimeError as e:
+                raise UsageError(str(e)) from None
     meta = {"model": args.model, "stages": args.nproc, "microbatches": mbs,
             "warmup": args.warmup, "iters": args.iters,
             "device": "cpu", "threads": 1,

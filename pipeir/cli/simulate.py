@@ -16,6 +16,7 @@ from pipeir.files import resolve_output, write_atomic
 from pipeir.frontend.elaborate import Elaborated
 from pipeir.sim import COMM_MODELS, CostModel, SimResult, simulate
 from pipeir.sim.costs import TOP_KEYS, read_cost_file
+from pipeir.sim.lengths import check_count, split_length_settings
 from pipeir.verify import verify
 
 COST_NAMES = ", ".join((*TOP_KEYS, "stage.S.K", "mb.M.K", "stage.S.mb.M.K"))
@@ -79,9 +80,35 @@ def load_with_costs(args: argparse.Namespace) -> tuple[Elaborated, CostModel]:
     settings: dict[str, tuple[Any, Span | None]] = \
         read_cost_file(args.costs) if args.costs else dict(elab.costs)
     CostModel.from_settings(cost_sets, where="--set")  # so --set errors name --set
-    costs = CostModel.from_settings({**settings, **cost_sets})
-    _warn_unused(elab.schedule.config, {**settings, **cost_sets})
+    merged = {**settings, **cost_sets}
+    costs = CostModel.from_settings(merged)
+    if args.costs and elab.costs:
+        _warn_replaced(args.costs, elab, costs)
+    _, spec = split_length_settings(merged)
+    if spec is not None:
+        check_count(spec, elab.schedule.config.microbatches, merged["lengths"][1],
+                    "--set" if "lengths" in cost_sets else args.costs)
+    _warn_unused(elab.schedule.config, merged)
     return elab, costs
+
+
+def _warn_replaced(path: str, elab: Elaborated, costs: CostModel) -> None:
+    """--costs replaces a file's own costs block: say so, and say why it is likely wrong when
+    the cost file describes fewer stages than the schedule has (what `pipeirc tune -o` writes
+    is costs per chunk, rescaled from the cost file, for that schedule alone)."""
+    from pipeir.tune import infer_ranks
+
+    stages = elab.schedule.config.stages
+    described = infer_ranks(costs)
+    why = ""
+    if described is not None and described < stages:
+        why = (f"; {path} describes {described} stages but the schedule has {stages}: if "
+               "`pipeirc tune` wrote this file, its costs block holds the per-chunk costs it "
+               "ranked by, so simulate it without --costs")
+    n = len(elab.costs)
+    d = Diagnostic(f"--costs {path} replaces the schedule file's own costs block "
+                   f"({n} setting{'s' if n != 1 else ''}){why}", severity="warning")
+    print(d.render(), file=sys.stderr)
 
 
 def _warn_unused(config: PipelineConfig, settings: dict[str, tuple[Any, Span | None]]) -> None:
@@ -93,7 +120,7 @@ def _warn_unused(config: PipelineConfig, settings: dict[str, tuple[Any, Span | N
             if key in parts[:-1]:
                 i = parts.index(key)
                 idx = parts[i + 1] if i + 1 < len(parts) else ""
-                if idx.isdigit() and int(idx) >= count:
+                if idx.isdigit() and (len(idx) > 18 or int(idx) >= count):
                     d = Diagnostic(f"cost '{name}' names {key} {idx}, but the pipeline has "
                                    f"{count} ({key} 0..{count - 1}); it is ignored", span,
                                    severity="warning")

@@ -6,9 +6,10 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeir.cli.common import positive_float
+from pipeir.cli.common import positive_float, positive_ints
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
+from pipeir.progress import Progress
 
 ORDER = 110
 NAME = "tune"
@@ -66,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     if args.top is not None and args.top < 1:
         raise UsageError(f"--top {args.top}: need at least 1")
     if args.microbatches:
-        mbs = _ints("--microbatches", args.microbatches)
+        mbs = positive_ints("--microbatches", args.microbatches)
     elif spec is not None:
         mbs = [len(spec.lengths)]
     else:
@@ -74,8 +75,9 @@ def run(args: argparse.Namespace) -> int:
     for m in mbs:
         check_count(spec, m)
     comms = ("overlapped", "blocking") if args.comm == "both" else (args.comm,)
-    result = search(costs, ranks, mbs, memory_limit=args.memory_limit, max_v=args.max_v,
-                    comms=comms, dp=args.dp)
+    with Progress("tune") as progress:
+        result = search(costs, ranks, mbs, memory_limit=args.memory_limit, max_v=args.max_v,
+                        comms=comms, dp=args.dp, progress=progress)
     best = result.best
     print(table(result, args.top), end="")
     if result.over_limit:
@@ -105,14 +107,3 @@ def _check_inferred(where: str, costs: Any, ranks: int) -> None:
         raise UsageError(f"{where}: per-stage costs for stages {shown} only, yet the highest, "
                          f"stage.{ranks - 1}, would make tune search {ranks} ranks; a typo? "
                          "give --ranks P to search P ranks")
-
-
-def _ints(flag: str, text: str) -> list[int]:
-    out = []
-    for part in text.split(","):
-        part = part.strip()
-        if not part.isdigit() or int(part) < 1:
-            raise UsageError(f"{flag} {text}: expected positive integers separated by commas, "
-                             f"got '{part}'")
-        out.append(int(part))
-    return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
+from pipeir import limits
 from pipeir.config import PipelineConfig, spell
 from pipeir.diagnostics import Note, Span, UsageError, did_you_mean
 from pipeir.frontend import ast
@@ -93,7 +94,7 @@ class ExprCompiler:
 
     def _binop(self, e: ast.BinOp, scope: Scope) -> ExprFn:
         lf, rf = self.expr(e.left, scope), self.expr(e.right, scope)
-        op, lspan, rspan = e.op, e.left.span, e.right.span
+        op, lspan, rspan, espan = e.op, e.left.span, e.right.span, e.span
         if op in ("and", "or"):
             def logic(env: Env, ctx: Ctx) -> bool:
                 a = lf(env, ctx)
@@ -117,7 +118,11 @@ class ExprCompiler:
                 if b == 0 and op in ("//", "%", "/"):
                     raise UsageError("division by zero", rspan,
                                      (Note(f"the right-hand side of '{op}' is 0"),))
-                return fn(a, b)
+                r = fn(a, b)
+                if type(r) is int and limits.int_overflow(r):
+                    raise UsageError(f"integer overflow: {a} {op} {b} is outside the 64-bit "
+                                     f"range (at most {limits.MAX_INT:,})", espan)
+                return r
             if ta not in (int, float):
                 raise UsageError(f"'{op}' needs numbers, got {type_name(a)} ({spell(a)})", lspan)
             if tb not in (int, float):

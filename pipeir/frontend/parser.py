@@ -7,9 +7,10 @@ from functools import cache
 from typing import Any
 
 from lark import Lark, Token, v_args
-from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken
+from lark.exceptions import UnexpectedCharacters, UnexpectedInput, UnexpectedToken, VisitError
 from lark.visitors import Transformer_NonRecursive
 
+from pipeir import limits
 from pipeir._nesting import nesting_guard
 from pipeir.diagnostics import Note, Source, Span, UsageError
 from pipeir.frontend import ast
@@ -29,7 +30,12 @@ def parse_source(source: Source) -> ast.Module:
             tree = _lark().parse(source.text)
         except UnexpectedInput as e:
             raise _syntax_error(source, e) from None
-        module = _ToAst(source).transform(tree)
+        try:
+            module = _ToAst(source).transform(tree)
+        except VisitError as e:  # a literal the transformer refuses (an integer too large)
+            if isinstance(e.orig_exc, UsageError):
+                raise e.orig_exc from None
+            raise
     assert isinstance(module, ast.Module)
     return module
 
@@ -221,7 +227,7 @@ class _ToAst(Transformer_NonRecursive):  # type: ignore[type-arg]
     def rank_one(self, meta: Any, c: list[Any]) -> ast.RankOne:
         rank = c[0]
         if isinstance(rank, Token):
-            rank = ast.Num(self._tspan(rank), int(rank))
+            rank = ast.Num(self._tspan(rank), self._int(rank, self._tspan(rank)))
         return ast.RankOne(self._span(meta), rank, c[1])
 
     def call_stmt(self, meta: Any, c: list[Any]) -> ast.CallStmt:
@@ -255,7 +261,13 @@ class _ToAst(Transformer_NonRecursive):  # type: ignore[type-arg]
         return ast.Unary(self._span(meta), str(c[0]), c[1])
 
     def int_lit(self, meta: Any, c: list[Token]) -> ast.Num:
-        return ast.Num(self._span(meta), int(c[0]))
+        return ast.Num(self._span(meta), self._int(c[0], self._span(meta)))
+
+    def _int(self, token: Token, span: Span) -> int:
+        try:
+            return limits.to_int(str(token))
+        except ValueError as e:
+            raise UsageError(str(e), span) from None
 
     def float_lit(self, meta: Any, c: list[Token]) -> ast.Num:
         return ast.Num(self._span(meta), float(c[0]))

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from pipeir import limits
 from pipeir.config import PipelineConfig, spell
 from pipeir.diagnostics import Note, Span, UsageError
 from pipeir.ops import OP_ARITY
@@ -20,10 +21,6 @@ from pipeir.schedule import ScheduleBuilder
 
 Value = int | float | bool | str | tuple[Any, ...]
 Env = dict[str, Any]
-
-#: Loop iterations one elaboration may run, and how deep functions and macros may nest.
-MAX_ITERATIONS: Final = 20_000_000
-MAX_DEPTH: Final = 200
 
 
 # ---- compile time: scopes --------------------------------------------------------------------
@@ -104,7 +101,14 @@ class RunContext:
     rank: int | None = None
     iterations: int = 0
     depth: int = 0
+    calls: int = 0
     rank_note: str = ""
+
+    @property
+    def max_calls(self) -> int:
+        """Function and macro calls one elaboration may make (`pipeir.limits`)."""
+        c = self.config
+        return limits.CALLS_BASE + limits.CALLS_PER_PAIR * c.stages * c.microbatches
 
 
 ExprFn = Callable[[Env, "RunContext | None"], Any]
@@ -123,16 +127,25 @@ class Closure:
 
 
 def invoke(fn: Closure, args: list[Any], ctx: RunContext | None, span: Span) -> Any:
-    """Call a function or macro, counting the nesting depth against MAX_DEPTH."""
+    """Call a function or macro, counting the nesting depth against MAX_DEPTH and the calls
+    against the run's budget (`pipeir.limits`)."""
     env = dict(fn.env)
     env.update(zip(fn.params, args))
     if ctx is None:  # constant contexts (settings): the nesting guard bounds recursion there
         return fn.expr(env, None) if fn.expr is not None else None
     ctx.depth += 1
-    if ctx.depth > MAX_DEPTH:
-        what = "functions" if fn.expr is not None else "macros"
-        raise UsageError(f"{what} nest deeper than {MAX_DEPTH} calls; is a recursion "
+    ctx.calls += 1
+    what = "functions" if fn.expr is not None else "macros"
+    if ctx.depth > limits.MAX_DEPTH:
+        ctx.depth -= 1
+        raise UsageError(f"{what} nest deeper than {limits.MAX_DEPTH} calls; is a recursion "
                          "missing its base case?", span)
+    if ctx.calls > ctx.max_calls:
+        ctx.depth -= 1
+        raise UsageError(
+            f"the schedule calls {what} more than {ctx.max_calls:,} times ({limits.CALLS_BASE:,}"
+            f" + {limits.CALLS_PER_PAIR} per (stage, micro-batch) pair); does a function call "
+            "itself (or another) twice per level? Each such level doubles the calls", span)
     try:
         if fn.expr is not None:
             return fn.expr(env, ctx)

@@ -7,12 +7,12 @@
 
 from __future__ import annotations
 
+from pipeir import limits
 from pipeir.config import spell
 from pipeir.diagnostics import Note, UsageError
 from pipeir.frontend import ast
 from pipeir.frontend.expressions import ExprCompiler
 from pipeir.frontend.scope import (
-    MAX_ITERATIONS,
     Binding,
     Closure,
     Env,
@@ -141,8 +141,8 @@ class Compiler(ExprCompiler):
                                  rspan, (Note("ranges count up: 'for i in a .. b' runs "
                                               "a, a+1, ..., b-1"),))
             ctx.iterations += b - a
-            if ctx.iterations > MAX_ITERATIONS:
-                raise UsageError(f"this loop takes the schedule past {MAX_ITERATIONS:,} "
+            if ctx.iterations > limits.MAX_ITERATIONS:
+                raise UsageError(f"this loop takes the schedule past {limits.MAX_ITERATIONS:,} "
                                  "iterations; is a bound wrong?", rspan)
             for i in range(a, b):
                 env[var] = i

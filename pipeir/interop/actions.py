@@ -16,6 +16,7 @@ import re
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from pipeir import limits
 from pipeir.ops import Op
 
 Format = Literal["compute_only", "compute_comms"]
@@ -77,11 +78,11 @@ def parse_action(text: str) -> Action | None:
     if m is None:
         raise ValueError(f"'{text}' is not a torch action; expected {{stage}}{{type}}{{mb}} "
                          f"such as 2F0, 0I3, 1SEND_F1, 0REDUCE_GRAD or (0F7;7B3){OVERLAP}")
-    stage, kind, mb = int(m[1]), m[2], m[3]
+    stage, kind, mb = limits.to_int(m[1]), m[2], m[3]
     if kind in BOOKKEEPING:
-        return Action(stage, kind, int(mb) if mb else None)
+        return Action(stage, kind, limits.to_int(mb) if mb else None)
     if not mb:
         raise ValueError(f"'{text}': {kind} needs a micro-batch number, e.g. {stage}{kind}0")
-    return Action(stage, kind, int(mb))
+    return Action(stage, kind, limits.to_int(mb))
 
 

@@ -22,8 +22,10 @@ _TORCH_HANGS = Note("torch accepts such a compute_comms file and then fails, han
 
 
 def check_csv(path: str, memory_limit: int | None = None,
-              microbatches: int | None = None) -> list[str]:
-    """Verify a torch schedule CSV; the lines to print, or a VerifyError naming the cell."""
+              microbatches: int | None = None, lowered: bool = False) -> list[str]:
+    """Verify a torch schedule CSV; the lines to print, or a VerifyError naming the cell.
+    `lowered` also lowers the compute order as pipeir would run it (`import-torch`, then
+    `compile`) and proves that program's communication."""
     from pipeir.verify import verify
 
     imported = load_csv(path, microbatches=microbatches)
@@ -45,6 +47,10 @@ def check_csv(path: str, memory_limit: int | None = None,
                      f"before its consumer, each transfer sent and received once in the same "
                      f"order on both sides, REDUCE_GRAD once after each stage's last backward; "
                      f"deadlock-free as torch runs them")
+    if lowered:
+        from pipeir.backend.commcheck import check_schedule
+
+        lines.append(f"{path}: lowered by pipeir (import-torch, compile): {check_schedule(s)}")
     return lines
 
 

@@ -16,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from pipeir import limits
 from pipeir.config import ConfigError, PipelineConfig
 from pipeir.diagnostics import Diagnostic, Note, Source, Span, UsageError, VerifyError
 from pipeir.interop.actions import COMMS, COMPUTE, FORMATS, OVERLAP, Action, Format, parse_action
@@ -47,7 +48,7 @@ class Imported:
 def load_csv(path: str | os.PathLike[str], microbatches: int | None = None,
              format: str = "auto") -> Imported:
     """Read a torch schedule CSV (`format`: auto, compute_only or compute_comms)."""
-    text = Source.read(path, "torch schedule CSV").text
+    text = limits.read_input(path, "torch schedule CSV").text
     return loads_csv(text, name=str(path), microbatches=microbatches, format=format)
 
 
@@ -185,9 +186,9 @@ def _placement(rows: list[list[tuple[Action, Span]]], name: str) -> list[int]:
     if not owner:
         raise UsageError(f"{name}: no actions in any row")
     stages = max(owner) + 1
-    missing = [s for s in range(stages) if s not in owner]
-    if missing:
-        raise _placement_error(f"{name}: stage {missing[0]} appears in no cell, but stage "
+    if len(owner) < stages:  # the first gap, found without a list as long as the stage number
+        missing = next(s for s, t in enumerate(sorted(owner)) if s != t)
+        raise _placement_error(f"{name}: stage {missing} appears in no cell, but stage "
                          f"{stages - 1} does; stages must be 0..{stages - 1}")
     return [owner[s][0] for s in range(stages)]
 

@@ -289,6 +289,17 @@ def _blame(errors: list[tuple[Any, ...]], dead: list[int], procs: list[Any], pcs
                 f"{_groups(jobs[job], r)}; "
                 f"stopped all {n} ranks")
     _, rank, job, pc, _, text, _ = errors[0]
+    lost = (f"{_name(jobs[job], rank)} lost communication {_describe(jobs[job], rank, pc)}: "
+            f"{text}")
+    hung = [r for r in range(n) if r not in errored and procs[r].is_alive()]
+    if hung:  # only communication errors, and a live rank that reported none: it is the cause
+        r = hung[0]
+        hjob, hpc = pcs[2 * r], pcs[2 * r + 1]
+        also = "".join(f"; {_name(jobs[hjob], x)} gave no error either, "
+                       f"{_describe(jobs[pcs[2 * x]], x, pcs[2 * x + 1])}" for x in hung[1:])
+        return (f"{_name(jobs[hjob], r)} hung {_describe(jobs[hjob], r, hpc)}"
+                f"{_groups(jobs[hjob], r)}: it raised no error while its peers timed out "
+                f"waiting for it ({lost}{also}); stopped all {n} ranks")
     others = "; ".join(f"rank {r} was {_describe(jobs[pcs[2 * r]], r, pcs[2 * r + 1])}"
                        for r in range(n) if r not in errored)
     return (f"{_name(jobs[job], rank)} lost communication {_describe(jobs[job], rank, pc)}"

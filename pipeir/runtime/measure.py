@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from statistics import mean, median
 from typing import Any
 
+from pipeir import limits
 from pipeir.backend.lower import (
     COMPUTE,
     Backward,
@@ -115,6 +116,8 @@ def expand_rounds(schedule: Schedule) -> Schedule:
     c = schedule.config
     if c.accumulate == 1:
         return schedule
+    limits.check_ops(f"{c.accumulate} rounds of '{schedule.name}' (accumulate)",
+                     c.accumulate * len(schedule.graph))
     last = c.accumulate - 1  # gradient reductions run once, in the last round
     progs = [[op if op.kind == "R" else Op(op.kind, op.stage, op.mb + r * c.microbatches)
               for r in range(c.accumulate) for op in prog if op.kind != "R" or r == last]

@@ -62,8 +62,10 @@ def _median_ms(fn: Callable[[], Any], warmup: int, iters: int) -> float:
 
 
 def profile_stages(spec: ModelSpec, stages: int, microbatches: int, warmup: int = 2,
-                   iters: int = 5) -> list[StageTimes]:
-    """Per-stage op times and sizes for one micro-batch (see the module NOTE).
+                   iters: int = 5, progress: Callable[[str], None] | None = None
+                   ) -> list[StageTimes]:
+    """Per-stage op times and sizes for one micro-batch (see the module NOTE); `progress`
+    hears of each stage before it is measured (`pipeir.progress`).
 
     Runs with one intra-op thread: a pipeline rank is one process per core, and OpenMP
     threads spinning against each other on a shared CPU make timings 1000x noisier.
@@ -75,6 +77,9 @@ def profile_stages(spec: ModelSpec, stages: int, microbatches: int, warmup: int 
     try:
         out: list[StageTimes] = []
         for s in range(stages):
+            if progress is not None:
+                progress(f"timing stage {s + 1}/{stages} ({warmup} warm-up, {iters} measured "
+                         "runs of F, B, I and W)")
             times, x = _profile_stage(spec, s, stages, x, y, warmup, iters)
             out.append(times)
         return out

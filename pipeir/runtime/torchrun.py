@@ -10,7 +10,8 @@ variables (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, LOCAL_RANK) work the same
 prints its place in the mesh at start; the rank that owns the last stage of replica 0 writes
 one line per step (loss and step time) to stdout. A failure (a bad world size, a batch that
 does not split over the replicas, a lost peer) is one line on stderr naming the rank and its
-groups, and exit code 1, on which torchrun stops every other process.
+groups, and exit code 1, on which torchrun stops every other process. A bad `--model` is
+found before the process group starts: global rank 0 says why, every rank exits with 2.
 """
 
 from __future__ import annotations
@@ -20,11 +21,14 @@ import json
 import os
 import socket
 import sys
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pipeir.backend.lower import from_json
+from pipeir.diagnostics import PipeirError
+from pipeir.models.spec import resolve
 from pipeir.runtime.mesh import MeshShape, check_world
 from pipeir.runtime.worker import Job, run_rank
 
@@ -39,6 +43,15 @@ def main(directory: Path, argv: list[str]) -> int:
     args = p.parse_args(argv)
     if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
         sys.stderr.write("main.py: start me with torchrun --nproc-per-node P main.py\n")
+        return 2
+    try:  # once, before the process group: a bad --model is one line for the whole world
+        resolve(args.model)
+    except PipeirError as e:
+        if os.environ["RANK"] == "0":
+            sys.stderr.write(f"main.py: {e.render()}\n(every rank stops; torchrun reports "
+                             "their exit codes below)\n")
+        else:  # torchrun stops the others at the first exit: let rank 0 say why first
+            time.sleep(1.0)
         return 2
     lowered = from_json(json.loads((directory / "lowered.json").read_text()))
     sources = tuple((directory / f"rank{r}.py").read_text() for r in range(lowered.ranks))

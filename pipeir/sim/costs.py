@@ -75,6 +75,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from pipeir import limits
 from pipeir.diagnostics import Note, Source, Span, UsageError, did_you_mean, where_prefix
 from pipeir.ops import CHANNEL, KINDS, Kind, Op
 from pipeir.sim.lengths import LENGTH_KEYS, LengthCost, split_length_settings
@@ -412,7 +413,11 @@ def _build(items: Mapping[str, tuple[Any, Span | None]], where: str | None) -> C
                                  f"got {value!r}", span)
             unit = value
             continue
-        key, level, allowed = _classify(name, stage, mb, stage_mb)
+        try:
+            key, level, allowed = _classify(name, stage, mb, stage_mb)
+        except ValueError as e:  # an index past 64 bits
+            raise UsageError(f"{where_prefix(where, span)}cost '{_short(name)}': {e}",
+                             span) from None
         if key is None or level is None or key not in allowed:
             raise UsageError(f"{where_prefix(where, span)}unknown cost '{name}'", span,
                              did_you_mean(name, _known_names(name)) or
@@ -450,6 +455,10 @@ def _top(items: Mapping[str, tuple[Any, Span | None]], name: str, default: Any) 
     return default if got is None else float(got[0])
 
 
+def _short(name: str) -> str:
+    return name if len(name) <= 40 else name[:37] + "..."
+
+
 def _classify(name: str, stage: dict[int, _Level], mb: dict[int, _Level],
               stage_mb: dict[tuple[int, int], _Level]
               ) -> tuple[str | None, _Level | None, tuple[str, ...]]:
@@ -460,9 +469,9 @@ def _classify(name: str, stage: dict[int, _Level], mb: dict[int, _Level],
     if m is None:
         return None, None, ()
     if m.group(1):
-        k = (int(m.group(2)), int(m.group(4)))
+        k = (limits.to_int(m.group(2)), limits.to_int(m.group(4)))
         return m.group(5), stage_mb.setdefault(k, {}), OP_KINDS
-    idx = int(m.group(7))
+    idx = limits.to_int(m.group(7))
     if m.group(6) == "stage":
         return m.group(8), stage.setdefault(idx, {}), (*OP_KINDS, *SIZE_KEYS)
     return m.group(8), mb.setdefault(idx, {}), OP_KINDS
@@ -502,7 +511,7 @@ def read_cost_file(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Span | 
     """A JSON or TOML cost file as dotted settings, each with the span of its key when it can
     be found in the text (so errors point at the line)."""
     p = Path(path)
-    src = Source.read(p, "cost file (JSON or TOML)")
+    src = limits.read_input(p, "cost file (JSON or TOML)")
     data = _parse_json(src) if p.suffix.lower() == ".json" else _parse_toml(src)
     if not isinstance(data, dict):
         raise UsageError("a cost file must be a JSON object or a TOML table, "

@@ -121,11 +121,15 @@ def parse_lengths(text: str, flag: str = "--lengths") -> tuple[float, ...]:
     return tuple(out)
 
 
-def check_count(spec: LengthCost | None, microbatches: int) -> None:
-    """A UsageError unless there is one length per micro-batch of the schedule."""
+def check_count(spec: LengthCost | None, microbatches: int, span: Span | None = None,
+                where: str | None = None) -> None:
+    """A UsageError (at `span`, the `lengths` setting) unless there is one length per
+    micro-batch of the schedule: a shorter list would leave the rest at plain costs, a longer
+    one would be cut, both silently."""
     if spec is not None and len(spec.lengths) != microbatches:
-        raise UsageError(f"lengths gives {len(spec.lengths)} micro-batch lengths but the "
-                         f"schedule has {microbatches} micro-batches; give one per micro-batch")
+        raise UsageError(f"{where_prefix(where, span)}lengths gives {len(spec.lengths)} "
+                         f"micro-batch lengths but the schedule has {microbatches} "
+                         "micro-batches; give one per micro-batch", span)
 
 
 def lognormal_lengths(n: int, seed: int, median: float = 512.0, sigma: float = 0.8,

@@ -1,0 +1,175 @@
+"""One resource policy: how much memory and work one input may ask of pipeir, checked before
+the work is done, at every entrance (`.sched` files, torch CSVs, cost files, command-line
+sizes, pass outputs, lowering).
+
+NOTE (where the numbers come from): peak resident memory (GNU time's %M) of `pipeirc` on
+CPython 3.11, x86-64, at commit 03cbf00; the interpreter and pipeir's imports take ~44 MB.
+- A schedule costs ~1.9 KB per op (graph node and edges, span, program slot, op object):
+  `check --schedule 1f1b --ranks 64` peaks at 164 MB with 512 micro-batches (65,536 ops)
+  and 287 MB with 1,024 (131,072 ops). BYTES_PER_OP rounds that up to 2,000.
+- Lowering costs ~9 KB per op and round (about four instructions per op, the communication
+  proof, the printed or generated program): `compile --emit lowered` of the same pipeline
+  peaks at 334 MB with 256 micro-batches (32,768 ops) and 628 MB with 512 (65,536 ops).
+  `accumulate = k` lowers k rounds, so it multiplies the count.
+- Parsing costs ~400 B per byte of dense `.sched` text (Lark's tree and tokens): the printed
+  32-rank, 256-micro-batch 1F1B (167 KB) peaks at 109 MB.
+Every size limit is the memory budget divided by one of these costs, so the one variable
+PIPEIR_MAX_MEMORY (default 2 GiB) raises them all: by default a schedule may hold 1,073,741
+ops (p=64, v=4, m=512 split into F/I/W is 393,216), lowering 238,609 ops x rounds, and an
+input file 5 MiB.
+
+Work that makes no ops is bounded by count, measured in time: a loop iteration of the
+elaborator takes ~0.25 us (MAX_ITERATIONS = 20M is ~5 s), a call of a `def` ~2.4 us. Calls
+are allowed CALLS_PER_PAIR per (stage, micro-batch) pair of the pipeline plus CALLS_BASE
+(the library's schedules make at most 2 per op), so a recursion that fans out (f calling
+f twice per level) stops within a second or two instead of running for hours. Integers are
+64-bit: a stage, micro-batch or rank beyond that means nothing, and Python's big integers
+would turn `10**16384`-sized values into slow arithmetic and unprintable messages.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Final
+
+from pipeir.diagnostics import Source, UsageError, read_bytes
+
+#: The environment variable holding the memory budget (bytes, or with a unit: 8GiB, 500MB).
+ENV: Final = "PIPEIR_MAX_MEMORY"
+DEFAULT_BUDGET: Final = 2 * 2**30
+
+BYTES_PER_OP: Final = 2_000
+BYTES_PER_LOWERED_OP: Final = 9_000
+BYTES_PER_INPUT_BYTE: Final = 400
+
+MAX_ITERATIONS: Final = 20_000_000
+MAX_DEPTH: Final = 200
+CALLS_PER_PAIR: Final = 8
+CALLS_BASE: Final = 100_000
+MAX_INT: Final = 2**63 - 1
+
+#: Past this much memory no budget helps: the input is wrong, not large.
+_ABSURD: Final = 2**50
+
+#: Units of a size written with one (`8GB`, `512MiB`, `3e8B`).
+BYTE_UNITS: Final = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+                     "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+def split_unit(text: str) -> tuple[str, str]:
+    """`"8GiB"` -> `("8", "GIB")`: the number and its unit (upper case; "" for none)."""
+    t = text.strip()
+    num = t.rstrip("BbKkMmGgTtIi")
+    return num, t[len(num):].upper()
+
+
+def bytes_of(num: str, unit: str) -> float:
+    """The bytes `num` `unit` stand for; ValueError for an unknown unit or a bad number."""
+    if unit not in BYTE_UNITS:
+        raise ValueError(unit)
+    return float(num) * BYTE_UNITS[unit]
+
+
+def budget() -> int:
+    """The memory budget in bytes: PIPEIR_MAX_MEMORY, else DEFAULT_BUDGET."""
+    raw = os.environ.get(ENV, "").strip()
+    if not raw:
+        return DEFAULT_BUDGET
+    num, unit = split_unit(raw)
+    try:
+        value = bytes_of(num, unit or "B")
+    except ValueError:
+        value = -1.0
+    if not 1 <= value < 2**63:
+        raise UsageError(f"{ENV}={raw}: expected a size such as 8GiB, 500MB or 4000000000")
+    return int(value)
+
+
+def max_ops() -> int:
+    """The most ops one schedule may hold."""
+    return budget() // BYTES_PER_OP
+
+
+def max_lowered_ops() -> int:
+    """The most ops x rounds one lowering may handle."""
+    return budget() // BYTES_PER_LOWERED_OP
+
+
+def max_input_bytes() -> int:
+    """The longest input file pipeir reads."""
+    return budget() // BYTES_PER_INPUT_BYTE
+
+
+def _size(n: float) -> str:
+    if n > _ABSURD:
+        return "more than 1 PiB"
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n:.0f} B"
+
+
+def _raise_to(need: float) -> str:
+    """How to allow `need` bytes: PIPEIR_MAX_MEMORY in whole GiB, rounded up."""
+    if need > _ABSURD:
+        return f"no {ENV} allows that much; is a number wrong?"
+    return f"to allow it, set {ENV}={max(1, -(-int(need) // 2**30))}GiB"
+
+
+def over(what: str, count: int, unit: str, per: int) -> str | None:
+    """The message for `count` units (`unit` names one, e.g. "ops") costing `per` bytes each
+    against the budget, or None when they fit."""
+    have = budget()
+    if count <= have // per:
+        return None
+    need = count * per
+    shown = f"{count:,}" if count < 10**30 else "more than 10^30"
+    return (f"{what} is too large: {shown} {unit} need {_size(need)} (~{per:,} B each), "
+            f"over pipeir's memory budget of {_size(have)}; {_raise_to(need)}")
+
+
+def check(what: str, count: int, unit: str, per: int) -> None:
+    """Raise a UsageError when `count` units of `per` bytes exceed the budget."""
+    message = over(what, count, unit, per)
+    if message is not None:
+        raise UsageError(message)
+
+
+def check_ops(what: str, ops: int) -> None:
+    """A schedule of `ops` ops (from a file, a CSV, a pass, expanded rounds) fits the budget."""
+    check(what, ops, "ops", BYTES_PER_OP)
+
+
+def check_lowering(what: str, ops: int, rounds: int) -> None:
+    """Lowering `ops` ops for `rounds` rounds (`accumulate`) fits the budget."""
+    check(what, ops * rounds, "ops x rounds" if rounds > 1 else "ops", BYTES_PER_LOWERED_OP)
+
+
+def to_int(digits: str) -> int:
+    """A string of decimal digits as an integer of the 64-bit range, else a ValueError that
+    says so (Python's own int() refuses past 4,300 digits with advice about sys)."""
+    significant = digits.lstrip("0") or "0"
+    if len(significant) > len(str(MAX_INT)) or int(significant) > MAX_INT:
+        shown = digits if len(digits) < 30 else digits[:12] + "..."
+        raise ValueError(f"integer {shown} ({len(digits)} digits) is out of range: integers "
+                         f"are 64-bit, at most {MAX_INT:,}")
+    return int(significant)
+
+
+def int_overflow(value: int) -> bool:
+    """Whether an integer is outside the language's 64-bit range."""
+    return not -MAX_INT <= value <= MAX_INT
+
+
+def read_input(path: str | os.PathLike[str], kind: str) -> Source:
+    """Read a user's text file (`kind` names it in messages), at most `max_input_bytes()`
+    of it: `/dev/zero` or a huge file is refused after reading one byte past the limit."""
+    most = max_input_bytes()
+    data = read_bytes(Path(path), kind, most)
+    if len(data) > most:
+        raise UsageError(f"{path}: longer than {_size(most)}, the most pipeir reads as a "
+                         f"{kind} (~{BYTES_PER_INPUT_BYTE} B of memory per byte of "
+                         f"{_size(budget())}); "
+                         f"{_raise_to(float(len(data)) * BYTES_PER_INPUT_BYTE * 2)}")
+    return Source.decode(path, data, kind)

@@ -1,0 +1,158 @@
+"""The resource policy (pipeir/limits.py, issue 11): every entrance refuses an input too large
+for the memory budget before doing the work, names the limit and how to raise it."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+import pipeir
+from pipeir import B, F, W, limits
+from pipeir.backend.lower import lower
+from pipeir.config import ConfigError, PipelineConfig
+from pipeir.interop.reader import loads_csv
+from pipeir.runtime.measure import expand_rounds
+
+HEAD = "pipeline { ranks = 1  microbatches = 1 }\n"
+BODY = "schedule s { rank r {%s\n F(r, 0) B(r, 0) } }\n"
+
+
+@pytest.fixture
+def budget(monkeypatch: pytest.MonkeyPatch) -> pytest.MonkeyPatch:
+    monkeypatch.delenv(limits.ENV, raising=False)
+    return monkeypatch
+
+
+def test_budget_reads_units_and_refuses_nonsense(budget: pytest.MonkeyPatch) -> None:
+    assert limits.budget() == limits.DEFAULT_BUDGET
+    budget.setenv(limits.ENV, "8GiB")
+    assert limits.budget() == 8 * 2**30
+    assert limits.max_ops() == 8 * 2**30 // limits.BYTES_PER_OP
+    budget.setenv(limits.ENV, "500MB")
+    assert limits.budget() == 500 * 10**6
+    for bad in ("lots", "-1", "0", "nan", "1e400"):
+        budget.setenv(limits.ENV, bad)
+        with pytest.raises(pipeir.UsageError, match=f"{limits.ENV}={bad}: expected a size"):
+            limits.budget()
+
+
+def test_pipeline_sizes_are_checked_against_the_budget(budget: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ConfigError) as e:
+        PipelineConfig.make(ranks=2000, microbatches=2000)
+    assert "8,000,000 ops (F and B) need 14.9 GiB" in str(e.value)
+    assert f"set {limits.ENV}=15GiB" in str(e.value)
+    budget.setenv(limits.ENV, "16GiB")
+    assert PipelineConfig.make(ranks=2000, microbatches=2000).stages == 2000
+
+
+def test_library_sizes_point_at_the_setting(budget: pytest.MonkeyPatch) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(pipeir.UsageError, match="1024 stages x 1024 micro-batches") as e:
+        pipeir.library.get("interleaved-1f1b", 128, 1024, v=8)
+    assert e.value.diagnostics[0].span is not None
+    assert time.monotonic() - t0 < 5
+
+
+def test_absurd_sizes_say_a_number_is_wrong() -> None:
+    with pytest.raises(ConfigError, match="is a number wrong"):
+        PipelineConfig.make(ranks=1, microbatches=10**20)
+
+
+def test_builder_stops_at_the_op_limit(budget: pytest.MonkeyPatch) -> None:
+    budget.setenv(limits.ENV, str(50 * limits.BYTES_PER_OP))  # 50 ops
+    cfg = PipelineConfig.make(ranks=1, microbatches=20)  # 40 ops of F and B fit
+    progs = [[F(0, m) for m in range(20)] + [B(0, m) for m in range(20)]
+             + [W(0, m) for m in range(20)]]
+    with pytest.raises(pipeir.UsageError, match="schedule 'x' is too large: 51 ops"):
+        pipeir.Schedule.from_programs(cfg, progs, name="x")
+
+
+def test_input_files_are_read_up_to_the_limit(budget: pytest.MonkeyPatch,
+                                              tmp_path: Path) -> None:
+    with pytest.raises(pipeir.UsageError, match=r"/dev/zero: longer than 5\.12 MiB"):
+        pipeir.parse("/dev/zero")
+    f = tmp_path / "a.sched"
+    f.write_text(HEAD + BODY % "")
+    budget.setenv(limits.ENV, str(10 * limits.BYTES_PER_INPUT_BYTE))
+    with pytest.raises(pipeir.UsageError, match=f"longer than 10 B.*{limits.ENV}=1GiB"):
+        pipeir.parse(f)
+
+
+def test_lowering_and_rounds_are_checked_before_the_work() -> None:
+    s = pipeir.parse(HEAD.replace("}", " accumulate = 1000000000000 }") + BODY % "")
+    t0 = time.monotonic()
+    with pytest.raises(pipeir.UsageError, match=r"1000000000000 rounds: accumulate\) is too"):
+        lower(s)
+    with pytest.raises(pipeir.UsageError, match="rounds of 's'"):
+        expand_rounds(s)
+    assert time.monotonic() - t0 < 1
+
+
+def test_pass_outputs_are_checked_before_they_are_built() -> None:
+    s = pipeir.library.get("1f1b", 4, 8)
+    with pytest.raises(pipeir.UsageError, match="4000000 stages x 8 micro-batches"):
+        pipeir.compile(s, "interleave{v=1000000}")
+
+
+def test_recursion_that_fans_out_is_stopped() -> None:
+    deep = "def f30(x) = x\n" + "".join(f"def f{i}(x) = f{i + 1}(f{i + 1}(x))\n"
+                                        for i in reversed(range(30)))
+    t0 = time.monotonic()
+    with pytest.raises(pipeir.UsageError, match="calls functions more than 100,008 times"):
+        pipeir.parse(HEAD + deep + BODY % "let k = f0(0)")
+    assert time.monotonic() - t0 < 5
+
+
+def test_integers_are_64_bit() -> None:
+    with pytest.raises(pipeir.UsageError, match=r"\(16385 digits\) is out of range") as e:
+        pipeir.parse(HEAD + BODY % ("let k = 1" + "0" * 16384))
+    d = e.value.diagnostics[0]
+    assert d.span is not None and (d.span.line, d.span.col) == (2, 30)
+    with pytest.raises(pipeir.UsageError, match="integer overflow: 4294967296 \\* 4294967296"):
+        pipeir.parse(HEAD + BODY % "let k = 4294967296 * 4294967296")
+    assert pipeir.parse(HEAD + BODY % f"let k = {limits.MAX_INT} - 1") is not None
+
+
+def test_torch_csv_stage_numbers_are_not_listed() -> None:
+    t0 = time.monotonic()
+    with pytest.raises(pipeir.VerifyError, match="stage 0 appears in no cell"):
+        loads_csv("999999999F0\n")
+    with pytest.raises(pipeir.UsageError, match=r"integer 99999999999999999999 \(20 digits\)"):
+        loads_csv("0F99999999999999999999\n")
+    with pytest.raises(pipeir.UsageError, match="is a number wrong"):
+        loads_csv("0F9999999999999999\n")
+    assert time.monotonic() - t0 < 1
+
+
+def test_every_integer_in_the_input_is_64_bit(cli, tmp_path: Path) -> None:
+    """Rank numbers, cost indices and CSV cells past 64 bits are errors at their place, not
+    Python's 4,300-digit ValueError; a long line is shown as a window around the span."""
+    big = "9" * 5000
+    cases = {
+        "rank.sched": HEAD + f"schedule s {{ rank {big} {{ F(0,0) B(0,0) }} }}\n",
+        "cost.sched": HEAD + f"costs {{ stage.{big}.F = 1 }}\n" + BODY % "",
+        "zeros.sched": HEAD + BODY % ("let k = " + "0" * 5000 + "1"),
+        "cell.csv": f"{big}F0\n",
+    }
+    for name, text in cases.items():
+        (tmp_path / name).write_text(text)
+        code, _, err = cli("simulate" if name == "cost.sched" else "check", tmp_path / name)
+        if name == "zeros.sched":
+            assert code == 0, err  # leading zeros are still a small number
+            continue
+        assert code == 2, err
+        first, source, carets = err.splitlines()[:3]
+        assert "integer 999999999999... (5000 digits) is out of range" in first
+        assert len(source) < 220 and len(carets) < 220 and "^" in carets
+
+
+def test_integer_lists_on_the_command_line_are_64_bit(cli) -> None:
+    big = "9" * 5000
+    costs = Path(__file__).parent.parent / "examples" / "costs" / "compute-bound.toml"
+    for flag, args in (("--ranks", ["bubble", "--ranks", big]),
+                       ("--microbatches", ["tune", "--costs", costs, "--microbatches",
+                                           f"8,{big}"])):
+        code, _, err = cli(*args)
+        assert code == 2 and err.startswith(f"error: {flag}: integer 999999999999... (5000")
