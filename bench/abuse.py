@@ -52,6 +52,7 @@ SCHED = str(REPO / "examples/1f1b.sched")
 COSTS = str(REPO / "examples/costs/compute-bound.toml")
 SMALL = "pipeir.models.mlp:small"
 RUN2 = ["run", SCHED, "--set", "ranks=2", "--set", "microbatches=2", "--model", SMALL]
+RUN2_MLP = [*RUN2[:-1], "mlp"]  # the default width: 3 MB of state per stage
 ERROR = frozenset({1, 2})
 OK = frozenset({0})
 ANY = frozenset({0, 1, 2})
@@ -375,6 +376,11 @@ def resource_cases() -> list[Case]:
              ["compile", "--schedule", "interleaved-1f1b", "--ranks", "128", "--v", "8",
               "--microbatches", "1024", "-o", "out"], **bound),
         Case("run accumulate = 10**12", [*RUN2, "--set", "accumulate=1000000000000"],
+             timeout=60),
+        Case("run interleave{v=4000}: more model than memory",
+             [*RUN2_MLP, "--passes", "interleave{v=4000}"], timeout=240, memory=6 * GiB),
+        Case("run interleave{v=100} over PIPEIR_MAX_MEMORY=600MB",
+             [*RUN2_MLP, "--passes", "interleave{v=100}"], env={"PIPEIR_MAX_MEMORY": "600MB"},
              timeout=60),
         Case("PIPEIR_MAX_MEMORY=lots", ["check", SCHED], env={"PIPEIR_MAX_MEMORY": "lots"},
              **bound),

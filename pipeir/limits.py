@@ -18,6 +18,13 @@ PIPEIR_MAX_MEMORY (default 2 GiB) raises them all: by default a schedule may hol
 ops (p=64, v=4, m=512 split into F/I/W is 393,216), lowering 238,609 ops x rounds, and an
 input file 5 MiB.
 
+Training (`pipeirc run`) is bounded by what the machine has, not by the budget: before any
+process starts, the weights, gradients, buffers and optimizer state of every stage are counted
+exactly on fake tensors (`ShapePlan.state_bytes`), plus BYTES_PER_PROCESS for each process
+(max RSS after `import torch, torch.distributed`: 224 MB). That sum is a lower bound of what
+the run holds before its first activation; it is compared with the host's available memory
+(MemAvailable), or with PIPEIR_MAX_MEMORY when that is set.
+
 Work that makes no ops is bounded by count, measured in time: a loop iteration of the
 elaborator takes ~0.25 us (MAX_ITERATIONS = 20M is ~5 s), a call of a `def` ~2.4 us. Calls
 are allowed CALLS_PER_PAIR per (stage, micro-batch) pair of the pipeline plus CALLS_BASE
@@ -42,6 +49,8 @@ DEFAULT_BUDGET: Final = 2 * 2**30
 BYTES_PER_OP: Final = 2_000
 BYTES_PER_LOWERED_OP: Final = 9_000
 BYTES_PER_INPUT_BYTE: Final = 400
+
+BYTES_PER_PROCESS: Final = 224 * 10**6
 
 MAX_ITERATIONS: Final = 20_000_000
 MAX_DEPTH: Final = 200
@@ -173,3 +182,38 @@ def read_input(path: str | os.PathLike[str], kind: str) -> Source:
                          f"{_size(budget())}); "
                          f"{_raise_to(float(len(data)) * BYTES_PER_INPUT_BYTE * 2)}")
     return Source.decode(path, data, kind)
+
+
+def _available() -> int | None:
+    """The host's available memory (MemAvailable), or None where /proc/meminfo does not say."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def check_training(per_rank: list[int], stages_per_rank: list[int], replicas: int) -> None:
+    """The training processes of one machine fit its memory: `per_rank[r]` bytes of state for
+    pipeline rank r (each of `replicas` data-parallel copies holds the same), plus the cost of a
+    process. Raise a UsageError naming the largest rank otherwise."""
+    processes = len(per_rank) * replicas
+    need = replicas * sum(per_rank) + processes * BYTES_PER_PROCESS
+    if os.environ.get(ENV, "").strip():
+        have, where = budget(), f"pipeir's memory budget ({ENV})"
+    else:
+        avail = _available()
+        if avail is None:
+            return
+        have, where = avail, "this machine's available memory"
+    if need <= have:
+        return
+    r = max(range(len(per_rank)), key=per_rank.__getitem__)
+    raise UsageError(
+        f"training needs at least {_size(need)} of memory: {processes} processes, each "
+        f"~{_size(BYTES_PER_PROCESS)} for torch plus its stages' weights, gradients and "
+        f"optimizer state (rank {r}: {stages_per_rank[r]:,} stages, {_size(per_rank[r])}), "
+        f"over {where} of {_size(have)}; use fewer stages or a smaller model, or "
+        f"{_raise_to(need).removeprefix('to allow it, ')} to try anyway")

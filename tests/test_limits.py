@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 import pipeir
 from pipeir import B, F, W, limits
@@ -156,3 +157,41 @@ def test_integer_lists_on_the_command_line_are_64_bit(cli) -> None:
                                            f"8,{big}"])):
         code, _, err = cli(*args)
         assert code == 2 and err.startswith(f"error: {flag}: integer 999999999999... (5000")
+
+
+def _trained_state_bytes(stage: torch.nn.Module) -> int:
+    """Oracle: a real stage after a real backward and optimizer step (not the fake count)."""
+    from pipeir.models.mlp import small
+
+    opt = small().optimizer(stage.parameters())
+    stage(torch.randn(4, 64)).sum().backward()
+    opt.step()
+    tensors = [*stage.parameters(), *stage.buffers(),
+               *(p.grad for p in stage.parameters() if p.grad is not None),
+               *(t for s in opt.state.values() for t in s.values() if t.dim() > 0)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def test_training_that_cannot_fit_is_refused_before_any_process(
+        budget: pytest.MonkeyPatch, cli, tmp_path: Path) -> None:
+    import re
+
+    from pipeir.models.mlp import small
+
+    budget.setenv(limits.ENV, "300MB")
+    trace = tmp_path / "t.json"
+    code, out, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                         "--model", "pipeir.models.mlp:small", "--passes", "interleave{v=20}",
+                         "--steps", "1", "--trace", trace)
+    assert code == 2 and out == "" and not trace.exists()
+    found = re.search(r"error: training needs at least .* 2 processes, .* \(rank (\d): 20 "
+                      r"stages, ([\d.]+) KiB\), over pipeir's memory budget \(PIPEIR_MAX_MEMORY\) "
+                      r"of 286 MiB; .* set PIPEIR_MAX_MEMORY=1GiB to try anyway\n$", err)
+    assert found, err
+    want = sum(_trained_state_bytes(small().stage(s, 40)) for s in range(0, 40, 2))
+    assert abs(float(found[2]) * 1024 - want) <= 0.005 * want
+    budget.setenv(limits.ENV, "1GiB")  # the same run fits a larger budget
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                       "--model", "pipeir.models.mlp:small", "--passes", "interleave{v=20}",
+                       "--steps", "1")
+    assert code == 0, err

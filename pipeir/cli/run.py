@@ -85,13 +85,15 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.runtime.preflight import preflight
     from pipeir.runtime.worker import Job
 
+    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
     preflight(spec, args.model, lowered.stages, lowered.microbatches * lowered.accumulate,
-              args.steps, save=args.save, save_every=args.save_every, resume=args.resume)
+              args.steps, save=args.save, save_every=args.save_every, resume=args.resume,
+              placement=None if torchrun else lowered.placement, dp=args.dp)
     sources = tuple(rank_source(lowered, r) for r in range(lowered.ranks))
     job = Job(lowered, sources, args.model, args.steps, plan=_planner(compiled, args),
               collect=args.check, save=args.save, save_every=args.save_every,
               resume=args.resume, dp=args.dp, allow_nonfinite=args.allow_nonfinite)
-    if "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ:
+    if torchrun:  # each node's processes: torchrun placed them, pipeir cannot count them
         return _under_torchrun(job, args)
     from pipeir.runtime.launch import StepReport, launch
     from pipeir.runtime.metrics import MetricsFile, describe, metrics

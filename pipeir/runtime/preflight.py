@@ -6,6 +6,9 @@ run's checkpoint."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
+from pipeir import limits
 from pipeir.diagnostics import UsageError
 from pipeir.models.spec import ModelSpec, check_spec
 from pipeir.runtime import checkpoint
@@ -14,8 +17,11 @@ from pipeir.runtime.worker import split_batch
 
 
 def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps: int, *,
-              save: str | None = None, save_every: int = 0, resume: str | None = None) -> int:
-    """Validate the model and the checkpoint flags; returns the step training starts at."""
+              save: str | None = None, save_every: int = 0, resume: str | None = None,
+              placement: Sequence[int] | None = None, dp: int = 1) -> int:
+    """Validate the model and the checkpoint flags; returns the step training starts at. With
+    `placement` (stage -> rank; the processes run on this machine, `dp` copies of each), check
+    that their weights, gradients and optimizer state fit its memory (pipeir.limits)."""
     try:
         check_spec(spec, stages)
     except UsageError as e:
@@ -26,6 +32,12 @@ def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps
             plan.trace(x)
     except PlanError as e:
         raise UsageError(f"--model {model}: {e}") from None
+    if placement is not None:
+        per_rank, counts = [0] * (max(placement) + 1), [0] * (max(placement) + 1)
+        for stage, nbytes in enumerate(plan.state_bytes()):
+            per_rank[placement[stage]] += nbytes
+            counts[placement[stage]] += 1
+        limits.check_training(per_rank, counts, dp)
     if save_every < 0:
         raise UsageError("--save-every must be at least 1")
     if save_every and save is None:

@@ -216,5 +216,43 @@ class ShapePlan:
                 found.append(Layout.of(h))
         return found
 
+    def state_bytes(self) -> list[int]:
+        """Each stage's training state in bytes: parameters and buffers, the gradients of the
+        trainable parameters and the optimizer's state after one step, counted on the fake
+        modules (no memory used). What a rank holds before its first activation."""
+        mode, modules = self._modules()
+        out = []
+        with mode, self.device:
+            for mod in modules:
+                trainable = [p for p in mod.parameters() if p.requires_grad]
+                out.append(sum(_nbytes(t) for t in (*mod.parameters(), *mod.buffers()))
+                           + sum(_nbytes(p) for p in trainable)
+                           + _optimizer_state(self.spec, trainable))
+        return out
+
     def act(self, stage: int, mb: int) -> Layout:
         return self._mb[mb][stage]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _optimizer_state(spec: ModelSpec, params: list[torch.nn.Parameter]) -> int:
+    """Bytes of the state `spec.optimizer` keeps for `params` after a step (Adam: two moments,
+    SGD with momentum: one), stepped on fake gradients; 0 where the optimizer cannot step on
+    fake tensors, which keeps the count a lower bound."""
+    if not params:
+        return 0
+    try:
+        opt = spec.optimizer(params)
+        for p in params:
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        return sum(_nbytes(t) for state in opt.state.values() for t in state.values()
+                   if isinstance(t, torch.Tensor) and t.dim() > 0)
+    except Exception:  # any optimizer a user writes: the count stays a lower bound
+        return 0
+    finally:
+        for p in params:
+            p.grad = None
