@@ -20,6 +20,7 @@ from pipeir.sim import CostModel, simulate
 from pipeir.sim.engine import Timing
 from pipeir.synth import EXACT_OPS, Problem, make_problem, synthesize
 from pipeir.synth.decompose import extend, short_problem
+from pipeir.synth.lns import chains, improve
 from pipeir.synth.model import choose_scale, solve
 from pipeir.synth.warmstart import sequential, starts
 from pipeir.synth.zb_greedy import zb_greedy
@@ -106,6 +107,33 @@ def test_any_solution_simulates_no_slower_than_the_model_says() -> None:
     solved = solve(problem, time_limit=1, workers=1, work_limit=0.05)
     assert solved.schedule is not None and solved.objective is not None and solved.step is not None
     assert solved.step <= solved.objective + 1e-9
+
+
+def test_window_search_keeps_ops_outside_the_window_in_place() -> None:
+    problem = make_problem(HETERO, 3, 6, split=True, memory_limit=3)
+    warm = starts(problem)[0].schedule
+    at = simulate(warm, problem.costs).start
+    lo, hi = 4.0, 9.0
+    pairs = chains(problem, warm, at, lo, hi)
+    got = solve(problem, hint=warm, time_limit=5, workers=1, chains=pairs)
+    assert got.schedule is not None and not got.optimal
+    for old, new in zip(warm.programs, got.schedule.programs):
+        outside = [i for i, op in enumerate(old) if not lo <= at[op] < hi]
+        assert [new[i] for i in outside] == [old[i] for i in outside]
+
+
+def test_window_search_never_worsens_and_emits_what_it_reports() -> None:
+    problem = make_problem(HETERO, 3, 6, split=True, memory_limit=3)
+    warm = starts(problem)[0]
+    got = improve(problem, warm.schedule, warm.step, bound=problem.lower_bound(),
+                  time_limit=10, work_limit=2.0)
+    assert got.windows > 0 and got.step <= warm.step
+    verify(got.schedule)
+    assert problem.fits(got.schedule)
+    assert simulate(got.schedule, problem.costs).makespan == got.step
+    again = improve(problem, warm.schedule, warm.step, bound=problem.lower_bound(),
+                    time_limit=10, work_limit=2.0)
+    assert again.schedule.programs == got.schedule.programs  # reproducible with a work limit
 
 
 def test_scale_is_exact_for_decimal_costs_and_rounds_down_otherwise() -> None:

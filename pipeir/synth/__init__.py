@@ -5,6 +5,8 @@ with a proven lower bound (OR-Tools CP-SAT).
     warmstart  where the solver starts: tune's best library schedule of the same shape, the
              Zero Bubble greedy scheduler (`zb_greedy`), one micro-batch at a time
     model    the constraint model and its solver run
+    lns      after the full model's share of the time: re-solve one window of the step at
+             a time around the best schedule
     decompose  large sizes: solve a short pipeline, repeat its steady round
 
 `synthesize(problem)` solves one problem; `synth(costs, ranks, microbatches, ...)` is what
@@ -25,6 +27,7 @@ from pipeir.passes.context import CommModel
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel
 from pipeir.synth.decompose import extend, short_problem
+from pipeir.synth.lns import improve
 from pipeir.synth.model import Progress, Solved, solve
 from pipeir.synth.problem import Problem
 from pipeir.synth.warmstart import EXACT_OPS, MAX_OPS, Start, library, starts
@@ -33,6 +36,16 @@ if TYPE_CHECKING:
     from pipeir.tune import Candidate
 
 Placement = Literal["loop", "vshape", "search"]
+
+#: The full model's share of the solver time; the window search (`lns`) gets the rest.
+FULL_SHARE = 0.4
+
+#: The window search runs on problems of up to this many ops. NOTE: measured on the bench's
+#: shapes: on 384 ops (p = 4, m = 8, four chunks, I + W) it takes compute-bound from 103.5 to
+#: 101.5 in 40 s where the full model alone stays at 103.5; on 1,536 (h100-llama, p = 8,
+#: m = 32, two chunks) each window's model takes seconds to load and none improved in 30 s,
+#: while the full model alone did.
+LNS_OPS = 500
 
 
 class BudgetError(UsageError):
@@ -68,11 +81,12 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
                given: Schedule | None = None, warm: Start | None = None,
                time_limit: float = 60.0, workers: int = 1, seed: int = 0,
                work_limit: float | None = None, progress: Progress | None = None,
-               decompose: bool = True) -> SynthResult:
+               decompose: bool = True, full_share: float = FULL_SHARE) -> SynthResult:
     """Solve `problem` within `time_limit` seconds. `tune_costs` (the costs of one stage per
     rank, which the problem's cut into chunks) let tune's library schedules warm-start it;
     `given` is one more warm start; `warm` the warm start already chosen (see `prepare`);
-    `decompose=False` goes straight to the full model even for large problems."""
+    `decompose=False` goes straight to the full model even for large problems; the full
+    model gets `full_share` of the time, the window search (`lns`) the rest."""
     t0 = time.perf_counter()
     warm = warm if warm is not None else prepare(problem, _library(problem, tune_costs), given)
     left = time_limit - (time.perf_counter() - t0)
@@ -92,12 +106,23 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
     elif len(problem.ops) > MAX_OPS:
         method = f"the warm start: over {MAX_OPS} ops is too large for the model"
     elif left > 0:
-        solved = solve(problem, hint=hint.schedule, upper=hint.step, time_limit=left,
-                       workers=workers, seed=seed, work_limit=work_limit, progress=progress)
+        windows = len(problem.ops) <= LNS_OPS
+        solved = solve(problem, hint=hint.schedule, upper=hint.step,
+                       time_limit=left * (full_share if windows else 1.0), workers=workers,
+                       seed=seed,
+                       work_limit=work_limit, progress=progress)
         bound = max(bound, solved.bound)
         if solved.schedule is not None and solved.step is not None and solved.step < step:
             best, step = solved.schedule, solved.step
         optimal = solved.optimal and step <= solved.bound * (1 + 1e-9)
+        left = time_limit - (time.perf_counter() - t0)
+        if windows and not optimal and left > 0:
+            found = improve(problem, best, step, bound=bound, time_limit=left, seed=seed,
+                            workers=workers, work_limit=work_limit, progress=progress)
+            if found.step < step:
+                best, step = found.schedule, found.step
+                method += f", then {found.windows} windows re-solved"
+            optimal = step <= bound * (1 + 1e-9)
     bound = min(bound, step)
     if best.name != "synth":
         best = problem.build(best.programs, "synth")
@@ -182,7 +207,9 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
         i = warms.index(first)
         live, bounds[i] = [i], first.step
     # NOTE: two rounds. Every live shape gets a share of a third of the time; the rest goes
-    # to the shape that is fastest then, continuing from its best schedule.
+    # to the shape that is fastest then, continuing from its best schedule, with the window
+    # search alone where it runs (its full model had its turn in the first round, and on
+    # compute-bound's four-chunk V the window search still gains at 50 s).
     share = (time_limit - (time.perf_counter() - t0)) / 3 / len(live)
     results = {i: synthesize(problems[i], tune_costs=costs, warm=warms[i], time_limit=share,
                              workers=workers, seed=seed, work_limit=work_limit,
@@ -194,7 +221,7 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
         again = synthesize(problems[lead], warm=Start(first_round.method, first_round.schedule,
                                                       first_round.step),
                            time_limit=left, workers=workers, seed=seed, work_limit=work_limit,
-                           progress=progress, decompose=False)
+                           progress=progress, decompose=False, full_share=0.0)
         results[lead] = SynthResult(again.problem, again.schedule, again.step,
                                     max(again.bound, first_round.bound), first_round.warm,
                                     first_round.method, again.optimal, again.wall)
