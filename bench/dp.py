@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
@@ -59,37 +58,23 @@ from pipeir.runtime.worker import Job
 from pipeir.schedule import Schedule
 from pipeir.sim import SimResult
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # in the ranks too: they import this file
+from runtime import SLEEP_B, SLEEP_F, SleepStage
+
 HERE = Path(__file__).resolve()
 PP, DP = 2, 2
-SLEEP_F, SLEEP_B = 0.010, 0.020  # seconds
 PARAMS = 4_000_000  # floats per stage in sleep mode: an all-reduce of 16 MB
 TOLERANCE = 0.10
 WARMUP = 2  # steps dropped from each run
 
 
-class _SleepFn(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx: object, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
-        time.sleep(SLEEP_F)
-        return x * w
-
-    @staticmethod
-    def backward(ctx: object, g: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:  # type: ignore[override]
-        time.sleep(SLEEP_B)
-        return g, g.sum(0)
-
-
-class _Sleep(nn.Module):
-    """Sleeps instead of computing; `bulk` is the stage's large parameter, which no op uses
-    (so backwards cost no CPU) but whose (zero) gradient is all-reduced like any other."""
+class _Sleep(SleepStage):
+    """bench/runtime.py's sleeping stage plus `bulk`, the stage's large parameter, which no op
+    uses (so backwards cost no CPU) but whose (zero) gradient is all-reduced like any other."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.w = nn.Parameter(torch.ones(8))
         self.bulk = nn.Parameter(torch.zeros(PARAMS))
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _SleepFn.apply(x, self.w)
 
 
 def sleep_spec() -> ModelSpec:

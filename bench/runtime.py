@@ -65,7 +65,10 @@ def spec() -> ModelSpec:
     return ModelSpec(stage=_stage, loss=nn.functional.mse_loss, batch=_batch)
 
 
-class _SleepFn(torch.autograd.Function):
+class SleepFn(torch.autograd.Function):
+    """F sleeps SLEEP_F, B sleeps SLEEP_B: step times then depend on the schedule, not on how
+    the shared cores are split between ranks (bench/dp.py uses it too)."""
+
     @staticmethod
     def forward(ctx: object, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:  # type: ignore[override]
         time.sleep(SLEEP_F)
@@ -77,17 +80,17 @@ class _SleepFn(torch.autograd.Function):
         return g, g.sum(0)
 
 
-class _Sleep(nn.Module):
+class SleepStage(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         self.w = nn.Parameter(torch.ones(8))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return _SleepFn.apply(x, self.w)
+        return SleepFn.apply(x, self.w)
 
 
 def sleep_spec() -> ModelSpec:
-    return ModelSpec(stage=lambda s, n: _Sleep(), loss=lambda y, t: ((y - t) ** 2).mean(),
+    return ModelSpec(stage=lambda s, n: SleepStage(), loss=lambda y, t: ((y - t) ** 2).mean(),
                      batch=lambda step: (torch.zeros(16, 8), torch.zeros(16, 8)))
 
 
