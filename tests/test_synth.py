@@ -20,9 +20,9 @@ from pipeir.sim import CostModel, simulate
 from pipeir.sim.engine import Timing
 from pipeir.synth import EXACT_OPS, Problem, make_problem, synthesize
 from pipeir.synth.decompose import extend, short_problem
-from pipeir.synth.lns import chains, improve
+from pipeir.synth.lns import Integral, Window, improve
 from pipeir.synth.model import choose_scale, solve
-from pipeir.synth.warmstart import sequential, starts
+from pipeir.synth.warmstart import Start, sequential, starts
 from pipeir.synth.zb_greedy import zb_greedy
 from pipeir.verify import verify
 
@@ -109,17 +109,58 @@ def test_any_solution_simulates_no_slower_than_the_model_says() -> None:
     assert solved.step <= solved.objective + 1e-9
 
 
-def test_window_search_keeps_ops_outside_the_window_in_place() -> None:
-    problem = make_problem(HETERO, 3, 6, split=True, memory_limit=3)
-    warm = starts(problem)[0].schedule
-    at = simulate(warm, problem.costs).start
-    lo, hi = 4.0, 9.0
-    pairs = chains(problem, warm, at, lo, hi)
-    got = solve(problem, hint=warm, time_limit=5, workers=1, chains=pairs)
-    assert got.schedule is not None and not got.optimal
-    for old, new in zip(warm.programs, got.schedule.programs):
-        outside = [i for i, op in enumerate(old) if not lo <= at[op] < hi]
-        assert [new[i] for i in outside] == [old[i] for i in outside]
+def _window_orders(problem: Problem, progs: list[list[Op]], runs: list[tuple[int, int]]
+                   ) -> float:
+    """The least simulated step over every reordering of each rank's run [a, b), the rest
+    in place, within the memory limit (the oracle for one window)."""
+    best = float("inf")
+    perms = [itertools.permutations(prog[a:b]) for prog, (a, b) in zip(progs, runs)]
+    for choice in itertools.product(*(list(p) for p in perms)):
+        new = [[*prog[:a], *run, *prog[b:]] for prog, (a, b), run in zip(progs, runs, choice)]
+        s = Schedule.from_programs(problem.config, new)
+        timing = Timing(s, problem.costs, problem.comm)
+        if timing.complete and problem.fits(s):
+            best = min(best, problem.step_time(s))
+    return best
+
+
+@pytest.mark.parametrize(("comm", "limit", "m", "seq", "lo", "width"), [
+    ("overlapped", None, 5, True, 6.0, 6.0), ("overlapped", 3, 5, True, 6.0, 6.0),
+    ("blocking", 2, 5, True, 6.0, 6.0), ("overlapped", None, 5, False, 3.0, 5.0),
+    ("overlapped", 3, 6, False, 16.0, 4.0), ("blocking", 2, 6, False, 5.0, 7.0),
+])
+def test_window_model_finds_the_best_order_of_the_window(comm: str, limit: int | None, m: int,
+                                                         seq: bool, lo: float, width: float
+                                                         ) -> None:
+    """Against every order of the window's runs, simulated: from one micro-batch at a time
+    (the window can gain), from the best warm start (it may not), and where the memory limit
+    rules out the order that would be fastest without it (the last two)."""
+    problem = make_problem(HETERO, 3, m, split=True, comm=comm,  # type: ignore[arg-type]
+                           memory_limit=limit)
+    warm = sequential(problem) if seq else starts(problem)[0].schedule
+    iz = Integral(problem)
+    progs = [list(p) for p in warm.programs]
+    timed = iz.times(progs)
+    assert timed is not None
+    start, order = timed
+    f = iz.scale.factor
+    window = Window(iz, progs, start, order, int(lo * f), int((lo + width) * f))
+    assert window.current == round(problem.step_time(warm) * f)
+    assert 4 <= len(window.ops) <= 10
+    want = _window_orders(problem, progs, window.runs)
+    if seq:
+        assert want < problem.step_time(warm)
+    if m == 6:
+        free = make_problem(HETERO, 3, m, split=True, comm=comm)  # type: ignore[arg-type]
+        assert _window_orders(free, progs, window.runs) < want
+    got = window.solve(time_limit=20, work_limit=20, workers=1, seed=0)
+    assert got is not None and got[1]  # closed
+    for old, new, (a, b) in zip(progs, got[0], window.runs):
+        assert new[:a] == old[:a] and new[b:] == old[b:]
+        assert sorted(new[a:b]) == sorted(old[a:b])
+    sched = problem.build(got[0])
+    assert problem.fits(sched)
+    assert problem.step_time(sched) == pytest.approx(want, abs=1e-9)
 
 
 def test_window_search_never_worsens_and_emits_what_it_reports() -> None:
@@ -206,6 +247,46 @@ def test_large_problems_are_decomposed(monkeypatch: pytest.MonkeyPatch) -> None:
     assert got.step <= got.warm.step and got.bound <= got.step
     verify(got.schedule)
     assert EXACT_OPS > 60
+
+
+def test_above_full_ops_the_full_model_gets_its_large_share(monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    import pipeir.synth as synth
+
+    problem = make_problem(HETERO, 3, 8, split=True, memory_limit=3)
+    limits: list[float] = []
+    real = synth.solve
+
+    def spy(*args: object, **kwargs: object) -> object:
+        limits.append(kwargs["time_limit"])  # type: ignore[arg-type]
+        return real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(synth, "FULL_OPS", 10)
+    monkeypatch.setattr(synth, "solve", spy)
+    seq = sequential(problem)
+    got = synth.synthesize(problem, warm=Start("seq", seq, problem.step_time(seq)),
+                           time_limit=10)
+    assert len(limits) == 1 and 1.5 < limits[0] <= 10 * synth.LARGE_SHARE
+    verify(got.schedule)
+    assert problem.fits(got.schedule) and problem.step_time(got.schedule) == got.step
+    assert got.step < problem.step_time(seq)
+
+
+def test_window_search_alone_improves_from_the_warm_start(monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    import pipeir.synth as synth
+
+    problem = make_problem(HETERO, 3, 8, split=True, memory_limit=3)
+    monkeypatch.setattr(synth, "FULL_OPS", 10)
+    monkeypatch.setattr(synth, "LARGE_SHARE", 0.0)
+    monkeypatch.setattr(synth, "solve", None)  # the full model must not run
+    seq = sequential(problem)
+    got = synth.synthesize(problem, warm=Start("seq", seq, problem.step_time(seq)),
+                           time_limit=10, work_limit=3.0)
+    assert got.method.startswith("the warm start, then ") and got.step < got.warm.step
+    assert got.bound == problem.lower_bound() and not got.optimal
+    verify(got.schedule)
+    assert problem.fits(got.schedule) and problem.step_time(got.schedule) == got.step
 
 
 # ---- the pass --------------------------------------------------------------------------------

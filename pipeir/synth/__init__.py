@@ -5,8 +5,9 @@ with a proven lower bound (OR-Tools CP-SAT).
     warmstart  where the solver starts: tune's best library schedule of the same shape, the
              Zero Bubble greedy scheduler (`zb_greedy`), one micro-batch at a time
     model    the constraint model and its solver run
-    lns      after the full model's share of the time: re-solve one window of the step at
-             a time around the best schedule
+    lns      after the full model's share of the time (all of it on large problems):
+             re-solve one window of the step at a time around the best schedule, with a
+             model of the window's ops alone
     decompose  large sizes: solve a short pipeline, repeat its steady round
 
 `synthesize(problem)` solves one problem; `synth(costs, ranks, microbatches, ...)` is what
@@ -40,12 +41,15 @@ Placement = Literal["loop", "vshape", "search"]
 #: The full model's share of the solver time; the window search (`lns`) gets the rest.
 FULL_SHARE = 0.4
 
-#: The window search runs on problems of up to this many ops. NOTE: measured on the bench's
-#: shapes: on 384 ops (p = 4, m = 8, four chunks, I + W) it takes compute-bound from 103.5 to
-#: 101.5 in 40 s where the full model alone stays at 103.5; on 1,536 (h100-llama, p = 8,
-#: m = 32, two chunks) each window's model takes seconds to load and none improved in 30 s,
-#: while the full model alone did.
-LNS_OPS = 500
+#: Above this many ops the full model gets only `LARGE_SHARE` of the time (the window search
+#: the rest). NOTE: measured on the bench's shapes (2 threads): on 384 ops (p = 4, m = 8,
+#: four chunks, I + W) the full model first, then windows, is what reaches compute-bound's
+#: best; on 1,536 (h100-llama, p = 8, m = 32, two chunks, K = 8) the full model takes seconds
+#: to load and reaches 447.4 in 120 s, the window search alone 442.2 in 60 s from the same
+#: warm start (459.2). The full model still gets a share there for its bound: on 768 ops
+#: (h100-llama, one stage per rank) it proves the warm start optimal in 2 s.
+FULL_OPS = 500
+LARGE_SHARE = 0.2
 
 
 class BudgetError(UsageError):
@@ -86,7 +90,8 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
     rank, which the problem's cut into chunks) let tune's library schedules warm-start it;
     `given` is one more warm start; `warm` the warm start already chosen (see `prepare`);
     `decompose=False` goes straight to the full model even for large problems; the full
-    model gets `full_share` of the time, the window search (`lns`) the rest."""
+    model gets `full_share` of the time (at most `LARGE_SHARE` above `FULL_OPS` ops), the
+    window search (`lns`) the rest."""
     t0 = time.perf_counter()
     warm = warm if warm is not None else prepare(problem, _library(problem, tune_costs), given)
     left = time_limit - (time.perf_counter() - t0)
@@ -106,17 +111,19 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
     elif len(problem.ops) > MAX_OPS:
         method = f"the warm start: over {MAX_OPS} ops is too large for the model"
     elif left > 0:
-        windows = len(problem.ops) <= LNS_OPS
-        solved = solve(problem, hint=hint.schedule, upper=hint.step,
-                       time_limit=left * (full_share if windows else 1.0), workers=workers,
-                       seed=seed,
-                       work_limit=work_limit, progress=progress)
-        bound = max(bound, solved.bound)
-        if solved.schedule is not None and solved.step is not None and solved.step < step:
-            best, step = solved.schedule, solved.step
-        optimal = solved.optimal and step <= solved.bound * (1 + 1e-9)
+        share = full_share if len(problem.ops) <= FULL_OPS else min(full_share, LARGE_SHARE)
+        if share > 0:
+            solved = solve(problem, hint=hint.schedule, upper=hint.step,
+                           time_limit=left * share, workers=workers, seed=seed,
+                           work_limit=work_limit, progress=progress)
+            bound = max(bound, solved.bound)
+            if solved.schedule is not None and solved.step is not None and solved.step < step:
+                best, step = solved.schedule, solved.step
+            optimal = solved.optimal and step <= solved.bound * (1 + 1e-9)
+        elif method == "exact model":
+            method = "the warm start"
         left = time_limit - (time.perf_counter() - t0)
-        if windows and not optimal and left > 0:
+        if not optimal and left > 0:
             found = improve(problem, best, step, bound=bound, time_limit=left, seed=seed,
                             workers=workers, work_limit=work_limit, progress=progress)
             if found.step < step:

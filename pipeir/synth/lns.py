@@ -1,36 +1,54 @@
 """Large-neighbourhood search around the best schedule: re-solve one time window at a time.
 
 The full model on a few hundred ops improves slowly on two threads (CP-SAT's own neighbourhood
-workers get a small share of them). So after the full model's turn, synthesis keeps the best
-schedule and repeats:
+workers get a small share of them), and on thousands it takes seconds just to load. So after
+the full model's turn, synthesis keeps the best schedule and repeats:
 
-1. simulate it and pick a window of the step, [a, a + w), at random (`seed`);
-2. on every rank, the ops that start inside the window are a run of its program; every op
-   outside keeps its place: it stays after its predecessor on the rank, and the run stays
-   between the ops around it (extra precedences for `model.solve`);
-3. solve that model, a small one, with the current schedule as the hint and a short
-   deterministic limit, and keep the result when its simulated step is no worse.
+1. time it and pick a window of the step, [a, a + w), at random (`seed`);
+2. on every rank, the ops that start inside the window are a run of its program; they may be
+   reordered and retimed, every other op keeps its place on its rank;
+3. solve a model of the window alone (`Window`), with the current order as the hint and a
+   short deterministic limit, and keep the result when its simulated step is no worse.
+
+NOTE (why the window's model is small and exact). Ops that start before the window
+(the prefix) depend only on ops before them, so their times are constants: they give each
+window op a release time. Ops that start after it (the suffix) keep their order on their
+ranks, and no suffix op feeds a window op, so the step is max(C, max over window ops w of
+end(w) + L(w)): L(w) is the longest path from w's end through the suffix (data edges, and
+program order, where every window op precedes its rank's first suffix op), C the longest path
+that avoids the window. Memory, counted in program order per rank, changes only inside the
+window: before and after it a rank holds the same activations whatever the window's order.
+So the model has only the window's ops, whatever the size of the step, and its optimum is the
+best step over every order of the window.
 
 The window grows after a neighbourhood closed without gain (nothing more to find there) and
-shrinks after one that ran out of time. Every schedule kept is one the full model allows
-(verified, within the memory limit, simulated), so the step can only go down; the bound is
-not touched (a neighbourhood proves nothing about the whole problem).
+shrinks after one that ran out of time. Every schedule kept is verified complete, within the
+memory limit and simulated, so the step can only go down; the bound is not touched (a
+neighbourhood proves nothing about the whole problem).
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
+from collections import defaultdict
 from dataclasses import dataclass
+from functools import cached_property
+
+from ortools.sat.python import cp_model
 
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
-from pipeir.sim import simulate
-from pipeir.synth.model import Progress, solve
+from pipeir.sim.engine import Timing
+from pipeir.synth.model import Progress, Scale, choose_scale
 from pipeir.synth.problem import Problem
 
 #: Deterministic seconds one neighbourhood may take.
-STEP_WORK = 0.25
+STEP_WORK = 0.1
+
+#: The number of ops a window starts at, and the range it adapts in.
+WINDOW_OPS, LEAST_OPS, MOST_OPS = 120, 16, 320
 
 
 @dataclass(frozen=True)
@@ -42,27 +60,207 @@ class Improved:
     windows: int
 
 
-def chains(problem: Problem, schedule: Schedule, start: dict[Op, float], lo: float,
-           hi: float) -> list[tuple[Op, Op]]:
-    """The precedences that keep every op starting outside [lo, hi) in its place: consecutive
-    pairs of each rank's program, except pairs of two ops both inside the window."""
-    out = []
-    for prog in schedule.programs:
-        inside = [lo <= start[op] < hi for op in prog]
-        run = [i for i, x in enumerate(inside) if x]
-        for i in range(len(prog) - 1):
-            if not (inside[i] and inside[i + 1]):
-                out.append((prog[i], prog[i + 1]))
-        if run:
-            first, last = run[0], run[-1]
-            # the run stays between its neighbours: after the op before it, before the one
-            # after it (the pairs above pin only the run's ends)
-            for i in run:
-                if first > 0:
-                    out.append((prog[first - 1], prog[i]))
-                if last + 1 < len(prog):
-                    out.append((prog[i], prog[last + 1]))
-    return out
+class Integral:
+    """The problem in the solver's integer units, with its dependency lists (built once per
+    search: a window reads them, it does not rebuild them)."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.scale: Scale = choose_scale([*problem.occupation.values(),
+                                          *(h for _, _, h in problem.edges)])
+        self.occ = {op: self.scale.down(d) for op, d in problem.occupation.items()}
+        self.preds: dict[Op, list[tuple[Op, int]]] = defaultdict(list)
+        self.succs: dict[Op, list[tuple[Op, int]]] = defaultdict(list)
+        for p, q, h in problem.edges:
+            d = self.scale.down(h)
+            self.preds[q].append((p, d))
+            self.succs[p].append((q, d))
+
+    @cached_property
+    def index(self) -> dict[Op, int]:
+        return {op: i for i, op in enumerate(self.problem.ops)}
+
+    def times(self, programs: list[list[Op]]) -> tuple[dict[Op, int], list[Op]] | None:
+        """Earliest starts of every op run in `programs`' order and the order they were timed
+        in (a topological one); None if the order deadlocks."""
+        start: dict[Op, int] = {}
+        order: list[Op] = []
+        at = [0] * len(programs)
+        free = [0] * len(programs)
+        moved = True
+        while moved:
+            moved = False
+            for r, prog in enumerate(programs):
+                while at[r] < len(prog):
+                    op = prog[at[r]]
+                    ready = free[r]
+                    for p, d in self.preds[op]:
+                        if p not in start:
+                            break
+                        ready = max(ready, start[p] + self.occ[p] + d)
+                    else:
+                        start[op] = ready
+                        free[r] = ready + self.occ[op]
+                        order.append(op)
+                        at[r] += 1
+                        moved = True
+                        continue
+                    break
+        return (start, order) if len(order) == len(self.occ) else None
+
+
+class Window:
+    """The model of one window [lo, hi) of `programs` (integer times `start`, topological
+    `order`): its ops' starts are the variables, the rest of the step is constants and
+    longest paths (see the module's NOTE)."""
+
+    def __init__(self, iz: Integral, programs: list[list[Op]], start: dict[Op, int],
+                 order: list[Op], lo: int, hi: int):
+        self.iz, self.programs = iz, programs
+        problem, occ = iz.problem, iz.occ
+        self.runs: list[tuple[int, int]] = []  # per rank: the window's run [a, b)
+        for prog in programs:
+            inside = [i for i, op in enumerate(prog) if lo <= start[op] < hi]
+            a = inside[0] if inside else sum(start[op] < lo for op in prog)
+            self.runs.append((a, inside[-1] + 1 if inside else a))
+        where: dict[Op, str] = {}
+        for prog, (a, b) in zip(programs, self.runs):
+            where.update({op: "P" for op in prog[:a]})
+            where.update({op: "W" for op in prog[a:b]})
+            where.update({op: "Q" for op in prog[b:]})
+        self.ops = [op for prog, (a, b) in zip(programs, self.runs) for op in prog[a:b]]
+        end = {op: start[op] + occ[op] for op, w in where.items() if w == "P"}
+        rank_free = [end[prog[a - 1]] if a else 0 for prog, (a, _) in zip(programs, self.runs)]
+        # the longest path after each suffix op's end, through the suffix only
+        first_q = {r: prog[b] for r, (prog, (_, b)) in enumerate(zip(programs, self.runs))
+                   if b < len(prog)}
+        nxt = {prog[i]: prog[i + 1] for prog, (_, b) in zip(programs, self.runs)
+               for i in range(b, len(prog) - 1)}
+        after: dict[Op, int] = {}
+        for op in reversed(order):
+            if where[op] != "Q":
+                continue
+            best = 0
+            for q, d in iz.succs[op]:
+                best = max(best, d + occ[q] + after[q])
+            if op in nxt:
+                best = max(best, occ[nxt[op]] + after[nxt[op]])
+            after[op] = best
+        self.tail: dict[Op, int] = {}
+        for w in self.ops:
+            best = 0
+            for q, d in iz.succs[w]:
+                if where[q] == "Q":
+                    best = max(best, d + occ[q] + after[q])
+            q = first_q.get(problem.rank(w))
+            if q is not None:
+                best = max(best, occ[q] + after[q])
+            self.tail[w] = best
+        # C: the step's paths that avoid the window
+        const = max(end.values(), default=0)
+        has_window = {problem.rank(w) for w in self.ops}
+        for r, q in first_q.items():
+            if r not in has_window:
+                const = max(const, rank_free[r] + occ[q] + after[q])
+        for op in after:
+            ready = max((end[p] + d for p, d in iz.preds[op] if where[p] == "P"), default=None)
+            if ready is not None:
+                const = max(const, ready + occ[op] + after[op])
+        self.const = const
+        self.release = {w: max([rank_free[problem.rank(w)],
+                                *(end[p] + d for p, d in iz.preds[w] if where[p] == "P")])
+                        for w in self.ops}
+        self.where, self.start = where, start
+
+    @property
+    def current(self) -> int:
+        """The step of the current order, in the model's units."""
+        return max([self.const, *(self.start[w] + self.iz.occ[w] + self.tail[w]
+                                  for w in self.ops)])
+
+    def solve(self, *, time_limit: float, work_limit: float, workers: int, seed: int
+              ) -> tuple[list[list[Op]], bool] | None:
+        """The best order of the window found (the whole programs), and whether it is proven
+        best; None if the solver found nothing."""
+        iz, problem, occ = self.iz, self.iz.problem, self.iz.occ
+        horizon = self.current
+        m = cp_model.CpModel()
+        s = {w: m.new_int_var(self.release[w], max(self.release[w],
+                                                   horizon - occ[w] - self.tail[w]), "")
+             for w in self.ops}
+        by_rank: dict[int, list[Op]] = defaultdict(list)
+        for w in self.ops:
+            by_rank[problem.rank(w)].append(w)
+        for ws in by_rank.values():
+            m.add_no_overlap([m.new_fixed_size_interval_var(s[w], occ[w], "") for w in ws])
+        for w in self.ops:
+            for p, d in iz.preds[w]:
+                if p in s:
+                    m.add(s[w] >= s[p] + occ[p] + d)
+            if problem.mb_uniform and w.mb > 0:  # symmetry, where the current order keeps it
+                prev = Op(w.kind, w.stage, w.mb - 1)
+                if prev in s and self.start[prev] <= self.start[w]:
+                    m.add(s[w] >= s[prev] + occ[prev])
+        self._memory(m, s, horizon)
+        span = m.new_int_var(self.const, horizon, "")
+        finish = {r: m.new_int_var(0, horizon, "") for r in by_rank}
+        for w in self.ops:
+            m.add(finish[problem.rank(w)] >= s[w] + occ[w] + self.tail[w])
+        for f in finish.values():
+            m.add(span >= f)
+        weight = len(finish) * horizon + 1
+        m.minimize(span * weight + sum(finish.values()))
+        for w in self.ops:
+            m.add_hint(s[w], self.start[w])
+        solver = cp_model.CpSolver()
+        prm = solver.parameters
+        prm.max_time_in_seconds = max(0.01, time_limit)
+        prm.max_deterministic_time = work_limit
+        prm.num_workers = workers
+        prm.random_seed = seed
+        status = solver.solve(m)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return None
+        progs = []
+        for prog, (a, b) in zip(self.programs, self.runs):
+            run = sorted(prog[a:b], key=lambda w: (solver.value(s[w]),
+                                                   solver.value(s[w]) + occ[w], iz.index[w]))
+            progs.append([*prog[:a], *run, *prog[b:]])
+        return progs, status == cp_model.OPTIMAL
+
+    def _memory(self, m: cp_model.CpModel, s: dict[Op, cp_model.IntVar], horizon: int) -> None:
+        """Each rank's live activations inside the window, under the limit less what stays
+        live across it."""
+        problem, occ = self.iz.problem, self.iz.occ
+        limit = problem.memory_limit
+        if limit is None:
+            return
+        c = problem.config
+        cap = math.floor(limit + 1e-9)
+        ranks = {problem.rank(w) for w in self.ops}
+        for r in ranks:
+            free, alive, need = cap, [], []
+            for st in c.stages_of(r):
+                demand = math.ceil(problem.weight(st) - 1e-9)
+                for mb in range(c.microbatches):
+                    f, rel = Op("F", st, mb), problem.release_op(st, mb)
+                    wf, wr = self.where[f], self.where[rel]
+                    if wf == "P" and wr == "Q":
+                        free -= demand
+                        continue
+                    if wf == "W" and wr == "W":
+                        size = m.new_int_var(0, horizon, "")
+                        alive.append(m.new_interval_var(s[f], size, s[rel] + occ[rel], ""))
+                    elif wf == "W":
+                        alive.append(m.new_interval_var(s[f], horizon - s[f], horizon, ""))
+                    elif wf == "P" and wr == "W":
+                        e = s[rel] + occ[rel]
+                        alive.append(m.new_interval_var(0, e, e, ""))
+                    else:
+                        continue
+                    need.append(demand)
+            if sum(need) > free:
+                m.add_cumulative(alive, need, free)
 
 
 def improve(problem: Problem, schedule: Schedule, step: float, *, bound: float,
@@ -73,25 +271,37 @@ def improve(problem: Problem, schedule: Schedule, step: float, *, bound: float,
     stopping early at `bound`."""
     t0 = time.perf_counter()
     rng = random.Random(seed)
-    frac, spent, windows = 0.25, 0.0, 0
+    iz = Integral(problem)
+    n = len(problem.ops)
+    size, spent, windows = min(WINDOW_OPS, n / 4), 0.0, 0
     best, best_step = schedule, step
-    while best_step > bound * (1 + 1e-9):
+    programs = [list(p) for p in schedule.programs]
+    timed = iz.times(programs)
+    while timed is not None and best_step > bound * (1 + 1e-9):
         left = time_limit - (time.perf_counter() - t0)
         if left <= 0.05 or (work_limit is not None and spent + STEP_WORK > work_limit):
             break
-        starts = simulate(best, problem.costs, comm=problem.comm).start
-        width = frac * best_step
-        lo = rng.uniform(-0.1 * width, best_step - 0.9 * width)
-        got = solve(problem, hint=best, upper=best_step, time_limit=left, workers=workers,
-                    seed=rng.randrange(1 << 30), work_limit=STEP_WORK,
-                    chains=chains(problem, best, starts, lo, lo + width))
+        start, order = timed
+        span = max(start[op] + iz.occ[op] for op in order)
+        width = size / n * span
+        lo = rng.uniform(-0.1 * width, span - 0.9 * width)
+        window = Window(iz, programs, start, order, math.floor(lo), math.floor(lo + width))
+        got = window.solve(time_limit=left, work_limit=STEP_WORK, workers=workers,
+                           seed=rng.randrange(1 << 30)) if window.ops else None
         spent += STEP_WORK
         windows += 1
         # closed: nothing more in windows this wide; out of time: too wide for the limit
-        closed = got.status == "OPTIMAL"
-        frac = min(0.6, frac * 1.15) if closed else max(0.06, frac * 0.85)
-        if got.schedule is not None and got.step is not None and got.step <= best_step:
-            if got.step < best_step and progress is not None:
-                progress(time.perf_counter() - t0, got.step, bound)
-            best, best_step = got.schedule, got.step
+        closed = got is not None and got[1]
+        size = min(MOST_OPS, size * 1.15) if closed else max(LEAST_OPS, size * 0.85)
+        if got is None or got[0] == programs:
+            continue
+        sched = problem.build(got[0], schedule.name)
+        if not Timing(sched, problem.costs, problem.comm).complete or not problem.fits(sched):
+            continue
+        new_step = problem.step_time(sched)
+        if new_step <= best_step:
+            if new_step < best_step and progress is not None:
+                progress(time.perf_counter() - t0, new_step, bound)
+            best, best_step, programs = sched, new_step, got[0]
+            timed = iz.times(programs)
     return Improved(best, best_step, windows)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
@@ -95,12 +95,9 @@ class _Callback(cp_model.CpSolverSolutionCallback):  # type: ignore[misc]
 
 def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None = None,
           time_limit: float = 60.0, workers: int = 1, seed: int = 0,
-          work_limit: float | None = None, progress: Progress | None = None,
-          chains: Sequence[tuple[Op, Op]] = ()) -> Solved:
+          work_limit: float | None = None, progress: Progress | None = None) -> Solved:
     """Solve `problem` from `hint` (a valid schedule of it, whose step `upper` is), within
-    `time_limit` seconds (and `work_limit` deterministic seconds: reproducible). `chains`
-    are extra (before, after) pairs on one rank: a neighbourhood of the hint (see `lns`), no
-    longer the whole problem, so the bound is then the static one only."""
+    `time_limit` seconds (and `work_limit` deterministic seconds: reproducible)."""
     t0 = time.perf_counter()
     occ_f = problem.occupation
     scale = choose_scale([*occ_f.values(), *(h for _, _, h in problem.edges)])
@@ -122,8 +119,6 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
         m.add_no_overlap([interval[op] for op in problem.ops if problem.rank(op) == r])
     for p, q, h in edges:
         m.add(start[q] >= start[p] + occ[p] + h)
-    for p, q in chains:
-        m.add(start[q] >= start[p] + occ[p])
     if problem.mb_uniform:
         for op in problem.ops:
             if op.mb > 0:
@@ -167,7 +162,7 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     # the sum of ends is < weight, so bound // weight bounds the makespan
     bound = max(lb, math.ceil(solver.best_objective_bound) // weight
-                if found and not chains else lb) / scale.factor
+                if found else lb) / scale.factor
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return Solved(None, None, None, bound, False, time.perf_counter() - t0, name)
     progs: list[list[tuple[int, int, int, Op]]] = [[] for _ in range(ranks)]
@@ -178,7 +173,7 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
     step = problem.step_time(sched)
     span_value = solver.value(span)
     return Solved(sched, step, span_value / scale.factor, bound,
-                  status == cp_model.OPTIMAL and scale.exact and not chains,
+                  status == cp_model.OPTIMAL and scale.exact,
                   time.perf_counter() - t0, name)
 
 
