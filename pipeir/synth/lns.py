@@ -152,9 +152,9 @@ class Window:
             for q, d in iz.succs[w]:
                 if where[q] == "Q":
                     best = max(best, d + occ[q] + after[q])
-            q = first_q.get(problem.rank(w))
-            if q is not None:
-                best = max(best, occ[q] + after[q])
+            nq = first_q.get(problem.rank(w))
+            if nq is not None:
+                best = max(best, occ[nq] + after[nq])
             self.tail[w] = best
         # C: the step's paths that avoid the window
         const = max(end.values(), default=0)
