@@ -7,10 +7,13 @@ deterministic."""
 from __future__ import annotations
 
 import itertools
+import math
 import re
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 import pipeir
 from pipeir.config import PipelineConfig
@@ -161,6 +164,63 @@ def test_window_model_finds_the_best_order_of_the_window(comm: str, limit: int |
     sched = problem.build(got[0])
     assert problem.fits(sched)
     assert problem.step_time(sched) == pytest.approx(want, abs=1e-9)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_window_model_is_exact_on_random_problems(data: st.DataObject) -> None:
+    """Random costs (per stage and per micro-batch), communication, budgets in count or
+    bytes, start orders and windows: the window's model finds the best of every reordering
+    of the window, simulated."""
+    p = data.draw(st.integers(2, 3), "ranks")
+    m = data.draw(st.integers(2, 4), "microbatches")
+    split = data.draw(st.booleans(), "split")
+    tenth = st.integers(1, 30).map(lambda x: x / 10)
+    given_: dict[str, float] = {"F": data.draw(tenth), "I": data.draw(tenth),
+                                "W": data.draw(tenth),
+                                "latency": data.draw(st.integers(0, 5)) / 10,
+                                "memory_bytes": 1.0e3}
+    for s in range(p):
+        if data.draw(st.booleans()):
+            given_[f"stage.{s}.F"] = data.draw(tenth)
+            given_[f"stage.{s}.memory_bytes"] = data.draw(st.integers(1, 3)) * 1.0e3
+    if data.draw(st.booleans(), "per-micro-batch costs"):
+        given_[f"mb.{m - 1}.F"] = data.draw(tenth)
+    costs = CostModel.from_settings(given_)
+    comm = data.draw(st.sampled_from(["overlapped", "blocking"]), "comm")
+    unit = data.draw(st.sampled_from(["count", "bytes", "none"]), "budget")
+    if unit == "count":
+        problem = make_problem(costs, p, m, split=split, comm=comm,  # type: ignore[arg-type]
+                               memory_limit=data.draw(st.integers(1, p)))
+    elif unit == "bytes":
+        least = max(costs.activation_memory(s) or 0.0 for s in range(p))
+        problem = make_problem(costs, p, m, split=split, comm=comm,  # type: ignore[arg-type]
+                               memory_bytes=least * data.draw(st.integers(1, 3)))
+    else:
+        problem = make_problem(costs, p, m, split=split, comm=comm)  # type: ignore[arg-type]
+    warm = sequential(problem) if data.draw(st.booleans(), "sequential start") \
+        else starts(problem)[0].schedule
+    iz = Integral(problem)
+    progs = [list(x) for x in warm.programs]
+    timed = iz.times(progs)
+    assert timed is not None
+    start, order = timed
+    span = max(start[op] + iz.occ[op] for op in order)
+    lo = data.draw(st.integers(0, span), "lo")
+    window = Window(iz, progs, start, order, lo, lo + data.draw(st.integers(1, span), "width"))
+    assert window.current == round(problem.step_time(warm) * iz.scale.factor)
+    orders = 1
+    for a, b in window.runs:
+        orders *= math.factorial(b - a)
+    assume(window.ops and orders <= 1500)
+    got = window.solve(time_limit=20, work_limit=20, workers=1, seed=0)
+    assert got is not None and got[1]
+    for old, new, (a, b) in zip(progs, got[0], window.runs):
+        assert new[:a] == old[:a] and new[b:] == old[b:]
+    sched = problem.build(got[0])
+    assert problem.fits(sched)
+    assert problem.step_time(sched) == pytest.approx(_window_orders(problem, progs, window.runs),
+                                                     abs=1e-9)
 
 
 def test_window_search_never_worsens_and_emits_what_it_reports() -> None:

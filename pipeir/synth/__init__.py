@@ -108,10 +108,10 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
         left = time_limit - (time.perf_counter() - t0)
     if step <= bound * (1 + 1e-9):
         optimal, method = True, "the warm start meets the lower bound"
-    elif len(problem.ops) > MAX_OPS:
-        method = f"the warm start: over {MAX_OPS} ops is too large for the model"
     elif left > 0:
-        share = full_share if len(problem.ops) <= FULL_OPS else min(full_share, LARGE_SHARE)
+        n = len(problem.ops)
+        share = full_share if n <= FULL_OPS else \
+            min(full_share, LARGE_SHARE) if n <= MAX_OPS else 0.0
         if share > 0:
             solved = solve(problem, hint=hint.schedule, upper=hint.step,
                            time_limit=left * share, workers=workers, seed=seed,

@@ -36,8 +36,8 @@ if TYPE_CHECKING:
 #: the list scheduler (slow in Python at that size) is left out.
 EXACT_OPS: Final = 1600
 
-#: Above this many ops synthesis only picks among warm starts: building the model would take
-#: longer than the search is worth.
+#: Above this many ops synthesis does not build the full model (it would take longer to load
+#: than the search is worth); the window search, whose model is one window's, still runs.
 MAX_OPS: Final = 8000
 
 
