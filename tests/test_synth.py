@@ -223,6 +223,51 @@ def test_window_model_is_exact_on_random_problems(data: st.DataObject) -> None:
                                                      abs=1e-9)
 
 
+def _whole_window(problem: Problem, progs: list[list[Op]], lo: float, hi: float) -> Window:
+    iz = Integral(problem)
+    timed = iz.times(progs)
+    assert timed is not None
+    f = iz.scale.factor
+    return Window(iz, progs, *timed, math.floor(lo * f), math.floor(hi * f))
+
+
+def test_window_model_is_exact_when_the_order_is_not_in_microbatch_order() -> None:
+    """Taking a stage's ops in micro-batch order is safe only when the rest of the step does
+    too; a user's warm start may not."""
+    problem = make_problem(CostModel.from_settings({"F": 1.0, "B": 2.0}), 2, 2)
+    f, b = (lambda s, m: Op("F", s, m)), (lambda s, m: Op("B", s, m))
+    progs = [[f(0, 1), f(0, 0), b(0, 0), b(0, 1)], [f(1, 0), f(1, 1), b(1, 0), b(1, 1)]]
+    window = _whole_window(problem, progs, 2.0, 7.0)
+    want = _window_orders(problem, progs, window.runs)
+    got = window.solve(time_limit=10, work_limit=10, workers=1, seed=0)
+    assert got is not None and got[1]
+    assert problem.step_time(problem.build(got[0])) == want == 9.0 < window.current
+
+
+def test_zero_duration_ops_never_give_a_deadlocking_order() -> None:
+    problem = make_problem(CostModel.from_settings({"F": 1.0, "B": 0.0}), 2, 2, v=2,
+                           placement="vshape")
+    seq = sequential(problem)
+    got = _whole_window(problem, [list(p) for p in seq.programs], -1.0, 1e6).solve(
+        time_limit=10, work_limit=10, workers=1, seed=0)
+    assert got is not None
+    assert Timing(problem.build(got[0]), problem.costs, problem.comm).complete
+    solved = solve(problem, hint=seq, upper=problem.step_time(seq), time_limit=10)
+    assert solved.schedule is not None
+    verify(solved.schedule)
+
+
+def test_long_steps_at_a_fine_scale_do_not_overflow_the_solver() -> None:
+    problem = make_problem(CostModel.from_settings({"F": 1000 / 3, "B": 2000 / 3}), 2, 3)
+    seq = sequential(problem)
+    got = _whole_window(problem, [list(p) for p in seq.programs], -1.0, 1e6).solve(
+        time_limit=10, work_limit=10, workers=1, seed=0)
+    assert got is not None
+    assert problem.step_time(problem.build(got[0])) == pytest.approx(4000)
+    solved = solve(problem, hint=seq, upper=problem.step_time(seq), time_limit=10)
+    assert solved.status == "OPTIMAL" and solved.step == pytest.approx(4000)
+
+
 def test_window_search_never_worsens_and_emits_what_it_reports() -> None:
     problem = make_problem(HETERO, 3, 6, split=True, memory_limit=3)
     warm = starts(problem)[0]
@@ -240,6 +285,7 @@ def test_window_search_never_worsens_and_emits_what_it_reports() -> None:
 def test_scale_is_exact_for_decimal_costs_and_rounds_down_otherwise() -> None:
     assert choose_scale([4.4, 0.005, 1.0]) == choose_scale([0.005])
     assert choose_scale([4.4, 0.005]).exact and choose_scale([4.4]).factor == 10
+    assert not choose_scale([1000 / 3]).exact  # 333333333.33 at 10^6 is not whole
     odd = choose_scale([1 / 3])
     assert not odd.exact and odd.down(1 / 3) <= odd.factor / 3
 

@@ -19,12 +19,12 @@ program order, where every window op precedes its rank's first suffix op), C the
 that avoids the window. Memory, counted in program order per rank, changes only inside the
 window: before and after it a rank holds the same activations whatever the window's order.
 So the model has only the window's ops, whatever the size of the step, and its optimum is the
-best step over every order of the window.
+best step over every order of the window (ops of zero duration aside: see `model.in_order`).
 
-The window grows after a neighbourhood closed without gain (nothing more to find there) and
-shrinks after one that ran out of time. Every schedule kept is verified complete, within the
-memory limit and simulated, so the step can only go down; the bound is not touched (a
-neighbourhood proves nothing about the whole problem).
+The window grows after one whose model was solved to the end (windows that size are cheap)
+and shrinks after any other (out of time, or nothing usable). Every schedule kept is verified
+complete, within the memory limit and simulated, so the step can only go down; the bound is
+not touched (a neighbourhood proves nothing about the whole problem).
 """
 
 from __future__ import annotations
@@ -34,14 +34,13 @@ import random
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from functools import cached_property
 
 from ortools.sat.python import cp_model
 
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
 from pipeir.sim.engine import Timing
-from pipeir.synth.model import Progress, Scale, choose_scale
+from pipeir.synth.model import Progress, Scale, choose_scale, in_order, minimize
 from pipeir.synth.problem import Problem
 
 #: Deterministic seconds one neighbourhood may take.
@@ -75,10 +74,6 @@ class Integral:
             d = self.scale.down(h)
             self.preds[q].append((p, d))
             self.succs[p].append((q, d))
-
-    @cached_property
-    def index(self) -> dict[Op, int]:
-        return {op: i for i, op in enumerate(self.problem.ops)}
 
     def times(self, programs: list[list[Op]]) -> tuple[dict[Op, int], list[Op]] | None:
         """Earliest starts of every op run in `programs`' order and the order they were timed
@@ -171,6 +166,15 @@ class Window:
                                 *(end[p] + d for p, d in iz.preds[w] if where[p] == "P")])
                         for w in self.ops}
         self.where, self.start = where, start
+        # NOTE: taking each stage's ops of one kind in micro-batch order loses nothing only
+        # when the rest of the step already does (then relabelling, as in `model`, permutes
+        # the window's ops alone); a warm start given by the user may not
+        seen: dict[tuple[str, int], int] = {}
+        self.in_mb_order = problem.mb_uniform
+        for op in (op for prog in programs for op in prog):
+            key = (op.kind, op.stage)
+            self.in_mb_order = self.in_mb_order and seen.get(key, -1) < op.mb
+            seen[key] = op.mb
 
     @property
     def current(self) -> int:
@@ -197,10 +201,9 @@ class Window:
             for p, d in iz.preds[w]:
                 if p in s:
                     m.add(s[w] >= s[p] + occ[p] + d)
-            if problem.mb_uniform and w.mb > 0:  # symmetry, where the current order keeps it
+            if self.in_mb_order and Op(w.kind, w.stage, w.mb - 1) in s:
                 prev = Op(w.kind, w.stage, w.mb - 1)
-                if prev in s and self.start[prev] <= self.start[w]:
-                    m.add(s[w] >= s[prev] + occ[prev])
+                m.add(s[w] >= s[prev] + occ[prev])
         self._memory(m, s, horizon)
         span = m.new_int_var(self.const, horizon, "")
         finish = {r: m.new_int_var(0, horizon, "") for r in by_rank}
@@ -208,8 +211,7 @@ class Window:
             m.add(finish[problem.rank(w)] >= s[w] + occ[w] + self.tail[w])
         for f in finish.values():
             m.add(span >= f)
-        weight = len(finish) * horizon + 1
-        m.minimize(span * weight + sum(finish.values()))
+        minimize(m, span, list(finish.values()), horizon)
         for w in self.ops:
             m.add_hint(s[w], self.start[w])
         solver = cp_model.CpSolver()
@@ -221,11 +223,11 @@ class Window:
         status = solver.solve(m)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
-        progs = []
-        for prog, (a, b) in zip(self.programs, self.runs):
-            run = sorted(prog[a:b], key=lambda w: (solver.value(s[w]),
-                                                   solver.value(s[w]) + occ[w], iz.index[w]))
-            progs.append([*prog[:a], *run, *prog[b:]])
+        at = {w: solver.value(s[w]) for w in self.ops}
+        runs = in_order(problem, [prog[a:b] for prog, (a, b) in zip(self.programs, self.runs)],
+                        at, occ)
+        progs = [[*prog[:a], *run, *prog[b:]]
+                 for prog, (a, b), run in zip(self.programs, self.runs, runs)]
         return progs, status == cp_model.OPTIMAL
 
     def _memory(self, m: cp_model.CpModel, s: dict[Op, cp_model.IntVar], horizon: int) -> None:
@@ -290,7 +292,7 @@ def improve(problem: Problem, schedule: Schedule, step: float, *, bound: float,
                            seed=rng.randrange(1 << 30)) if window.ops else None
         spent += STEP_WORK
         windows += 1
-        # closed: nothing more in windows this wide; out of time: too wide for the limit
+        # closed: windows this wide are cheap; otherwise too wide for the limit
         closed = got is not None and got[1]
         size = min(MOST_OPS, size * 1.15) if closed else max(LEAST_OPS, size * 0.85)
         if got is None or got[0] == programs:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ortools.sat.python import cp_model
@@ -35,6 +35,7 @@ from ortools.sat.python import cp_model
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
 from pipeir.sim import simulate
+from pipeir.sim.engine import Timing
 from pipeir.synth.problem import Problem, longest_paths, lower_bound
 
 #: Called on every improving solution: (seconds since the start, best step, bound).
@@ -61,7 +62,7 @@ def choose_scale(values: Iterable[float]) -> Scale:
     vals = [v for v in values if v > 0]
     for k in range(7):
         f = 10 ** k
-        if all(abs(v * f - round(v * f)) <= 1e-9 * max(1.0, v * f) for v in vals):
+        if all(abs(v * f - round(v * f)) <= 1e-6 + 1e-12 * v * f for v in vals):
             return Scale(f, True)
     least = min(vals, default=1.0)
     return Scale(max(10 ** 6, 10 ** math.ceil(math.log10(1000 / least))), False)
@@ -131,10 +132,7 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
         m.add(finish[problem.rank(op)] >= start[op] + occ[op])
     for f in finish:
         m.add(span >= f)
-    # NOTE: lexicographic: the makespan first, then the sum of the ranks' ends, which gives
-    # the search a slope on the makespan's plateaus; `weight` keeps the first term decisive.
-    weight = ranks * horizon + 1
-    m.minimize(span * weight + sum(finish))
+    weight = minimize(m, span, finish, horizon)
     if hint is not None:
         times = simulate(hint, problem.costs, comm=problem.comm).start
         at = {op: scale.down(times[op]) for op in problem.ops}
@@ -165,16 +163,41 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
                 if found else lb) / scale.factor
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return Solved(None, None, None, bound, False, time.perf_counter() - t0, name)
-    progs: list[list[tuple[int, int, int, Op]]] = [[] for _ in range(ranks)]
-    for i, op in enumerate(problem.ops):
-        s = solver.value(start[op])
-        progs[problem.rank(op)].append((s, s + occ[op], i, op))
-    sched = problem.build([[op for *_, op in sorted(p)] for p in progs])
+    at = {op: solver.value(start[op]) for op in problem.ops}
+    sched = problem.build(in_order(problem, [[op for op in problem.ops if problem.rank(op) == r]
+                                             for r in range(ranks)], at, occ))
+    if not Timing(sched, problem.costs, problem.comm).complete or not problem.fits(sched):
+        # only with zero-duration ops, whose ties the model leaves open (see `in_order`)
+        return Solved(None, None, None, bound, False, time.perf_counter() - t0, name)
     step = problem.step_time(sched)
     span_value = solver.value(span)
     return Solved(sched, step, span_value / scale.factor, bound,
                   status == cp_model.OPTIMAL and scale.exact,
                   time.perf_counter() - t0, name)
+
+
+def minimize(m: cp_model.CpModel, span: cp_model.IntVar, finish: Sequence[cp_model.IntVar],
+             horizon: int) -> int:
+    """Set the objective: the makespan first, then the sum of the ranks' ends, which gives the
+    search a slope on the makespan's plateaus. Returns the makespan's weight (which keeps the
+    first term decisive): 1, the makespan alone, where the weighted sum could overflow
+    CP-SAT's 64-bit integers (steps of thousands of time units at the finest scale)."""
+    weight = len(finish) * horizon + 1
+    if weight * (horizon + 1) >= 2 ** 62:
+        m.minimize(span)
+        return 1
+    m.minimize(span * weight + sum(finish))
+    return weight
+
+
+def in_order(problem: Problem, programs: Sequence[Sequence[Op]], start: Mapping[Op, int],
+             occ: Mapping[Op, int]) -> list[list[Op]]:
+    """Each program's ops sorted by a solution's start times. NOTE: ops of zero duration can
+    share a start with a producer of theirs; ties go by end, then by a topological order of
+    the data edges, so no consumer is put before its producer."""
+    topo = problem.topological
+    return [sorted(prog, key=lambda op: (start[op], start[op] + occ[op], topo[op]))
+            for prog in programs]
 
 
 def _memory(problem: Problem, m: cp_model.CpModel, start: dict[Op, cp_model.IntVar],

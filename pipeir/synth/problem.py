@@ -141,6 +141,14 @@ class Problem:
         the least time that must follow its end (longest path after it)."""
         return longest_paths(self.ops, self.edges, self.occupation)
 
+    @cached_property
+    def topological(self) -> dict[Op, int]:
+        """Each op's position in one order that runs every producer before its consumers."""
+        g: nx.DiGraph = nx.DiGraph()
+        g.add_nodes_from(self.ops)
+        g.add_edges_from((p, q) for p, q, _ in self.edges)
+        return {op: i for i, op in enumerate(nx.topological_sort(g))}
+
     def lower_bound(self) -> float:
         """A step time no schedule beats (see `lower_bound`)."""
         head, tail = self.heads_tails
