@@ -23,8 +23,8 @@ from pipeir.sim import CostModel, simulate
 from pipeir.sim.engine import Timing
 from pipeir.synth import EXACT_OPS, Problem, make_problem, synthesize
 from pipeir.synth.decompose import extend, short_problem
-from pipeir.synth.lns import Integral, Window, improve
-from pipeir.synth.model import choose_scale, solve
+from pipeir.synth.lns import Window, improve
+from pipeir.synth.model import Integral, choose_scale, solve
 from pipeir.synth.warmstart import Start, sequential, starts
 from pipeir.synth.zb_greedy import zb_greedy
 from pipeir.verify import verify
@@ -143,9 +143,9 @@ def test_window_model_finds_the_best_order_of_the_window(comm: str, limit: int |
     warm = sequential(problem) if seq else starts(problem)[0].schedule
     iz = Integral(problem)
     progs = [list(p) for p in warm.programs]
-    timed = iz.times(progs)
+    timed = iz.times(problem.build(progs))
     assert timed is not None
-    start, order = timed
+    start, order = timed.start, timed.order
     f = iz.scale.factor
     window = Window(iz, progs, start, order, int(lo * f), int((lo + width) * f))
     assert window.current == round(problem.step_time(warm) * f)
@@ -202,9 +202,9 @@ def test_window_model_is_exact_on_random_problems(data: st.DataObject) -> None:
         else starts(problem)[0].schedule
     iz = Integral(problem)
     progs = [list(x) for x in warm.programs]
-    timed = iz.times(progs)
+    timed = iz.times(problem.build(progs))
     assert timed is not None
-    start, order = timed
+    start, order = timed.start, timed.order
     span = max(start[op] + iz.occ[op] for op in order)
     lo = data.draw(st.integers(0, span), "lo")
     window = Window(iz, progs, start, order, lo, lo + data.draw(st.integers(1, span), "width"))
@@ -225,10 +225,10 @@ def test_window_model_is_exact_on_random_problems(data: st.DataObject) -> None:
 
 def _whole_window(problem: Problem, progs: list[list[Op]], lo: float, hi: float) -> Window:
     iz = Integral(problem)
-    timed = iz.times(progs)
+    timed = iz.times(problem.build(progs))
     assert timed is not None
     f = iz.scale.factor
-    return Window(iz, progs, *timed, math.floor(lo * f), math.floor(hi * f))
+    return Window(iz, progs, timed.start, timed.order, math.floor(lo * f), math.floor(hi * f))
 
 
 def test_window_model_is_exact_when_the_order_is_not_in_microbatch_order() -> None:

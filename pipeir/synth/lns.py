@@ -39,8 +39,7 @@ from ortools.sat.python import cp_model
 
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
-from pipeir.sim.engine import Timing
-from pipeir.synth.model import Progress, Scale, choose_scale, in_order, minimize
+from pipeir.synth.model import Integral, Progress, in_order, minimize
 from pipeir.synth.problem import Problem
 
 #: Deterministic seconds one neighbourhood may take.
@@ -57,51 +56,6 @@ class Improved:
     schedule: Schedule
     step: float
     windows: int
-
-
-class Integral:
-    """The problem in the solver's integer units, with its dependency lists (built once per
-    search: a window reads them, it does not rebuild them)."""
-
-    def __init__(self, problem: Problem):
-        self.problem = problem
-        self.scale: Scale = choose_scale([*problem.occupation.values(),
-                                          *(h for _, _, h in problem.edges)])
-        self.occ = {op: self.scale.down(d) for op, d in problem.occupation.items()}
-        self.preds: dict[Op, list[tuple[Op, int]]] = defaultdict(list)
-        self.succs: dict[Op, list[tuple[Op, int]]] = defaultdict(list)
-        for p, q, h in problem.edges:
-            d = self.scale.down(h)
-            self.preds[q].append((p, d))
-            self.succs[p].append((q, d))
-
-    def times(self, programs: list[list[Op]]) -> tuple[dict[Op, int], list[Op]] | None:
-        """Earliest starts of every op run in `programs`' order and the order they were timed
-        in (a topological one); None if the order deadlocks."""
-        start: dict[Op, int] = {}
-        order: list[Op] = []
-        at = [0] * len(programs)
-        free = [0] * len(programs)
-        moved = True
-        while moved:
-            moved = False
-            for r, prog in enumerate(programs):
-                while at[r] < len(prog):
-                    op = prog[at[r]]
-                    ready = free[r]
-                    for p, d in self.preds[op]:
-                        if p not in start:
-                            break
-                        ready = max(ready, start[p] + self.occ[p] + d)
-                    else:
-                        start[op] = ready
-                        free[r] = ready + self.occ[op]
-                        order.append(op)
-                        at[r] += 1
-                        moved = True
-                        continue
-                    break
-        return (start, order) if len(order) == len(self.occ) else None
 
 
 class Window:
@@ -278,16 +232,16 @@ def improve(problem: Problem, schedule: Schedule, step: float, *, bound: float,
     size, spent, windows = min(WINDOW_OPS, n / 4), 0.0, 0
     best, best_step = schedule, step
     programs = [list(p) for p in schedule.programs]
-    timed = iz.times(programs)
+    timed = iz.times(schedule)
     while timed is not None and best_step > bound * (1 + 1e-9):
         left = time_limit - (time.perf_counter() - t0)
         if left <= 0.05 or (work_limit is not None and spent + STEP_WORK > work_limit):
             break
-        start, order = timed
-        span = max(start[op] + iz.occ[op] for op in order)
+        span = max(timed.start[op] + iz.occ[op] for op in timed.order)
         width = size / n * span
         lo = rng.uniform(-0.1 * width, span - 0.9 * width)
-        window = Window(iz, programs, start, order, math.floor(lo), math.floor(lo + width))
+        window = Window(iz, programs, timed.start, timed.order, math.floor(lo),
+                        math.floor(lo + width))
         got = window.solve(time_limit=left, work_limit=STEP_WORK, workers=workers,
                            seed=rng.randrange(1 << 30)) if window.ops else None
         spent += STEP_WORK
@@ -298,12 +252,10 @@ def improve(problem: Problem, schedule: Schedule, step: float, *, bound: float,
         if got is None or got[0] == programs:
             continue
         sched = problem.build(got[0], schedule.name)
-        if not Timing(sched, problem.costs, problem.comm).complete or not problem.fits(sched):
+        new = iz.times(sched)
+        if new is None or not problem.fits(sched) or new.step > best_step:
             continue
-        new_step = problem.step_time(sched)
-        if new_step <= best_step:
-            if new_step < best_step and progress is not None:
-                progress(time.perf_counter() - t0, new_step, bound)
-            best, best_step, programs = sched, new_step, got[0]
-            timed = iz.times(programs)
+        if new.step < best_step and progress is not None:
+            progress(time.perf_counter() - t0, new.step, bound)
+        best, best_step, programs, timed = sched, new.step, got[0], new
     return Improved(best, best_step, windows)

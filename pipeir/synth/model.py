@@ -27,14 +27,15 @@ from __future__ import annotations
 
 import math
 import time
+from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ortools.sat.python import cp_model
 
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
-from pipeir.sim import simulate
 from pipeir.sim.engine import Timing
 from pipeir.synth.problem import Problem, longest_paths, lower_bound
 
@@ -66,6 +67,44 @@ def choose_scale(values: Iterable[float]) -> Scale:
             return Scale(f, True)
     least = min(vals, default=1.0)
     return Scale(max(10 ** 6, 10 ** math.ceil(math.log10(1000 / least))), False)
+
+
+class Timed(NamedTuple):
+    """A per-rank order timed by the simulator's core: integer starts (in an `Integral`'s
+    units), the order they were computed in (a topological one) and the simulated step."""
+
+    start: dict[Op, int]
+    order: list[Op]
+    step: float
+
+
+class Integral:
+    """The problem in the solver's integer units: durations and delays scaled (`Scale`), and
+    the dependency lists the window model reads (built once per search)."""
+
+    def __init__(self, problem: Problem):
+        self.problem = problem
+        self.scale = choose_scale([*problem.occupation.values(),
+                                   *(h for _, _, h in problem.edges)])
+        self.occ = {op: self.scale.down(d) for op, d in problem.occupation.items()}
+        self.edges = [(p, q, self.scale.down(h)) for p, q, h in problem.edges]
+        self.preds: dict[Op, list[tuple[Op, int]]] = defaultdict(list)
+        self.succs: dict[Op, list[tuple[Op, int]]] = defaultdict(list)
+        for p, q, d in self.edges:
+            self.preds[q].append((p, d))
+            self.succs[p].append((q, d))
+
+    def times(self, schedule: Schedule) -> Timed | None:
+        """`schedule` timed by `Timing` (the one timing core; its makespan is `simulate`'s for
+        these ops), starts rounded down to the model's units; None if it deadlocks."""
+        problem = self.problem
+        timing = Timing(schedule, problem.costs, problem.comm)
+        if not timing.complete:
+            return None
+        ops = timing.ops
+        t = timing.sweep([problem.costs.cost(op) for op in ops])
+        return Timed({op: self.scale.down(x) for op, x in zip(ops, t.start)},
+                     [ops[i] for i in timing.order], max(t.release, default=0.0))
 
 
 @dataclass(frozen=True)
@@ -100,10 +139,8 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
     """Solve `problem` from `hint` (a valid schedule of it, whose step `upper` is), within
     `time_limit` seconds (and `work_limit` deterministic seconds: reproducible)."""
     t0 = time.perf_counter()
-    occ_f = problem.occupation
-    scale = choose_scale([*occ_f.values(), *(h for _, _, h in problem.edges)])
-    occ = {op: scale.down(d) for op, d in occ_f.items()}
-    edges = [(p, q, scale.down(h)) for p, q, h in problem.edges]
+    iz = Integral(problem)
+    scale, occ, edges = iz.scale, iz.occ, iz.edges
     head, tail = longest_paths(problem.ops, edges, occ)
     lb = lower_bound(problem, head, occ, tail)
     horizon = scale.up(upper) if upper is not None else \
@@ -133,9 +170,9 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
     for f in finish:
         m.add(span >= f)
     weight = minimize(m, span, finish, horizon)
-    if hint is not None:
-        times = simulate(hint, problem.costs, comm=problem.comm).start
-        at = {op: scale.down(times[op]) for op in problem.ops}
+    timed = iz.times(hint) if hint is not None else None
+    if timed is not None:
+        at = timed.start
         for op in problem.ops:
             m.add_hint(start[op], at[op])
         ends = [max((at[op] + occ[op] for op in problem.ops if problem.rank(op) == r),
