@@ -141,7 +141,8 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
     t0 = time.perf_counter()
     iz = Integral(problem)
     scale, occ, edges = iz.scale, iz.occ, iz.edges
-    head, tail = longest_paths(problem.ops, edges, occ)
+    implied = [(p, q, 0) for p, q in problem.implied]
+    head, tail = longest_paths(problem.ops, [*edges, *implied], occ)
     lb = lower_bound(problem, head, occ, tail)
     horizon = scale.up(upper) if upper is not None else \
         sum(occ.values()) + sum(h for _, _, h in edges)
@@ -155,13 +156,8 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
     ranks = problem.config.ranks
     for r in range(ranks):
         m.add_no_overlap([interval[op] for op in problem.ops if problem.rank(op) == r])
-    for p, q, h in edges:
+    for p, q, h in [*edges, *implied]:
         m.add(start[q] >= start[p] + occ[p] + h)
-    if problem.mb_uniform:
-        for op in problem.ops:
-            if op.mb > 0:
-                prev = Op(op.kind, op.stage, op.mb - 1)
-                m.add(start[op] >= start[prev] + occ[prev])
     alive = _memory(problem, m, start, occ, horizon)
     span = m.new_int_var(lb, horizon, "makespan")
     finish = [m.new_int_var(0, horizon, f"end_{r}") for r in range(ranks)]
@@ -253,14 +249,6 @@ def _memory(problem: Problem, m: cp_model.CpModel, start: dict[Op, cp_model.IntV
         demand = {s: math.ceil(problem.weight(s) - 1e-9) for s in stages}
         if sum(demand.values()) * c.microbatches <= limit:
             continue
-        if problem.mb_uniform:
-            # implied: one stage alone holds at most cap // demand activations, so with
-            # micro-batches in order F(s, mb) waits for the release of mb - that many
-            for s in stages:
-                k = cap // demand[s] if demand[s] else c.microbatches
-                for mb in range(k, c.microbatches):
-                    rel = problem.release_op(s, mb - k)
-                    m.add(start[Op("F", s, mb)] >= start[rel] + occ[rel])
         alive, need = [], []
         for s in stages:
             for mb in range(c.microbatches):

@@ -14,6 +14,7 @@ after each op in program order" equals "live at each instant", which is how the 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -136,10 +137,30 @@ class Problem:
         return Schedule.from_programs(self.config, programs, name)
 
     @cached_property
+    def implied(self) -> tuple[tuple[Op, Op], ...]:
+        """Precedences (p, q: q starts after p ends) that some best schedule keeps, so the
+        model may impose them and bounds may assume them. With equal micro-batch costs: ops of
+        one kind on one stage run in micro-batch order (see `model`); then a stage that alone
+        can hold only k activations starts F(s, mb) after the release of mb - k."""
+        if not self.mb_uniform:
+            return ()
+        out = [(Op(op.kind, op.stage, op.mb - 1), op) for op in self.ops if op.mb > 0]
+        limit, m = self.memory_limit, self.config.microbatches
+        if limit is not None:
+            for s in range(self.config.stages):
+                w = self.weight(s)
+                k = math.floor(limit / w + 1e-9) if w > 0 else m
+                out.extend((self.release_op(s, mb - k), Op("F", s, mb))
+                           for mb in range(max(k, 1), m))
+        return tuple(out)
+
+    @cached_property
     def heads_tails(self) -> tuple[dict[Op, float], dict[Op, float]]:
-        """Per op, the earliest start (longest path from the first ops, resources ignored) and
-        the least time that must follow its end (longest path after it)."""
-        return longest_paths(self.ops, self.edges, self.occupation)
+        """Per op, the earliest start (longest path from the first ops over the data edges
+        and the implied ones, resources ignored) and the least time that must follow its end
+        (longest path after it)."""
+        return longest_paths(self.ops, [*self.edges, *((p, q, 0.0) for p, q in self.implied)],
+                             self.occupation)
 
     @cached_property
     def topological(self) -> dict[Op, int]:
@@ -157,14 +178,16 @@ class Problem:
 
 def lower_bound(problem: Problem, head: Mapping[Op, T], occ: Mapping[Op, T],
                 tail: Mapping[Op, T]) -> T:
-    """The longest dependency chain, and per rank the one-machine bound: Jackson's preemptive
-    schedule with heads and tails (a rank cannot start an op before its head, and after each
-    op its tail must still run elsewhere). Generic in the number type, so the solver's
-    integer model gets the same bound in its own units."""
+    """The longest dependency chain, and per rank two one-machine bounds: Jackson's
+    preemptive schedule with heads and tails (a rank cannot start an op before its head, and
+    after each op its tail must still run elsewhere), and the idle the memory limit forces
+    (`_memory_idle`). Generic in the number type, so the solver's integer model gets the same
+    bound in its own units."""
     best = max(head[op] + occ[op] + tail[op] for op in problem.ops)
     for r in range(problem.config.ranks):
         mine = [op for op in problem.ops if problem.rank(op) == r]
-        best = max(best, _jackson(mine, head, occ, tail))
+        best = max(best, _jackson(mine, head, occ, tail), _memory_idle(problem, mine, head, occ,
+                                                                       tail))
     return best
 
 
@@ -216,4 +239,75 @@ def _jackson(ops: list[Op], head: Mapping[Op, T], occ: Mapping[Op, T],
         if left[op] <= 1e-12:
             heapq.heappop(ready)
             best = max(best, t + tail[op])
+    return best
+
+
+#: The most release times `_memory_idle` tries per rank (the earliest, where memory binds
+#: hardest); any subset of them gives a valid bound, and this keeps it linear-time on the
+#: largest problems.
+MEMORY_POINTS = 64
+
+
+def _memory_idle(problem: Problem, mine: list[Op], head: Mapping[Op, T], occ: Mapping[Op, T],
+                 tail: Mapping[Op, T]) -> T:
+    """A rank's bound with the idle its memory limit forces: until an activation can first be
+    released, the rank can start only as many Fs as fit in the limit, and the other ops
+    (backwards) are not ready yet, so a rank whose heads leave it nothing else to do waits.
+
+    For a time T, the live memory at T is the Fs started by then less the releases ended by
+    then, so at most `cap(T)` Fs (the limit plus what the releases that can end before T free,
+    over the least positive activation size) start before T. The work the rank can do before
+    T (`_work_before`) is then bounded, and what is left runs after T: the step is at least
+    T + load - work before T + the least tail. Tried at the release times, where cap grows."""
+    zero = occ[mine[0]] * 0
+    limit = problem.memory_limit
+    opens = [op.kind == "F" and problem.weight(op.stage) > 0 for op in mine]
+    sizes = [problem.weight(op.stage) for op, o in zip(mine, opens) if o]
+    if limit is None or not sizes or sum(sizes) <= limit * (1 + 1e-9):
+        return zero
+    least = min(sizes)
+    frees = sorted((head[op] + occ[op], problem.weight(op.stage)) for op in mine
+                   if op == problem.release_op(op.stage, op.mb))
+    load = sum((occ[op] for op in mine), zero)
+    last = min(tail[op] for op in mine)
+    ranked = sorted(zip(mine, opens), key=lambda x: head[x[0]])
+    best, freed, done = zero, 0.0, 0
+    for t, _ in frees[:MEMORY_POINTS]:
+        while done < len(frees) and frees[done][0] < t:  # ended strictly before t
+            freed += frees[done][1]
+            done += 1
+        cap = math.floor((limit + freed) / least + 1e-9)
+        if cap >= len(sizes):
+            break
+        best = max(best, t + load - _work_before(t, ranked, head, occ, cap) + last)
+    return best
+
+
+def _work_before(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
+                 occ: Mapping[Op, T], cap: int) -> T:
+    """The most work one rank can do before `t` when at most `cap` of its F ops (flagged in
+    `ranked`, which is sorted by head) start by then. For any tau, the ops whose head is
+    before tau do at most their (capped) work, and the rest at most t - tau; the least of
+    these over tau is the bound."""
+    import heapq
+
+    zero = t * 0
+    best = t - head[ranked[0][0]] if ranked else zero
+    other, fs, chosen = zero, zero, []  # chosen: a min-heap of the cap largest F works
+    i, n = 0, len(ranked)
+    while i < n and head[ranked[i][0]] < t:
+        h = head[ranked[i][0]]
+        while i < n and head[ranked[i][0]] == h:
+            op, is_f = ranked[i]
+            x = min(occ[op], t - head[op])
+            i += 1
+            if not is_f:
+                other += x
+            elif len(chosen) < cap:
+                heapq.heappush(chosen, x)
+                fs += x
+            elif cap and x > chosen[0]:
+                fs += x - heapq.heapreplace(chosen, x)
+        tau = head[ranked[i][0]] if i < n and head[ranked[i][0]] < t else t
+        best = min(best, other + fs + t - tau)
     return best
