@@ -245,7 +245,7 @@ def _jackson(ops: list[Op], head: Mapping[Op, T], occ: Mapping[Op, T],
 #: The most release times `_memory_idle` tries per rank (the earliest, where memory binds
 #: hardest); any subset of them gives a valid bound, and this keeps it linear-time on the
 #: largest problems.
-MEMORY_POINTS = 64
+MEMORY_POINTS = 16
 
 
 def _memory_idle(problem: Problem, mine: list[Op], head: Mapping[Op, T], occ: Mapping[Op, T],
