@@ -293,7 +293,8 @@ def _work_before(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
 
     zero = t * 0
     best = t - head[ranked[0][0]] if ranked else zero
-    other, fs, chosen = zero, zero, []  # chosen: a min-heap of the cap largest F works
+    other, fs = zero, zero
+    chosen: list[T] = []  # a min-heap of the cap largest F works
     i, n = 0, len(ranked)
     while i < n and head[ranked[i][0]] < t:
         h = head[ranked[i][0]]
