@@ -172,6 +172,24 @@ def test_window_model_finds_the_best_order_of_the_window(comm: str, limit: int |
     assert problem.step_time(sched) == pytest.approx(want, abs=1e-9)
 
 
+def _random_costs(data: st.DataObject, stages: int, m: int, every_stage: bool = False
+                  ) -> CostModel:
+    """Costs in tenths: per kind (F, B, I, W), per stage (F and activation bytes; on some
+    stages, or with `every_stage` on all), and on some draws a dearer last micro-batch."""
+    tenth = st.integers(1, 30).map(lambda x: x / 10)
+    given_: dict[str, float] = {"F": data.draw(tenth), "I": data.draw(tenth),
+                                "W": data.draw(tenth), "B": data.draw(tenth),
+                                "latency": data.draw(st.integers(0, 10)) / 10,
+                                "memory_bytes": 1.0e3}
+    for s in range(stages):
+        if every_stage or data.draw(st.booleans()):
+            given_[f"stage.{s}.F"] = data.draw(tenth)
+            given_[f"stage.{s}.memory_bytes"] = data.draw(st.integers(1, 3)) * 1.0e3
+    if data.draw(st.booleans(), "per-micro-batch costs"):
+        given_[f"mb.{m - 1}.F"] = data.draw(tenth)
+    return CostModel.from_settings(given_)
+
+
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_window_model_is_exact_on_random_problems(data: st.DataObject) -> None:
@@ -181,18 +199,7 @@ def test_window_model_is_exact_on_random_problems(data: st.DataObject) -> None:
     p = data.draw(st.integers(2, 3), "ranks")
     m = data.draw(st.integers(2, 4), "microbatches")
     split = data.draw(st.booleans(), "split")
-    tenth = st.integers(1, 30).map(lambda x: x / 10)
-    given_: dict[str, float] = {"F": data.draw(tenth), "I": data.draw(tenth),
-                                "W": data.draw(tenth),
-                                "latency": data.draw(st.integers(0, 5)) / 10,
-                                "memory_bytes": 1.0e3}
-    for s in range(p):
-        if data.draw(st.booleans()):
-            given_[f"stage.{s}.F"] = data.draw(tenth)
-            given_[f"stage.{s}.memory_bytes"] = data.draw(st.integers(1, 3)) * 1.0e3
-    if data.draw(st.booleans(), "per-micro-batch costs"):
-        given_[f"mb.{m - 1}.F"] = data.draw(tenth)
-    costs = CostModel.from_settings(given_)
+    costs = _random_costs(data, p, m)
     comm = data.draw(st.sampled_from(["overlapped", "blocking"]), "comm")
     unit = data.draw(st.sampled_from(["count", "bytes", "none"]), "budget")
     if unit == "count":
@@ -246,17 +253,7 @@ def test_lower_bound_is_no_more_than_the_best_of_every_order(data: st.DataObject
     v = data.draw(st.sampled_from([1, 2]), "chunks")
     m = 2 if v == 2 else data.draw(st.integers(2, 3), "microbatches")
     split = v == 1 and m == 2 and data.draw(st.booleans(), "split")
-    tenth = st.integers(1, 30).map(lambda x: x / 10)
-    given_: dict[str, float] = {"F": data.draw(tenth), "I": data.draw(tenth),
-                                "W": data.draw(tenth), "B": data.draw(tenth),
-                                "latency": data.draw(st.integers(0, 10)) / 10,
-                                "memory_bytes": 1.0e3}
-    for s in range(2):
-        given_[f"stage.{s}.F"] = data.draw(tenth)
-        given_[f"stage.{s}.memory_bytes"] = data.draw(st.integers(1, 3)) * 1.0e3
-    if data.draw(st.booleans(), "per-micro-batch costs"):
-        given_[f"mb.{m - 1}.F"] = data.draw(tenth)
-    costs = CostModel.from_settings(given_)
+    costs = _random_costs(data, 2, m, every_stage=True)
     comm = data.draw(st.sampled_from(["overlapped", "blocking"]), "comm")
     unit = data.draw(st.sampled_from(["count", "bytes"] + (["none"] if v == 1 else [])))
     shape = "vshape" if v == 2 else "loop"
