@@ -292,7 +292,7 @@ def _work_before(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
     import heapq
 
     zero = t * 0
-    best = t - head[ranked[0][0]] if ranked else zero
+    best = max(zero, t - head[ranked[0][0]]) if ranked else zero
     other, fs = zero, zero
     chosen: list[T] = []  # a min-heap of the cap largest F works
     i, n = 0, len(ranked)
