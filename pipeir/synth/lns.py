@@ -120,9 +120,10 @@ class Window:
                                 *(end[p] + d for p, d in iz.preds[w] if where[p] == "P")])
                         for w in self.ops}
         self.where, self.start = where, start
-        # NOTE: taking each stage's ops of one kind in micro-batch order loses nothing only
-        # when the rest of the step already does (then relabelling, as in `model`, permutes
-        # the window's ops alone); a warm start given by the user may not
+        # NOTE: the implied precedences (`Problem.implied`: each stage's ops of one kind in
+        # micro-batch order, and what that means under memory) lose nothing only when the
+        # rest of the step already keeps that order (then relabelling, as in `model`,
+        # permutes the window's ops alone); a warm start given by the user may not
         seen: dict[tuple[str, int], int] = {}
         self.in_mb_order = problem.mb_uniform
         for op in (op for prog in programs for op in prog):
@@ -155,9 +156,9 @@ class Window:
             for p, d in iz.preds[w]:
                 if p in s:
                     m.add(s[w] >= s[p] + occ[p] + d)
-            if self.in_mb_order and Op(w.kind, w.stage, w.mb - 1) in s:
-                prev = Op(w.kind, w.stage, w.mb - 1)
-                m.add(s[w] >= s[prev] + occ[prev])
+            for p in iz.implied_preds[w] if self.in_mb_order else ():
+                if p in s:
+                    m.add(s[w] >= s[p] + occ[p])
         self._memory(m, s, horizon)
         span = m.new_int_var(self.const, horizon, "")
         finish = {r: m.new_int_var(0, horizon, "") for r in by_rank}

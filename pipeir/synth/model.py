@@ -79,8 +79,9 @@ class Timed(NamedTuple):
 
 
 class Integral:
-    """The problem in the solver's integer units: durations and delays scaled (`Scale`), and
-    the dependency lists the window model reads (built once per search)."""
+    """The problem in the solver's integer units: durations and delays scaled (`Scale`), the
+    implied precedences (`Problem.implied`, zero delay), and the dependency lists the window
+    model reads (built once per search)."""
 
     def __init__(self, problem: Problem):
         self.problem = problem
@@ -88,11 +89,15 @@ class Integral:
                                    *(h for _, _, h in problem.edges)])
         self.occ = {op: self.scale.down(d) for op, d in problem.occupation.items()}
         self.edges = [(p, q, self.scale.down(h)) for p, q, h in problem.edges]
+        self.implied = [(p, q, 0) for p, q in problem.implied]
         self.preds: dict[Op, list[tuple[Op, int]]] = defaultdict(list)
         self.succs: dict[Op, list[tuple[Op, int]]] = defaultdict(list)
+        self.implied_preds: dict[Op, list[Op]] = defaultdict(list)
         for p, q, d in self.edges:
             self.preds[q].append((p, d))
             self.succs[p].append((q, d))
+        for p, q, _ in self.implied:
+            self.implied_preds[q].append(p)
 
     def times(self, schedule: Schedule) -> Timed | None:
         """`schedule` timed by `Timing` (the one timing core; its makespan is `simulate`'s for
@@ -140,8 +145,7 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
     `time_limit` seconds (and `work_limit` deterministic seconds: reproducible)."""
     t0 = time.perf_counter()
     iz = Integral(problem)
-    scale, occ, edges = iz.scale, iz.occ, iz.edges
-    implied = [(p, q, 0) for p, q in problem.implied]
+    scale, occ, edges, implied = iz.scale, iz.occ, iz.edges, iz.implied
     head, tail = longest_paths(problem.ops, [*edges, *implied], occ)
     lb = lower_bound(problem, head, occ, tail)
     horizon = scale.up(upper) if upper is not None else \

@@ -172,6 +172,10 @@ class Problem:
 
     def lower_bound(self) -> float:
         """A step time no schedule beats (see `lower_bound`)."""
+        return self._bound
+
+    @cached_property
+    def _bound(self) -> float:  # synth asks for it per shape, then synthesize again
         head, tail = self.heads_tails
         return lower_bound(self, head, self.occupation, tail)
 
