@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import random
 import re
 from pathlib import Path
 
@@ -25,7 +26,7 @@ from pipeir.synth import EXACT_OPS, Problem, make_problem, synthesize
 from pipeir.synth.decompose import extend, short_problem
 from pipeir.synth.lns import Window, improve
 from pipeir.synth.model import Integral, choose_scale, solve
-from pipeir.synth.problem import _jackson
+from pipeir.synth.problem import _jackson, _memory_idle, longest_paths
 from pipeir.synth.warmstart import Start, sequential, starts
 from pipeir.synth.zb_greedy import zb_greedy
 from pipeir.verify import live_activations, verify
@@ -87,6 +88,25 @@ def test_optimal_on_every_order_of_two_ranks(m: int, split: bool, limit: int | N
     assert got.step == pytest.approx(want, abs=1e-9)
     verify(got.schedule)
     assert problem.fits(got.schedule)
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_fractional_byte_budgets_are_exact(split: bool) -> None:
+    """Activations of a third of 1000 bytes and a budget of exactly two of them: from one
+    micro-batch at a time, the full model and the window search each find the best of every
+    order that fits (the brute force); rounding sizes up in the models once admitted one."""
+    third = CostModel.from_settings({**HETERO.settings(), "memory_bytes": 1000 / 3})
+    problem = make_problem(third, 2, 3, split=split, memory_bytes=2 * 1000 / 3)
+    want = brute_force(problem)
+    assert want < brute_force(make_problem(third, 2, 3, split=split, memory_limit=1))
+    start = sequential(problem)
+    slow = problem.step_time(start)
+    assert slow > want
+    solved = solve(problem, hint=start, upper=slow, time_limit=20)
+    assert solved.optimal and solved.schedule is not None and problem.fits(solved.schedule)
+    assert solved.step == pytest.approx(want, abs=1e-9)
+    found = improve(problem, start, slow, bound=want, time_limit=20, seed=0)
+    assert found.step == pytest.approx(want, abs=1e-9) and problem.fits(found.schedule)
 
 
 @pytest.mark.parametrize(("p", "m"), [(3, 4), (4, 6)])
@@ -269,17 +289,81 @@ def test_lower_bound_is_no_more_than_the_best_of_every_order(data: st.DataObject
     assert problem.lower_bound() <= want + 1e-9
 
 
-def test_memory_idle_raises_the_bound() -> None:
+def _random_run(problem: Problem, rng: random.Random) -> Schedule | None:
+    """A random schedule that keeps the implied precedences and the budget: ops taken one at
+    a time in a random order that runs every producer first (so it cannot deadlock), an F
+    only while its activation fits its rank; None at a dead end (the budget is full and no
+    release is ready)."""
+    before = {op: set(problem.preds[op]) for op in problem.ops}
+    for p, q in problem.implied:
+        before[q].add(p)
+    size = {op: problem.weight(op.stage) for op in problem.ops}
+    limit = math.inf if problem.memory_limit is None else problem.memory_limit * (1 + 1e-9)
+    live = [0.0] * problem.config.ranks
+    done: set[Op] = set()
+    progs: list[list[Op]] = [[] for _ in range(problem.config.ranks)]
+    while len(done) < len(problem.ops):
+        ready = [op for op in problem.ops if op not in done and before[op] <= done
+                 and (op.kind != "F" or live[problem.rank(op)] + size[op] <= limit)]
+        if not ready:
+            return None
+        op = rng.choice(ready)
+        done.add(op)
+        progs[problem.rank(op)].append(op)
+        if op.kind == "F":
+            live[problem.rank(op)] += size[op]
+        elif op == problem.release_op(op.stage, op.mb):
+            live[problem.rank(op)] -= size[op]
+    return problem.build(progs)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_heads_and_tails_hold_in_every_schedule(data: st.DataObject) -> None:
+    """The heads and tails every bound stands on, raised by the ranks' capacity: in random
+    schedules that keep the implied order and the budget, simulated, no op starts before its
+    head and none ends later than its tail allows."""
+    v = data.draw(st.sampled_from([1, 2]), "chunks")
+    p = 2 if v == 2 else data.draw(st.integers(2, 3), "ranks")
+    m = data.draw(st.integers(2, 4), "microbatches")
+    split = data.draw(st.booleans(), "split")
+    costs = _random_costs(data, p, m, every_stage=True)
+    comm = data.draw(st.sampled_from(["overlapped", "blocking"]), "comm")
+    shape = data.draw(st.sampled_from(["loop", "vshape"]), "shape") if v == 2 else "loop"
+    limit = data.draw(st.sampled_from([None, 1, 2]), "budget")
+    problem = make_problem(costs, p, m, v, shape, split, comm,  # type: ignore[arg-type]
+                           memory_limit=limit)
+    head, tail = problem.heads_tails
+    occ = problem.occupation
+    rng = data.draw(st.randoms(use_true_random=False))
+    for _ in range(20):
+        run = _random_run(problem, rng)
+        if run is None:
+            continue
+        timing = Timing(run, problem.costs, problem.comm)
+        times = timing.sweep([problem.costs.cost(op) for op in timing.ops])
+        step = max(times.release)
+        for op, start in zip(timing.ops, times.start):
+            assert start >= head[op] - 1e-9, op
+            assert start + occ[op] + tail[op] <= step + 1e-9, op
+
+
+def test_memory_idle_and_sharper_heads_raise_the_bound() -> None:
     """Two chunks per rank in a V, one micro-batch's worth of memory: until the first
     release a rank can only run forwards, and the budget runs out before a backward is
-    ready. The bound says so (above Jackson's with the same heads) and still holds."""
+    ready. On longest-path heads the memory idle says so (above Jackson's); heads that count
+    each rank's capacity and budget (a forward waits for releases) raise the bound again,
+    and it still holds."""
     costs = CostModel.from_settings({"F": 1.0, "I": 1.0, "W": 1.0, "stage.0.F": 2.0,
                                      "stage.1.F": 2.0, "latency": 0.25})
     problem = make_problem(costs, 2, 2, 2, "vshape", comm="blocking", memory_limit=1)
-    head, tail = problem.heads_tails
-    jackson = max(_jackson([op for op in problem.ops if problem.rank(op) == r], head,
-                           problem.occupation, tail) for r in range(2))
-    assert jackson < problem.lower_bound() <= brute_force(problem)
+    occ = problem.occupation
+    head, tail = longest_paths(problem.ops, [*problem.edges,
+                                             *((p, q, 0.0) for p, q in problem.implied)], occ)
+    mine = [[op for op in problem.ops if problem.rank(op) == r] for r in range(2)]
+    jackson = max(_jackson(ops, head, occ, tail) for ops in mine)
+    idle = max(_memory_idle(problem, ops, head, occ, tail) for ops in mine)
+    assert jackson < idle < problem.lower_bound() <= brute_force(problem)
 
 
 def test_window_model_is_exact_when_the_order_is_not_in_microbatch_order() -> None:
@@ -380,6 +464,37 @@ def test_zb_greedy_is_valid_and_reaches_zb_h1_on_equal_costs() -> None:
     verify(s)
     assert simulate(s).makespan == 3 * m + p - 1
     assert zb_greedy(make_problem(CostModel(), p, m, memory_limit=p)) is None  # needs I + W
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_zb_greedy_is_valid_on_random_costs(data: st.DataObject) -> None:
+    """On random stage costs (one dearer first stage once made a stage run a forward whose
+    input the stage before had not run) every variant gives a schedule that verifies and
+    keeps the budget."""
+    p = data.draw(st.integers(2, 4), "ranks")
+    m = data.draw(st.integers(2, 6), "microbatches")
+    costs = _random_costs(data, p, m)
+    assume(not costs.mb)
+    limit = data.draw(st.sampled_from([None, *range(1, p + 1)]), "budget")
+    problem = make_problem(costs, p, m, split=True, memory_limit=limit)
+    s = zb_greedy(problem)
+    if limit is None or limit >= p:
+        assert s is not None
+    if s is not None:
+        verify(s)
+        assert problem.fits(s)
+
+
+def test_zb_greedy_never_runs_a_forward_before_its_input() -> None:
+    """The case that broke it: the first stage's forward twice the rest, free links."""
+    costs = CostModel.from_settings({"F": 0.1, "I": 0.1, "W": 0.1, "latency": 0.0,
+                                     "stage.0.F": 0.2})
+    problem = make_problem(costs, 3, 3, split=True)
+    s = zb_greedy(problem)
+    assert s is not None
+    verify(s)
+    assert problem.step_time(s) <= problem.step_time(sequential(problem))
 
 
 def test_decomposition_repeats_a_steady_round() -> None:

@@ -189,16 +189,14 @@ class Window:
         """Each rank's live activations inside the window, under the limit less what stays
         live across it."""
         problem, occ = self.iz.problem, self.iz.occ
-        limit = problem.memory_limit
-        if limit is None:
+        if problem.memory_limit is None:
             return
         c = problem.config
-        cap = math.floor(limit + 1e-9)
         ranks = {problem.rank(w) for w in self.ops}
         for r in ranks:
-            free, alive, need = cap, [], []
+            free, alive, need = self.iz.cap, [], []
             for st in c.stages_of(r):
-                demand = math.ceil(problem.weight(st) - 1e-9)
+                demand = self.iz.demand[st]
                 for mb in range(c.microbatches):
                     f, rel = Op("F", st, mb), problem.release_op(st, mb)
                     wf, wr = self.where[f], self.where[rel]

@@ -37,7 +37,7 @@ from ortools.sat.python import cp_model
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
 from pipeir.sim.engine import Timing
-from pipeir.synth.problem import Problem, longest_paths, lower_bound
+from pipeir.synth.problem import Problem, heads_tails, lower_bound
 
 #: Called on every improving solution: (seconds since the start, best step, bound).
 Progress = Callable[[float, float, float], None]
@@ -78,15 +78,22 @@ class Timed(NamedTuple):
     step: float
 
 
+#: Memory sizes that are not whole are counted in units of the largest over 2^40: fine
+#: enough that a set the model admits exceeds the limit by less than `Problem.fits` allows.
+MEMORY_RESOLUTION = 2 ** 40
+
+
 class Integral:
     """The problem in the solver's integer units: durations and delays scaled (`Scale`), the
-    implied precedences (`Problem.implied`, zero delay), and the dependency lists the window
-    model reads (built once per search)."""
+    implied precedences (`Problem.implied`, zero delay), activation sizes and the memory
+    limit (`demand`, `cap`), and the dependency lists the window model reads (built once per
+    search)."""
 
     def __init__(self, problem: Problem):
         self.problem = problem
         self.scale = choose_scale([*problem.occupation.values(),
                                    *(h for _, _, h in problem.edges)])
+        self.demand, self.cap = _memory_units(problem)
         self.occ = {op: self.scale.down(d) for op, d in problem.occupation.items()}
         self.edges = [(p, q, self.scale.down(h)) for p, q, h in problem.edges]
         self.implied = [(p, q, 0) for p, q in problem.implied]
@@ -110,6 +117,23 @@ class Integral:
         t = timing.sweep([problem.costs.cost(op) for op in ops])
         return Timed({op: self.scale.down(x) for op, x in zip(ops, t.start)},
                      [ops[i] for i in timing.order], max(t.release, default=0.0))
+
+
+def _memory_units(problem: Problem) -> tuple[dict[int, int], int]:
+    """Each stage's activation size and the limit as integers (the limit 0 when there is
+    none). Whole sizes stay as they are; otherwise sizes are rounded *down* in fine units
+    (`MEMORY_RESOLUTION`), and the limit too, so every set of activations that fits the real
+    limit fits the model's (a sum of rounded-down sizes is at most the rounded-down sum): the
+    model stays a relaxation and its bound a bound. NOTE: rounding sizes up instead, as the
+    models once did, made a budget of exactly k activations of a fractional size admit only
+    k - 1."""
+    stages = range(problem.config.stages)
+    sizes = [problem.weight(s) for s in stages]
+    limit = problem.memory_limit or 0.0
+    whole = all(float(x).is_integer() for x in sizes)
+    unit = 1.0 if whole or max(sizes) <= 0 else max(sizes) / MEMORY_RESOLUTION
+    return ({s: math.floor(x / unit) for s, x in zip(stages, sizes)},
+            math.floor(limit * (1 + 1e-12) / unit))
 
 
 @dataclass(frozen=True)
@@ -146,7 +170,7 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
     t0 = time.perf_counter()
     iz = Integral(problem)
     scale, occ, edges, implied = iz.scale, iz.occ, iz.edges, iz.implied
-    head, tail = longest_paths(problem.ops, [*edges, *implied], occ)
+    head, tail = heads_tails(problem, [*edges, *implied], occ)
     lb = lower_bound(problem, head, occ, tail)
     horizon = scale.up(upper) if upper is not None else \
         sum(occ.values()) + sum(h for _, _, h in edges)
@@ -162,7 +186,7 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
         m.add_no_overlap([interval[op] for op in problem.ops if problem.rank(op) == r])
     for p, q, h in [*edges, *implied]:
         m.add(start[q] >= start[p] + occ[p] + h)
-    alive = _memory(problem, m, start, occ, horizon)
+    alive = _memory(iz, m, start, occ, horizon)
     span = m.new_int_var(lb, horizon, "makespan")
     finish = [m.new_int_var(0, horizon, f"end_{r}") for r in range(ranks)]
     for op in problem.ops:
@@ -237,21 +261,20 @@ def in_order(problem: Problem, programs: Sequence[Sequence[Op]], start: Mapping[
             for prog in programs]
 
 
-def _memory(problem: Problem, m: cp_model.CpModel, start: dict[Op, cp_model.IntVar],
+def _memory(iz: Integral, m: cp_model.CpModel, start: dict[Op, cp_model.IntVar],
             occ: dict[Op, int], horizon: int
             ) -> dict[tuple[Op, Op], tuple[cp_model.IntVar, cp_model.IntVar]]:
-    """The per-rank cumulative of live activations, when the limit can bind at all; returns
-    the (size, end) variables of each activation's interval, by (its F, its release op)."""
+    """The per-rank cumulative of live activations (in `Integral`'s memory units), when the
+    limit can bind at all; returns the (size, end) variables of each activation's interval,
+    by (its F, its release op)."""
     out: dict[tuple[Op, Op], tuple[cp_model.IntVar, cp_model.IntVar]] = {}
-    limit = problem.memory_limit
-    if limit is None:
+    problem, demand, cap = iz.problem, iz.demand, iz.cap
+    if problem.memory_limit is None:
         return out
     c = problem.config
-    cap = math.floor(limit + 1e-9)
     for r in range(c.ranks):
         stages = c.stages_of(r)
-        demand = {s: math.ceil(problem.weight(s) - 1e-9) for s in stages}
-        if sum(demand.values()) * c.microbatches <= limit:
+        if sum(demand[s] for s in stages) * c.microbatches <= cap:
             continue
         alive, need = [], []
         for s in stages:

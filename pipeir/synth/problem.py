@@ -156,11 +156,10 @@ class Problem:
 
     @cached_property
     def heads_tails(self) -> tuple[dict[Op, float], dict[Op, float]]:
-        """Per op, the earliest start (longest path from the first ops over the data edges
-        and the implied ones, resources ignored) and the least time that must follow its end
-        (longest path after it)."""
-        return longest_paths(self.ops, [*self.edges, *((p, q, 0.0) for p, q in self.implied)],
-                             self.occupation)
+        """Per op, the earliest start and the least time that must follow its end, over the
+        data edges and the implied ones (`heads_tails`)."""
+        return heads_tails(self, [*self.edges, *((p, q, 0.0) for p, q in self.implied)],
+                           self.occupation)
 
     @cached_property
     def topological(self) -> dict[Op, int]:
@@ -193,6 +192,116 @@ def lower_bound(problem: Problem, head: Mapping[Op, T], occ: Mapping[Op, T],
         best = max(best, _jackson(mine, head, occ, tail), _memory_idle(problem, mine, head, occ,
                                                                        tail))
     return best
+
+
+#: Heads and tails count the ranks' capacity (`_sharpen`) up to this many ops: it keeps a
+#: matrix of path lengths between every two ops (20 MB and about a second at this size, the
+#: largest the exact model solves).
+SHARPEN_OPS = 1600
+
+
+def heads_tails(problem: Problem, edges: Sequence[tuple[Op, Op, T]], occ: Mapping[Op, T]
+                ) -> tuple[dict[Op, T], dict[Op, T]]:
+    """Per op, a least start (its head) and a least time that must follow its end (its
+    tail): the longest paths over `edges`, raised by each rank's capacity (`_sharpen`) on
+    problems of up to `SHARPEN_OPS` ops."""
+    head, tail = longest_paths(problem.ops, edges, occ)
+    if len(problem.ops) <= SHARPEN_OPS:
+        head, tail = _sharpen(problem, edges, occ, head, tail)
+    return head, tail
+
+
+def _sharpen(problem: Problem, edges: Sequence[tuple[Op, Op, T]], occ: Mapping[Op, T],
+             head: dict[Op, T], tail: dict[Op, T]) -> tuple[dict[Op, T], dict[Op, T]]:
+    """Heads and tails that count each rank's capacity (the one-machine adjustment of
+    Carlier and Pinson): every ancestor of q that runs on rank r must have run there before
+    q starts, so q's head is at least the one-machine bound (`_one_machine`) of those
+    ancestors, with their heads and, as tails, their path lengths to q. Likewise a tail is
+    at least the one-machine bound of the op's descendants on a rank, with their distances
+    from it as heads. Longest paths alone let every rank run all of an op's ancestors at
+    once; this is what lifts the memory idle's release times (backwards wait for whole
+    ranks of forwards) and Jackson's heads.
+
+    NOTE: heads are final in topological order (each uses its ancestors' raised heads),
+    tails in the reverse order; neither uses the other, so one pass each is a fixpoint."""
+    import numpy as np
+
+    ops = problem.ops
+    n = len(ops)
+    at = {op: i for i, op in enumerate(ops)}
+    order = sorted(range(n), key=lambda i: problem.topological[ops[i]])
+    dur = np.array([float(occ[op]) for op in ops])
+    rank = np.array([problem.rank(op) for op in ops])
+    preds: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    succs: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+    for src, dst, delay in edges:
+        preds[at[dst]].append((at[src], float(delay)))
+        succs[at[src]].append((at[dst], float(delay)))
+    # dist[a, q]: the longest path from a's end to q's start; NaN where q does not follow a
+    dist = np.full((n, n), np.nan)
+    for q in order:
+        col = dist[:, q]
+        for p, d in preds[q]:
+            col = np.fmax(col, dist[:, p] + dur[p] + d)
+            col[p] = max(d, col[p]) if col[p] == col[p] else d
+        dist[:, q] = col
+    ranks = [rank == r for r in range(problem.config.ranks)]
+    hd = np.array([float(head[op]) for op in ops])
+    limit = problem.memory_limit
+    size = np.array([problem.weight(op.stage) for op in ops])
+    opens = np.array([op.kind == "F" for op in ops]) & (size > 0)
+    frees = np.array([op == problem.release_op(op.stage, op.mb) for op in ops])
+    for q in order:
+        best = float(hd[q])
+        for p, d in preds[q]:
+            best = max(best, float(hd[p] + dur[p]) + d)
+        follows = ~np.isnan(dist[:, q])
+        for mine in ranks:
+            s = follows & mine
+            if s.sum() > 1:
+                best = max(best, _one_machine(hd[s], dur[s], dist[s, q]))
+        if limit is not None and opens[q]:
+            mine = ranks[rank[q]]
+            need = size[follows & opens & mine].sum() + size[q] - limit * (1 + 1e-9)
+            if need > 0:  # releases must have ended first: the earliest that free enough
+                can = frees & mine & np.isnan(dist[q, :])
+                ends = hd[can] + dur[can]
+                i = np.argsort(ends)
+                enough = np.nonzero(np.cumsum(size[can][i]) >= need)[0]
+                if len(enough):  # (none: no schedule runs q; the budget check says so)
+                    best = max(best, float(ends[i][enough[0]]))
+        hd[q] = best
+    tl = np.array([float(tail[op]) for op in ops])
+    for a in reversed(order):
+        best = float(tl[a])
+        for x, d in succs[a]:
+            best = max(best, d + float(dur[x] + tl[x]))
+        follows = ~np.isnan(dist[a, :])
+        for mine in ranks:
+            s = follows & mine
+            if s.sum() > 1:
+                best = max(best, _one_machine(dist[a, s], dur[s], tl[s]))
+        tl[a] = best
+    zero = occ[ops[0]] * 0
+    kind = type(zero)
+    return ({op: kind(round(x) if kind is int else x) for op, x in zip(ops, hd)},
+            {op: kind(round(x) if kind is int else x) for op, x in zip(ops, tl)})
+
+
+def _one_machine(heads: object, durations: object, tails: object) -> float:
+    """A lower bound on max(end + tail) over the jobs of one machine: for any subset J, the
+    machine starts none before J's least head, runs all of J, and the last to end still has
+    at least J's least tail to go. Taken over the subsets of the latest heads and of the
+    longest tails (numpy arrays in, so a rank's ancestors cost a few vector operations)."""
+    import numpy as np
+
+    h, p, t = (np.asarray(x) for x in (heads, durations, tails))
+    i = np.argsort(h)
+    later = np.cumsum(p[i][::-1])[::-1]
+    by_head = np.max(h[i] + later + np.minimum.accumulate(t[i][::-1])[::-1])
+    j = np.argsort(-t)
+    by_tail = np.max(np.minimum.accumulate(h[j]) + np.cumsum(p[j]) + t[j])
+    return float(max(by_head, by_tail))
 
 
 def longest_paths(ops: Sequence[Op], edges: Sequence[tuple[Op, Op, T]], occ: Mapping[Op, T]

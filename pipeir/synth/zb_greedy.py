@@ -132,6 +132,11 @@ def _order(problem: Problem, allow_bubble_before_first_b: bool, prioritize_b: bo
                 while j > 0 and required[j] > 0 and required[j] >= required[j - 1] \
                         and f[j] + required[j] < nmb:
                     required[j] -= 1
+                # NOTE: the loop above keeps a stage's count when it would finish every
+                # micro-batch, which can be more forwards than the stage before runs (a
+                # dearer first stage, tiny costs); a forward needs its input, so clamp
+                if j > 0:
+                    required[j] = min(required[j], f[j - 1] + required[j - 1] - f[j])
             for j in range(n):
                 for _ in range(required[j]):
                     put(j, 0)
