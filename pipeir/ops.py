@@ -67,6 +67,12 @@ class Op:
     def __hash__(self) -> int:
         return self._hash
 
+    def __reduce__(self) -> tuple[type[Op], tuple[Kind, int, int]]:
+        # NOTE: a str's hash differs from process to process (hash randomisation), so the
+        # cached hash must not travel: an op unpickled in a spawned rank, or from a file,
+        # would compare equal to its twin there and miss it in every dict and set.
+        return (Op, (self.kind, self.stage, self.mb))
+
     def __str__(self) -> str:
         if self.kind == REDUCE:
             return f"R({self.stage})"

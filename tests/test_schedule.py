@@ -4,6 +4,7 @@ by hand here (not through `data_predecessors`, which the builder uses)."""
 from __future__ import annotations
 
 from itertools import pairwise
+from pathlib import Path
 
 import networkx as nx
 import pytest
@@ -11,6 +12,8 @@ import pytest
 import pipeir
 from pipeir import B, F, I, W
 from pipeir.schedule import EdgeKind
+
+EXAMPLE = Path(__file__).parent.parent / "examples" / "interleaved.sched"
 
 
 def _expected_data_edges(s: pipeir.Schedule) -> set[tuple[pipeir.Op, pipeir.Op]]:
@@ -60,3 +63,25 @@ def test_w_without_i_still_depends_on_f() -> None:
     with pytest.raises(pipeir.VerifyError) as e:
         pipeir.verify(s)
     assert e.value.check == "completeness" and "missing I(0,0)" in e.value.render()
+
+
+def test_a_schedule_pickled_in_one_process_works_in_another(tmp_path: Path) -> None:
+    """Spawned ranks and caches unpickle ops in a process whose string hashes differ: the
+    ops must still be found in the graph's dicts there (a cached hash once travelled)."""
+    import os
+    import subprocess
+    import sys
+
+    path = tmp_path / "s.pkl"
+    dump = ("import pickle, sys, pipeir\n"
+            "s = pipeir.parse(sys.argv[2])\n"
+            "pickle.dump((s, pipeir.simulate(s).makespan), open(sys.argv[1], 'wb'))\n")
+    load = ("import pickle, sys, pipeir\n"
+            "s, step = pickle.load(open(sys.argv[1], 'rb'))\n"
+            "assert pipeir.F(0, 0) in s.graph and pipeir.F(0, 0) in set(s.programs[0])\n"
+            "pipeir.verify(s)\n"
+            "assert pipeir.simulate(s).makespan == step\n")
+    for code, seed in ((dump, "1"), (load, "2")):
+        subprocess.run([sys.executable, "-c", code, str(path), str(EXAMPLE)], check=True,
+                       timeout=120,
+                       env={**os.environ, "PYTHONHASHSEED": seed})
