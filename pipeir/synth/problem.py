@@ -21,6 +21,8 @@ from functools import cached_property
 from typing import TypeVar
 
 import networkx as nx
+import numpy as np
+import numpy.typing as npt
 
 from pipeir.config import PipelineConfig
 from pipeir.diagnostics import UsageError
@@ -31,6 +33,7 @@ from pipeir.sim import CostModel, simulate
 from pipeir.verify import live_activations
 
 T = TypeVar("T", int, float)
+Floats = npt.NDArray[np.float64]
 
 
 @dataclass(frozen=True)
@@ -213,19 +216,21 @@ def heads_tails(problem: Problem, edges: Sequence[tuple[Op, Op, T]], occ: Mappin
 
 def _sharpen(problem: Problem, edges: Sequence[tuple[Op, Op, T]], occ: Mapping[Op, T],
              head: dict[Op, T], tail: dict[Op, T]) -> tuple[dict[Op, T], dict[Op, T]]:
-    """Heads and tails that count each rank's capacity (the one-machine adjustment of
-    Carlier and Pinson): every ancestor of q that runs on rank r must have run there before
-    q starts, so q's head is at least the one-machine bound (`_one_machine`) of those
-    ancestors, with their heads and, as tails, their path lengths to q. Likewise a tail is
-    at least the one-machine bound of the op's descendants on a rank, with their distances
-    from it as heads. Longest paths alone let every rank run all of an op's ancestors at
-    once; this is what lifts the memory idle's release times (backwards wait for whole
-    ranks of forwards) and Jackson's heads.
+    """Heads and tails that count each rank's capacity and budget (the one-machine
+    adjustment of Carlier and Pinson, and its memory analogue). Every ancestor of q that runs
+    on rank r must have run there before q starts, so q's head is at least the one-machine
+    bound (`_one_machine`) of those ancestors, with their heads and, as tails, their path
+    lengths to q; a tail likewise over the op's descendants on a rank, with their distances
+    from it as heads. A forward q also needs room: its rank's forwards among q's ancestors
+    are live unless released, so releases that are not q's descendants must have freed the
+    excess first, at the earliest when the earliest-ending ones have. Longest paths alone let
+    a rank run all of an op's ancestors at once; with these, backwards wait for whole rounds
+    of forwards, which is what the memory idle and Jackson's bound feed on.
 
-    NOTE: heads are final in topological order (each uses its ancestors' raised heads),
-    tails in the reverse order; neither uses the other, so one pass each is a fixpoint."""
-    import numpy as np
-
+    NOTE: heads are final in topological order (each uses its ancestors' raised heads, and
+    a release's head where it is already final, a valid one where not), tails in the reverse
+    order; tails do not use heads, and a second pass over the heads raised no bound on the
+    bench's shapes."""
     ops = problem.ops
     n = len(ops)
     at = {op: i for i, op in enumerate(ops)}
@@ -261,10 +266,10 @@ def _sharpen(problem: Problem, edges: Sequence[tuple[Op, Op, T]], occ: Mapping[O
             if s.sum() > 1:
                 best = max(best, _one_machine(hd[s], dur[s], dist[s, q]))
         if limit is not None and opens[q]:
-            mine = ranks[rank[q]]
-            need = size[follows & opens & mine].sum() + size[q] - limit * (1 + 1e-9)
+            own = ranks[rank[q]]
+            need = size[follows & opens & own].sum() + size[q] - limit * (1 + 1e-9)
             if need > 0:  # releases must have ended first: the earliest that free enough
-                can = frees & mine & np.isnan(dist[q, :])
+                can = frees & own & np.isnan(dist[q, :])
                 ends = hd[can] + dur[can]
                 i = np.argsort(ends)
                 enough = np.nonzero(np.cumsum(size[can][i]) >= need)[0]
@@ -288,14 +293,12 @@ def _sharpen(problem: Problem, edges: Sequence[tuple[Op, Op, T]], occ: Mapping[O
             {op: kind(round(x) if kind is int else x) for op, x in zip(ops, tl)})
 
 
-def _one_machine(heads: object, durations: object, tails: object) -> float:
+def _one_machine(h: Floats, p: Floats, t: Floats) -> float:
     """A lower bound on max(end + tail) over the jobs of one machine: for any subset J, the
     machine starts none before J's least head, runs all of J, and the last to end still has
     at least J's least tail to go. Taken over the subsets of the latest heads and of the
-    longest tails (numpy arrays in, so a rank's ancestors cost a few vector operations)."""
-    import numpy as np
-
-    h, p, t = (np.asarray(x) for x in (heads, durations, tails))
+    longest tails: heads `h`, durations `p`, tails `t` (arrays, so a rank's ancestors cost a
+    few vector operations)."""
     i = np.argsort(h)
     later = np.cumsum(p[i][::-1])[::-1]
     by_head = np.max(h[i] + later + np.minimum.accumulate(t[i][::-1])[::-1])
