@@ -22,12 +22,12 @@ from pipeir.ops import Op
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, simulate
 from pipeir.sim.engine import Timing
-from pipeir.synth import EXACT_OPS, Problem, make_problem, synthesize
+from pipeir.synth import EXACT_OPS, Problem, _shapes, make_problem, synthesize
 from pipeir.synth.decompose import extend, short_problem
 from pipeir.synth.lns import Window, improve
-from pipeir.synth.model import Integral, choose_scale, solve
+from pipeir.synth.model import Integral, choose_scale, probe, solve
 from pipeir.synth.problem import _jackson, _memory_idle, longest_paths
-from pipeir.synth.warmstart import Start, sequential, starts
+from pipeir.synth.warmstart import Start, library, sequential, starts
 from pipeir.synth.zb_greedy import zb_greedy
 from pipeir.verify import live_activations, verify
 
@@ -107,6 +107,42 @@ def test_fractional_byte_budgets_are_exact(split: bool) -> None:
     assert solved.step == pytest.approx(want, abs=1e-9)
     found = improve(problem, start, slow, bound=want, time_limit=20, seed=0)
     assert found.step == pytest.approx(want, abs=1e-9) and problem.fits(found.schedule)
+
+
+@pytest.mark.parametrize(("m", "split", "limit", "comm"), [
+    (3, False, 1, "overlapped"), (2, True, None, "overlapped"), (2, True, 1, "blocking"),
+])
+def test_probe_meets_the_optimum_and_proves_nothing_is_faster(m: int, split: bool,
+                                                              limit: int | None,
+                                                              comm: str) -> None:
+    """Asked for the best step of every order (the brute force), the probe finds a schedule
+    with it; asked for one unit less, it proves there is none and raises the bound to it."""
+    problem = Problem(PipelineConfig.make(2, m), HETERO, split, comm,  # type: ignore[arg-type]
+                      None if limit is None else float(limit))
+    want = brute_force(problem)
+    unit = 1 / Integral(problem).scale.factor
+    found = probe(problem, want, time_limit=20)
+    assert found.schedule is not None and found.step == pytest.approx(want, abs=1e-9)
+    verify(found.schedule)
+    assert problem.fits(found.schedule)
+    below = probe(problem, want - unit, time_limit=20)
+    assert below.schedule is None and below.status == "INFEASIBLE"
+    assert below.bound == pytest.approx(want, abs=1e-9)
+    assert probe(problem, problem.lower_bound() - unit, time_limit=20).bound == \
+        pytest.approx(problem.lower_bound(), abs=1e-9)  # below the bound: nothing to solve
+
+
+def test_shapes_add_the_other_placement_of_tunes_v_while_it_is_small() -> None:
+    """At compute-bound's K = 8 tune's best is an eight-chunk loop; synth also searches the
+    eight-chunk V (where the bound is met), but not where the model would be too large to
+    solve, and never a placement the user excluded."""
+    costs = CostModel.load(REPO / "examples/costs/compute-bound.toml")
+    candidates = library(costs, 4, 8, "overlapped", 8)
+    shapes = _shapes(candidates, 4, None, "search", 8, 96)
+    assert {(8, "loop"), (8, "vshape"), (4, "vshape")} <= set(shapes)
+    assert all(shape == "loop" for _, shape in _shapes(candidates, 4, None, "loop", 8, 96))
+    assert _shapes(candidates, 4, None, "search", 8, EXACT_OPS) == \
+        [(1, "loop"), (2, "loop"), (2, "vshape"), (8, "loop")]
 
 
 @pytest.mark.parametrize(("p", "m"), [(3, 4), (4, 6)])

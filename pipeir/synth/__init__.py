@@ -29,7 +29,7 @@ from pipeir.schedule import Schedule
 from pipeir.sim import CostModel
 from pipeir.synth.decompose import extend, short_problem
 from pipeir.synth.lns import improve
-from pipeir.synth.model import Progress, Solved, solve
+from pipeir.synth.model import Progress, Solved, probe, solve
 from pipeir.synth.problem import Problem
 from pipeir.synth.warmstart import EXACT_OPS, MAX_OPS, Start, library, starts
 
@@ -40,6 +40,10 @@ Placement = Literal["loop", "vshape", "search"]
 
 #: The full model's share of the solver time; the window search (`lns`) gets the rest.
 FULL_SHARE = 0.4
+
+#: When the warm start is within this fraction of the bound, the full model's turn begins by
+#: asking for a schedule at the bound outright (`model.probe`), with this share of the time.
+PROBE_GAP, PROBE_SHARE = 0.01, 0.5
 
 #: Above this many ops the full model gets only `LARGE_SHARE` of the time (the window search
 #: the rest). NOTE: measured on the bench's shapes (2 threads): on 384 ops (p = 4, m = 8,
@@ -112,7 +116,19 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
         n = len(problem.ops)
         share = full_share if n <= FULL_OPS else \
             min(full_share, LARGE_SHARE) if n <= MAX_OPS else 0.0
-        if share > 0:
+        if share > 0 and n <= EXACT_OPS and step <= bound * (1 + PROBE_GAP):
+            probed = probe(problem, time_limit=left * PROBE_SHARE, workers=workers, seed=seed,
+                           work_limit=work_limit)
+            bound = max(bound, probed.bound)
+            if probed.schedule is not None and probed.step is not None and probed.step < step:
+                best, step, method = probed.schedule, probed.step, "asked for at the bound"
+                hint = Start(method, best, step)
+                if progress is not None:
+                    progress(time.perf_counter() - t0, step, bound)
+            left = time_limit - (time.perf_counter() - t0)
+        if step <= bound * (1 + 1e-9):
+            optimal = True
+        elif share > 0:
             solved = solve(problem, hint=hint.schedule, upper=hint.step,
                            time_limit=left * share, workers=workers, seed=seed,
                            work_limit=work_limit, progress=progress)
@@ -140,10 +156,15 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
 def prepare(problem: Problem, candidates: Sequence[Candidate] = (),
             given: Schedule | None = None) -> Start:
     """Check the budget and choose the warm start (the fastest candidate that fits)."""
+    check_budget(problem)
+    return starts(problem, candidates, given)[0]
+
+
+def check_budget(problem: Problem) -> None:
+    """Raise `BudgetError` if no schedule fits the problem's memory limit."""
     limit = problem.memory_limit
     if limit is not None and limit < problem.least_memory * (1 - 1e-9):
         raise BudgetError(limit, problem.least_memory)
-    return starts(problem, candidates, given)[0]
 
 
 def _library(problem: Problem, tune_costs: CostModel | None) -> list[Candidate]:
@@ -206,21 +227,35 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
                 for n, shape in _shapes(candidates, ranks, v, placement,
                                         memory_limit if memory_bytes is None else None,
                                         ranks * microbatches * (3 if split else 2))]
-    warms = [prepare(p, candidates) for p in problems]
+    for p in problems:
+        check_budget(p)
     bounds = [p.lower_bound() for p in problems]
-    first = min(warms, key=lambda w: w.step)
-    live = [i for i, b in enumerate(bounds) if b < first.step * (1 - 1e-9)]
+    # warm starts by increasing bound: a shape whose bound is no better than a warm start
+    # already found can neither give the best warm start nor be searched, so it gets none
+    warms: dict[int, Start] = {}
+    for i in sorted(range(len(problems)), key=lambda i: bounds[i]):
+        if not warms or bounds[i] < min(w.step for w in warms.values()) * (1 - 1e-9):
+            warms[i] = prepare(problems[i], candidates)
+    first = min(warms.values(), key=lambda w: w.step)
+    live = [i for i in warms if bounds[i] < first.step * (1 - 1e-9)]
     if not live:  # a warm start already meets every shape's bound
-        i = warms.index(first)
+        i = next(i for i, w in warms.items() if w is first)
         live, bounds[i] = [i], first.step
-    # NOTE: two rounds. Every live shape gets a share of a third of the time; the rest goes
-    # to the shape that is fastest then, continuing from its best schedule, with the window
+    # NOTE: two rounds. The live shapes share a third of the time, fastest warm start first,
+    # each taking an equal part of what is left (a shape closed early leaves its time to the
+    # others); the round ends early once a shape meets every shape's bound. The rest goes to
+    # the shape that is fastest then, continuing from its best schedule, with the window
     # search alone where it runs (its full model had its turn in the first round, and on
     # compute-bound's four-chunk V the window search still gains at 50 s).
-    share = (time_limit - (time.perf_counter() - t0)) / 3 / len(live)
-    results = {i: synthesize(problems[i], tune_costs=costs, warm=warms[i], time_limit=share,
-                             workers=workers, seed=seed, work_limit=work_limit,
-                             progress=progress) for i in live}
+    round_end = time.perf_counter() + (time_limit - (time.perf_counter() - t0)) / 3
+    results: dict[int, SynthResult] = {}
+    for n, i in enumerate(sorted(live, key=lambda i: warms[i].step)):
+        share = (round_end - time.perf_counter()) / (len(live) - n)
+        results[i] = synthesize(problems[i], tune_costs=costs, warm=warms[i],
+                                time_limit=max(share, 0.0), workers=workers, seed=seed,
+                                work_limit=work_limit, progress=progress)
+        if results[i].step <= min(bounds) * (1 + 1e-9):
+            break  # no shape can beat it: each shape's bound is at least min(bounds)
     lead = min(results, key=lambda i: results[i].step)
     first_round = results[lead]
     left = time_limit - (time.perf_counter() - t0)
@@ -245,15 +280,17 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
 def _shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
             placement: Placement, memory_limit: float | None, ops_per_chunk: int
             ) -> list[tuple[int, Literal["loop", "vshape"]]]:
-    """The (chunks per rank, placement) pairs to search: `v` in `placement`, or with v None,
-    1 and 2 in both placements, 4 too while its model is small enough to solve exactly (it
-    has `ops_per_chunk` ops per chunk per rank), and the shape of tune's fastest candidate
-    within the budget.
+    """The (chunks per rank, placement) pairs to search, in `placement` ("search": loop and
+    V): `v`, or with v None 1, 2, 4 while its model is small enough to solve exactly (it has
+    `ops_per_chunk` ops per chunk per rank), and the v of tune's fastest candidate within the
+    budget (in its own placement, and in the other too while small enough).
 
     NOTE: more chunks let uneven stages be balanced across ranks (heavy first and last stages
     split over more ranks), but every shape searched also lowers the bound reported, which
-    holds for all of them; v = 4 is added only where the exact model and the list scheduler
-    can still give it a good schedule."""
+    holds for all of them; a shape is added only where the exact model and the list scheduler
+    can still give it a good schedule. The other placement of tune's v is what closes
+    compute-bound at p = 4, m = 8, K = 8: tune's best is an eight-chunk loop, 98.705 at
+    best against the bound 98.555, and the eight-chunk V reaches that bound in 8 s."""
     both: list[Literal["loop", "vshape"]] = ["loop", "vshape"] if placement == "search" \
         else [placement]
     if v is not None:
@@ -267,10 +304,10 @@ def _shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
                 if memory_limit is None or c.peak_memory <= memory_limit + 1e-9]
         if fits:
             best = min(fits, key=lambda c: c.sort_key())
-            shape = (best.v, "vshape" if best.schedule.config.placement_name == "vshape"
-                     else "loop")
-            if shape not in out:
-                out.append(shape)  # type: ignore[arg-type]
+            own = "vshape" if best.schedule.config.placement_name == "vshape" else "loop"
+            small = best.v * ops_per_chunk <= EXACT_OPS
+            out.extend((best.v, shape) for shape in both
+                       if (small or shape == own) and (best.v, shape) not in out)
     return out
 
 

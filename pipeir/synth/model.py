@@ -162,6 +162,68 @@ class _Callback(cp_model.CpSolverSolutionCallback):  # type: ignore[misc]
                       math.ceil(self.best_objective_bound) // self.weight / self.scale)
 
 
+@dataclass
+class _Base:
+    """The constraints every run shares: starts within heads, tails and the horizon, one op
+    at a time per rank, precedences and memory; `alive` as `_memory` returns it."""
+
+    model: cp_model.CpModel
+    start: dict[Op, cp_model.IntVar]
+    alive: dict[tuple[Op, Op], tuple[cp_model.IntVar, cp_model.IntVar]]
+    lb: int
+    horizon: int
+
+
+def _base(iz: Integral, horizon: int | None) -> _Base:
+    """The model with every op ending by `horizon` (None: the sum of all durations and
+    delays); a horizon below the lower bound is raised to it."""
+    problem, occ = iz.problem, iz.occ
+    edges = [*iz.edges, *iz.implied]
+    head, tail = heads_tails(problem, edges, occ)
+    lb = lower_bound(problem, head, occ, tail)
+    if horizon is None:
+        horizon = sum(occ.values()) + sum(h for _, _, h in iz.edges)
+    horizon = max(horizon, lb)
+    m = cp_model.CpModel()
+    start = {op: m.new_int_var(head[op], max(head[op], horizon - occ[op] - tail[op]),
+                               f"s_{op}") for op in problem.ops}
+    interval = {op: m.new_fixed_size_interval_var(start[op], occ[op], f"i_{op}")
+                for op in problem.ops}
+    for r in range(problem.config.ranks):
+        m.add_no_overlap([interval[op] for op in problem.ops if problem.rank(op) == r])
+    for p, q, h in edges:
+        m.add(start[q] >= start[p] + occ[p] + h)
+    return _Base(m, start, _memory(iz, m, start, occ, horizon), lb, horizon)
+
+
+def _run(m: cp_model.CpModel, time_limit: float, workers: int, seed: int,
+         work_limit: float | None, callback: _Callback | None = None
+         ) -> tuple[cp_model.CpSolver, cp_model.CpSolverStatus]:
+    solver = cp_model.CpSolver()
+    prm = solver.parameters
+    prm.max_time_in_seconds = max(0.01, time_limit)
+    if work_limit is not None:
+        prm.max_deterministic_time = work_limit
+    prm.num_workers = workers
+    prm.random_seed = seed
+    return solver, solver.solve(m, callback)
+
+
+def _read(iz: Integral, solver: cp_model.CpSolver, base: _Base, objective: float | None,
+          bound: float, optimal: bool, t0: float, name: str) -> Solved:
+    """The solution's order (each rank's ops by start), verified and simulated."""
+    problem, occ = iz.problem, iz.occ
+    at = {op: solver.value(base.start[op]) for op in problem.ops}
+    ranks = range(problem.config.ranks)
+    sched = problem.build(in_order(problem, [[op for op in problem.ops if problem.rank(op) == r]
+                                             for r in ranks], at, occ))
+    if not Timing(sched, problem.costs, problem.comm).complete or not problem.fits(sched):
+        # only with zero-duration ops, whose ties the model leaves open (see `in_order`)
+        return Solved(None, None, None, bound, False, time.perf_counter() - t0, name)
+    return Solved(sched, problem.step_time(sched), objective, bound, optimal,
+                  time.perf_counter() - t0, name)
+
+
 def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None = None,
           time_limit: float = 60.0, workers: int = 1, seed: int = 0,
           work_limit: float | None = None, progress: Progress | None = None) -> Solved:
@@ -169,25 +231,11 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
     `time_limit` seconds (and `work_limit` deterministic seconds: reproducible)."""
     t0 = time.perf_counter()
     iz = Integral(problem)
-    scale, occ, edges, implied = iz.scale, iz.occ, iz.edges, iz.implied
-    head, tail = heads_tails(problem, [*edges, *implied], occ)
-    lb = lower_bound(problem, head, occ, tail)
-    horizon = scale.up(upper) if upper is not None else \
-        sum(occ.values()) + sum(h for _, _, h in edges)
-    horizon = max(horizon, lb)
-
-    m = cp_model.CpModel()
-    start = {op: m.new_int_var(head[op], max(head[op], horizon - occ[op] - tail[op]),
-                               f"s_{op}") for op in problem.ops}
-    interval = {op: m.new_fixed_size_interval_var(start[op], occ[op], f"i_{op}")
-                for op in problem.ops}
+    scale, occ = iz.scale, iz.occ
+    base = _base(iz, scale.up(upper) if upper is not None else None)
+    m, start, horizon = base.model, base.start, base.horizon
     ranks = problem.config.ranks
-    for r in range(ranks):
-        m.add_no_overlap([interval[op] for op in problem.ops if problem.rank(op) == r])
-    for p, q, h in [*edges, *implied]:
-        m.add(start[q] >= start[p] + occ[p] + h)
-    alive = _memory(iz, m, start, occ, horizon)
-    span = m.new_int_var(lb, horizon, "makespan")
+    span = m.new_int_var(base.lb, horizon, "makespan")
     finish = [m.new_int_var(0, horizon, f"end_{r}") for r in range(ranks)]
     for op in problem.ops:
         m.add(finish[problem.rank(op)] >= start[op] + occ[op])
@@ -204,37 +252,56 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
         for f, e in zip(finish, ends):
             m.add_hint(f, e)
         m.add_hint(span, max(ends))
-        for (f_op, rel), (size, end) in alive.items():
+        for (f_op, rel), (size, end) in base.alive.items():
             m.add_hint(end, at[rel] + occ[rel])
             m.add_hint(size, at[rel] + occ[rel] - at[f_op])
 
-    solver = cp_model.CpSolver()
-    prm = solver.parameters
-    prm.max_time_in_seconds = max(0.01, time_limit - (time.perf_counter() - t0))
-    if work_limit is not None:
-        prm.max_deterministic_time = work_limit
-    prm.num_workers = workers
-    prm.random_seed = seed
     cb = _Callback(scale.factor, weight, progress, t0) if progress is not None else None
-    status = solver.solve(m, cb)
+    solver, status = _run(m, time_limit - (time.perf_counter() - t0), workers, seed,
+                          work_limit, cb)
     name = solver.status_name(status)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
     # the sum of ends is < weight, so bound // weight bounds the makespan
-    bound = max(lb, math.ceil(solver.best_objective_bound) // weight
-                if found else lb) / scale.factor
+    bound = max(base.lb, math.ceil(solver.best_objective_bound) // weight
+                if found else base.lb) / scale.factor
+    if not found:
+        return Solved(None, None, None, bound, False, time.perf_counter() - t0, name)
+    return _read(iz, solver, base, solver.value(span) / scale.factor, bound,
+                 status == cp_model.OPTIMAL and scale.exact, t0, name)
+
+
+def probe(problem: Problem, at: float | None = None, *, time_limit: float = 10.0,
+          workers: int = 1, seed: int = 0, work_limit: float | None = None) -> Solved:
+    """Ask for a schedule whose step is at most `at` (None: the lower bound) outright: the
+    model with every op ending by then and no objective. Found at the bound, it is optimal
+    (where the scale is exact); proven impossible, the bound rises to one of the model's
+    units above `at`.
+
+    NOTE: where the bound is tight this is much faster than minimising down to it: every
+    start's domain shrinks to its slack against the bound and the solver only has to find a
+    feasible point. On compute-bound at K = 8 (768 ops, eight chunks in a V) it finds a
+    schedule at the bound in 4 s where the full model from 98.64 needs 6 to more than 24 s;
+    on heavy-ends at K = 8 (four chunks in a V) in 0.8 s, where the full model and the window
+    search took 18 s. Where the bound is loose it only costs its time: synth tries it when
+    the warm start is already close (`synthesize`)."""
+    t0 = time.perf_counter()
+    iz = Integral(problem)
+    want = None if at is None else iz.scale.down(at)
+    base = _base(iz, 0 if want is None else want)  # (raised to the bound)
+    f = iz.scale.factor
+    if want is not None and want < base.lb:  # below the bound: nothing to solve
+        return Solved(None, None, None, base.lb / f, False, time.perf_counter() - t0,
+                      "INFEASIBLE")
+    solver, status = _run(base.model, time_limit - (time.perf_counter() - t0), workers, seed,
+                          work_limit)
+    name = solver.status_name(status)
+    if status == cp_model.INFEASIBLE:
+        return Solved(None, None, None, (base.horizon + 1) / f, False,
+                      time.perf_counter() - t0, name)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-        return Solved(None, None, None, bound, False, time.perf_counter() - t0, name)
-    at = {op: solver.value(start[op]) for op in problem.ops}
-    sched = problem.build(in_order(problem, [[op for op in problem.ops if problem.rank(op) == r]
-                                             for r in range(ranks)], at, occ))
-    if not Timing(sched, problem.costs, problem.comm).complete or not problem.fits(sched):
-        # only with zero-duration ops, whose ties the model leaves open (see `in_order`)
-        return Solved(None, None, None, bound, False, time.perf_counter() - t0, name)
-    step = problem.step_time(sched)
-    span_value = solver.value(span)
-    return Solved(sched, step, span_value / scale.factor, bound,
-                  status == cp_model.OPTIMAL and scale.exact,
-                  time.perf_counter() - t0, name)
+        return Solved(None, None, None, base.lb / f, False, time.perf_counter() - t0, name)
+    return _read(iz, solver, base, base.horizon / f, base.lb / f,
+                 iz.scale.exact and base.horizon == base.lb, t0, name)
 
 
 def minimize(m: cp_model.CpModel, span: cp_model.IntVar, finish: Sequence[cp_model.IntVar],
