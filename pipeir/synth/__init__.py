@@ -4,7 +4,7 @@ with a proven lower bound (OR-Tools CP-SAT).
     problem  what is solved: ops, durations, dependencies, memory (`problem`)
     warmstart  where the solver starts: tune's best library schedule of the same shape, the
              Zero Bubble greedy scheduler (`zb_greedy`), one micro-batch at a time
-    model    the constraint model and its solver run
+    model    the constraint model and its solver run; the probe at the bound (`probe`)
     lns      after the full model's share of the time (all of it on large problems):
              re-solve one window of the step at a time around the best schedule, with a
              model of the window's ops alone
@@ -243,23 +243,33 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
         live, bounds[i] = [i], first.step
     # NOTE: two rounds. The live shapes share a third of the time, fastest warm start first,
     # each taking an equal part of what is left (a shape closed early leaves its time to the
-    # others); the round ends early once a shape meets every shape's bound. The rest goes to
-    # the shape that is fastest then, continuing from its best schedule, with the window
-    # search alone where it runs (its full model had its turn in the first round, and on
-    # compute-bound's four-chunk V the window search still gains at 50 s).
+    # others); a shape whose bound is no better than the best step found by then is dropped
+    # (its time goes to the second round), and the round ends once a shape meets every
+    # shape's bound. The rest goes to the shape that is fastest then, continuing from its
+    # best schedule, with the window search alone where it runs (its full model had its turn
+    # in the first round, and on compute-bound's four-chunk V the window search still gains
+    # at 50 s).
     round_end = time.perf_counter() + (time_limit - (time.perf_counter() - t0)) / 3
     results: dict[int, SynthResult] = {}
     for n, i in enumerate(sorted(live, key=lambda i: warms[i].step)):
+        if results and bounds[i] >= min(r.step for r in results.values()) * (1 - 1e-9):
+            continue
         share = (round_end - time.perf_counter()) / (len(live) - n)
         results[i] = synthesize(problems[i], tune_costs=costs, warm=warms[i],
                                 time_limit=max(share, 0.0), workers=workers, seed=seed,
                                 work_limit=work_limit, progress=progress)
         if results[i].step <= min(bounds) * (1 + 1e-9):
             break  # no shape can beat it: each shape's bound is at least min(bounds)
-    lead = min(results, key=lambda i: results[i].step)
-    first_round = results[lead]
+    # the second round's shape: the fastest whose own bound leaves room below the best step
+    # (the fastest shape may be closed, optimal in its own shape, while another's bound is
+    # lower)
+    fastest = min(r.step for r in results.values())
+    open_ = [i for i, r in results.items()
+             if not r.optimal and r.bound < fastest * (1 - 1e-9)]
     left = time_limit - (time.perf_counter() - t0)
-    if left > 0 and not first_round.optimal:
+    if left > 0 and open_:
+        lead = min(open_, key=lambda i: results[i].step)
+        first_round = results[lead]
         again = synthesize(problems[lead], warm=Start(first_round.method, first_round.schedule,
                                                       first_round.step),
                            time_limit=left, workers=workers, seed=seed, work_limit=work_limit,

@@ -6,7 +6,8 @@
 * Activation memory is a cumulative constraint per rank: the activation of (stage, mb) is an
   interval from its F's start to its release op's end, with demand 1 (or its bytes), under
   the limit.
-* Minimise the makespan, the latest end.
+* Minimise the makespan, the latest end (`solve`); or, with every op ending by a given
+  step and no objective, find any schedule at all (`probe`).
 
 NOTE (why the model and `simulate` agree). For a fixed per-rank order the simulator's times
 are the earliest that respect the order and these same precedences, so the simulated step of
