@@ -544,6 +544,34 @@ def test_decomposition_repeats_a_steady_round() -> None:
     assert grown.step == 3 * 12 + 2  # still ZB-H1's closed form
 
 
+def test_rounds_drop_shapes_that_cannot_win_and_continue_the_fastest_open_one(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shape by shape (a stand-in solver): the first, fastest warm start (two chunks in a V,
+    20.0), is closed at 19.3; the four-chunk loop's bound (19.625) cannot beat that, so it is
+    never searched; the second round goes to the fastest shape still open (four chunks in a
+    V, bound 18.875), not to the closed one; the bound reported is the open shapes' least."""
+    import pipeir.synth as synth_module
+
+    calls: list[tuple[tuple[int, str], float]] = []
+
+    def fake(problem: Problem, *, warm: Start, full_share: float = 0.4,
+             **_: object) -> synth_module.SynthResult:
+        c = problem.config
+        calls.append(((c.stages // c.ranks, c.placement_name), full_share))
+        if len(calls) == 1:
+            return synth_module.SynthResult(problem, warm.schedule, 19.3, 19.3, warm, "", True,
+                                            0.0)
+        return synth_module.SynthResult(problem, warm.schedule, warm.step,
+                                        problem.lower_bound(), warm, "", False, 0.0)
+
+    monkeypatch.setattr(synth_module, "synthesize", fake)
+    got = synth_module.synth(HETERO, 2, 4, split=True, memory_limit=2, time_limit=30)
+    first_round = [shape for shape, share in calls if share != 0.0]
+    assert first_round == [(2, "vshape"), (4, "vshape"), (2, "loop")]
+    assert [shape for shape, share in calls if share == 0.0] == [(4, "vshape")]
+    assert got.step == 19.3 and got.bound == pytest.approx(18.875) and not got.optimal
+
+
 def test_large_problems_are_decomposed(monkeypatch: pytest.MonkeyPatch) -> None:
     import pipeir.synth as synth
 
