@@ -146,7 +146,7 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
                 best, step = found.schedule, found.step
                 method += f", then {found.windows} windows re-solved"
             optimal = step <= bound * (1 + 1e-9)
-    bound = min(bound, step)
+    bound = step if optimal else min(bound, step)  # (not a rounding error below it)
     if best.name != "synth":
         best = problem.build(best.programs, "synth")
     return SynthResult(problem, best, step, bound, warm, method, optimal,
@@ -283,8 +283,9 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     best = results[min(results, key=lambda i: results[i].step)]
     bound = min(best.step, *(r.bound for r in results.values()),
                 *(b for i, b in enumerate(bounds) if i not in results))
-    return SynthResult(best.problem, best.schedule, best.step, bound, first, best.method,
-                       bound >= best.step * (1 - 1e-9), time.perf_counter() - t0)
+    optimal = bound >= best.step * (1 - 1e-9)
+    return SynthResult(best.problem, best.schedule, best.step, best.step if optimal else bound,
+                       first, best.method, optimal, time.perf_counter() - t0)
 
 
 def _shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
