@@ -245,10 +245,10 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     # each taking an equal part of what is left (a shape closed early leaves its time to the
     # others); a shape whose bound is no better than the best step found by then is dropped
     # (its time goes to the second round), and the round ends once a shape meets every
-    # shape's bound. The rest goes to the shape that is fastest then, continuing from its
-    # best schedule, with the window search alone where it runs (its full model had its turn
-    # in the first round, and on compute-bound's four-chunk V the window search still gains
-    # at 50 s).
+    # shape's bound. The rest goes to the fastest shape still open (below), continuing from
+    # its best schedule, with the window search alone where it runs (its full model had its
+    # turn in the first round, and on compute-bound's four-chunk V the window search still
+    # gains at 50 s).
     round_end = time.perf_counter() + (time_limit - (time.perf_counter() - t0)) / 3
     results: dict[int, SynthResult] = {}
     for n, i in enumerate(sorted(live, key=lambda i: warms[i].step)):
@@ -301,7 +301,8 @@ def _shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
     holds for all of them; a shape is added only where the exact model and the list scheduler
     can still give it a good schedule. The other placement of tune's v is what closes
     compute-bound at p = 4, m = 8, K = 8: tune's best is an eight-chunk loop, 98.705 at
-    best against the bound 98.555, and the eight-chunk V reaches that bound in 8 s."""
+    best against the bound 98.555, and the eight-chunk V has a schedule at that bound (the
+    probe finds it in 4 s)."""
     both: list[Literal["loop", "vshape"]] = ["loop", "vshape"] if placement == "search" \
         else [placement]
     if v is not None:
