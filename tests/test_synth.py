@@ -554,7 +554,7 @@ def test_rounds_drop_shapes_that_cannot_win_and_continue_the_fastest_open_one(
 
     calls: list[tuple[tuple[int, str], float]] = []
 
-    def fake(problem: Problem, *, warm: Start, full_share: float = 0.4,
+    def fake(problem: Problem, *, warm: Start, full_share: float = synth_module.FULL_SHARE,
              **_: object) -> synth_module.SynthResult:
         c = problem.config
         calls.append(((c.stages // c.ranks, c.placement_name), full_share))

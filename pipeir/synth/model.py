@@ -210,7 +210,7 @@ def _run(m: cp_model.CpModel, time_limit: float, workers: int, seed: int,
     return solver, solver.solve(m, callback)
 
 
-def _read(iz: Integral, solver: cp_model.CpSolver, base: _Base, objective: float | None,
+def _read(iz: Integral, solver: cp_model.CpSolver, base: _Base, objective: float,
           bound: float, optimal: bool, t0: float, name: str) -> Solved:
     """The solution's order (each rank's ops by start), verified and simulated."""
     problem, occ = iz.problem, iz.occ
