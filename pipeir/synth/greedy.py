@@ -37,9 +37,10 @@ def greedy(problem: Problem, seed: int = 0, work: int = 400_000) -> list[Schedul
     runs: list[tuple[str, random.Random | None]] = [(prio, None) for prio in PRIORITIES]
     runs += [(rng.choice(PRIORITIES), random.Random(rng.random()))
              for _ in range(min(40, work // max(1, looks)))]
+    graph = _Graph(problem)
     out = []
     for prio, jitter in runs:
-        progs = _run(problem, prio, jitter)
+        progs = _run(problem, graph, prio, jitter)
         if progs is None:
             continue
         s = problem.build(progs, f"greedy_{prio.lower()}{'_random' if jitter else ''}")
@@ -48,74 +49,100 @@ def greedy(problem: Problem, seed: int = 0, work: int = 400_000) -> list[Schedul
     return out
 
 
-def _run(problem: Problem, prio: str, jitter: random.Random | None = None
+class _Graph:
+    """The problem's ops numbered once, with each op's inputs as (number, delay) and the
+    numbers of each (kind, stage)'s ops by micro-batch. NOTE: the scheduler looks at every
+    queue of every rank at each step; with `Op`s as keys (hashed and compared in Python) the
+    looks took nine tenths of its time, 3.4 s for the 24 runs on 384 ops."""
+
+    def __init__(self, problem: Problem):
+        self.ops = ops = problem.ops
+        at = {op: i for i, op in enumerate(ops)}
+        delay = {(p, q): h for p, q, h in problem.edges}
+        self.inputs = [[(at[p], delay[p, op]) for p in problem.preds[op]] for op in ops]
+        self.by_key: dict[tuple[str, int], list[int]] = {}
+        for i, op in enumerate(ops):
+            self.by_key.setdefault((op.kind, op.stage), []).append(i)
+        for nums in self.by_key.values():
+            nums.sort(key=lambda i: ops[i].mb)
+
+
+def _run(problem: Problem, graph: _Graph, prio: str, jitter: random.Random | None = None
          ) -> list[list[Op]] | None:
     c = problem.config
-    occ = problem.occupation
-    delay = {(p, q): h for p, q, h in problem.edges}
-    rank_of = problem.rank
+    occ = [problem.occupation[op] for op in graph.ops]
+    inputs, by_key, ops = graph.inputs, graph.by_key, graph.ops
     kinds = ("F", "I", "W") if problem.split else ("F", "B")
     base = {k: float(i) for i, k in enumerate(prio.replace("I", "I" if problem.split else "B"))}
     order = dict(base)
     queues = [[(k, s) for s in reversed(c.stages_of(r)) for k in kinds] for r in range(c.ranks)]
     nxt = {(k, s): 0 for k in kinds for s in range(c.stages)}
-    end: dict[Op, float] = {}
+    end = [-1.0] * len(ops)  # -1: not run yet
     free = [0.0] * c.ranks
     limit = problem.memory_limit if problem.memory_limit is not None else float("inf")
     whole = [sum(problem.weight(s) for s in c.stages_of(r)) for r in range(c.ranks)]
     first = [c.stages_of(r)[0] for r in range(c.ranks)]
+    releases = {i for i, op in enumerate(ops) if op == problem.release_op(op.stage, op.mb)}
     reserved = [0.0] * c.ranks
     left = {}  # (rank, mb) -> release ops still to run there
     progs: list[list[Op]] = [[] for _ in range(c.ranks)]
-    total = len(problem.ops)
+    total = len(ops)
 
-    def ready(k: str, s: int) -> tuple[Op, float] | None:
+    def ready(k: str, s: int) -> tuple[int, float] | None:
         """The next op of kind `k` on stage `s` and the earliest it can start, if its inputs
         have run and (for a micro-batch entering its rank) its memory fits."""
         mb = nxt[k, s]
-        r = c.placement[s]
         if mb >= c.microbatches:
             return None
-        op = Op(k, s, mb)  # type: ignore[arg-type]
-        if any(p not in end for p in problem.preds[op]):
-            return None
+        i = by_key[k, s][mb]
+        r = c.placement[s]
+        at = free[r]
+        for j, h in inputs[i]:
+            e = end[j]
+            if e < 0:
+                return None
+            if e + h > at:
+                at = e + h
         if k == "F" and s == first[r] and reserved[r] + whole[r] > limit * (1 + 1e-9):
             return None
-        return op, max([free[r], *(end[p] + delay[p, op] for p in problem.preds[op])])
+        return i, at
 
-    while sum(map(len, progs)) < total:
+    done = 0
+    while done < total:
         if jitter is not None:
             order = {k: v + jitter.uniform(0, 1.5) for k, v in base.items()}
-        best: tuple[float, float, int, int, Op] | None = None
+        best: tuple[float, float, int, int, int] | None = None
         for r in range(c.ranks):
             for k, s in queues[r]:
                 found = ready(k, s)
                 if found is None:
                     continue
-                op, at = found
-                key = (at, order[k], op.mb, -s, op)
+                i, at = found
+                key = (at, order[k], ops[i].mb, -s, i)
                 # the earliest start over all ranks, then the rank's priority at that time
                 if best is None or key[:4] < best[:4]:
                     best = key
         if best is None:
             return None
-        t, _, _, _, op = best
-        r = rank_of(op)
+        t, _, _, _, i = best
+        r = c.placement[ops[i].stage]
         # prefer, among ops of this rank ready by t, the highest priority one
         for k, s in sorted(queues[r], key=lambda q: order[q[0]]):
             found = ready(k, s)
             if found is not None and found[1] <= t:
-                op = found[0]
+                i = found[0]
                 break
+        op = ops[i]
         k, s, m = op.kind, op.stage, op.mb
-        start = max([free[r], *(end[p] + delay[p, op] for p in problem.preds[op])])
-        end[op] = free[r] = start + occ[op]
+        start = max([free[r], *(end[j] + h for j, h in inputs[i])])
+        end[i] = free[r] = start + occ[i]
         nxt[k, s] += 1
         progs[r].append(op)
+        done += 1
         if k == "F" and s == first[r]:
             reserved[r] += whole[r]
             left[r, m] = len(c.stages_of(r))
-        if op == problem.release_op(s, m):
+        if i in releases:
             left[r, m] -= 1
             if not left[r, m]:
                 reserved[r] -= whole[r]
