@@ -402,6 +402,22 @@ def test_memory_idle_and_sharper_heads_raise_the_bound() -> None:
     assert jackson < idle < problem.lower_bound() <= brute_force(problem)
 
 
+def test_bound_is_met_by_a_schedule_found_on_compute_bound_at_k4() -> None:
+    """The bound on a bench shape (384 ops: sharpened heads and tails, the memory idle) is
+    the optimum there: a schedule a variant of the window search once found meets it. Any
+    change that raises the bound above it is wrong; and synth's gap on that row is search,
+    not bound."""
+    costs = CostModel.load(REPO / "examples/costs/compute-bound.toml")
+    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=4)
+    found = pipeir.parse(REPO / "tests/fixtures/compute-bound-k4.sched")
+    verify(found)
+    schedule = problem.build(found.programs)
+    assert problem.fits(schedule)
+    step = problem.step_time(schedule)
+    assert step == pytest.approx(101.075, abs=1e-9)
+    assert problem.lower_bound() == pytest.approx(step, abs=1e-9)
+
+
 def test_window_model_is_exact_when_the_order_is_not_in_microbatch_order() -> None:
     """Taking a stage's ops in micro-batch order is safe only when the rest of the step does
     too; a user's warm start may not."""
