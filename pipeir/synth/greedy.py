@@ -89,8 +89,8 @@ def _run(problem: Problem, graph: _Graph, prio: str, jitter: random.Random | Non
     total = len(ops)
 
     def ready(k: str, s: int) -> tuple[int, float] | None:
-        """The next op of kind `k` on stage `s` and the earliest it can start, if its inputs
-        have run and (for a micro-batch entering its rank) its memory fits."""
+        """The number of the next op of kind `k` on stage `s` and the earliest it can start,
+        if its inputs have run and (for a micro-batch entering its rank) its memory fits."""
         mb = nxt[k, s]
         if mb >= c.microbatches:
             return None
