@@ -39,7 +39,7 @@ from ortools.sat.python import cp_model
 
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
-from pipeir.synth.model import Integral, Progress, in_order, minimize
+from pipeir.synth.model import Integral, Progress, in_order, minimize, run
 from pipeir.synth.problem import Problem
 
 #: Deterministic seconds one neighbourhood may take.
@@ -169,13 +169,7 @@ class Window:
         minimize(m, span, list(finish.values()), horizon)
         for w in self.ops:
             m.add_hint(s[w], self.start[w])
-        solver = cp_model.CpSolver()
-        prm = solver.parameters
-        prm.max_time_in_seconds = max(0.01, time_limit)
-        prm.max_deterministic_time = work_limit
-        prm.num_workers = workers
-        prm.random_seed = seed
-        status = solver.solve(m)
+        solver, status = run(m, time_limit, workers, seed, work_limit)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
         at = {w: solver.value(s[w]) for w in self.ops}

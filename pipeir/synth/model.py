@@ -197,9 +197,10 @@ def _base(iz: Integral, horizon: int | None) -> _Base:
     return _Base(m, start, _memory(iz, m, start, occ, horizon), lb, horizon)
 
 
-def _run(m: cp_model.CpModel, time_limit: float, workers: int, seed: int,
-         work_limit: float | None, callback: _Callback | None = None
-         ) -> tuple[cp_model.CpSolver, cp_model.CpSolverStatus]:
+def run(m: cp_model.CpModel, time_limit: float, workers: int, seed: int,
+        work_limit: float | None, callback: _Callback | None = None
+        ) -> tuple[cp_model.CpSolver, cp_model.CpSolverStatus]:
+    """Solve `m` with synth's solver settings (the full model, the probe, a window)."""
     solver = cp_model.CpSolver()
     prm = solver.parameters
     prm.max_time_in_seconds = max(0.01, time_limit)
@@ -258,7 +259,7 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
             m.add_hint(size, at[rel] + occ[rel] - at[f_op])
 
     cb = _Callback(scale.factor, weight, progress, t0) if progress is not None else None
-    solver, status = _run(m, time_limit - (time.perf_counter() - t0), workers, seed,
+    solver, status = run(m, time_limit - (time.perf_counter() - t0), workers, seed,
                           work_limit, cb)
     name = solver.status_name(status)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
@@ -293,7 +294,7 @@ def probe(problem: Problem, at: float | None = None, *, time_limit: float = 10.0
     if want is not None and want < base.lb:  # below the bound: nothing to solve
         return Solved(None, None, None, base.lb / f, False, time.perf_counter() - t0,
                       "INFEASIBLE")
-    solver, status = _run(base.model, time_limit - (time.perf_counter() - t0), workers, seed,
+    solver, status = run(base.model, time_limit - (time.perf_counter() - t0), workers, seed,
                           work_limit)
     name = solver.status_name(status)
     if status == cp_model.INFEASIBLE:
