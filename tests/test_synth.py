@@ -24,6 +24,7 @@ from pipeir.sim import CostModel, simulate
 from pipeir.sim.engine import Timing
 from pipeir.synth import EXACT_OPS, Problem, _shapes, make_problem, synthesize
 from pipeir.synth.decompose import extend, short_problem
+from pipeir.synth.greedy import greedy, reserve, variants, waves
 from pipeir.synth.lns import Window, improve
 from pipeir.synth.model import Integral, choose_scale, probe, solve
 from pipeir.synth.problem import _jackson, _memory_idle, longest_paths
@@ -536,6 +537,64 @@ def test_zb_greedy_is_valid_on_random_costs(data: st.DataObject) -> None:
     if s is not None:
         verify(s)
         assert problem.fits(s)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_list_scheduler_never_gets_stuck(data: st.DataObject) -> None:
+    """Every variant, including those that let in more micro-batches than a rank's memory
+    holds whole, finishes (the banker's test keeps the oldest micro-batch movable) and keeps
+    the budget, counted or in bytes, on random costs, chunks, placements and budgets down to
+    the least any schedule needs."""
+    p = data.draw(st.integers(2, 4), "ranks")
+    m = data.draw(st.integers(2, 6), "microbatches")
+    v = data.draw(st.sampled_from([1, 2]), "chunks")
+    costs = _random_costs(data, p * v, m)
+    assume(not costs.mb)
+    placement = data.draw(st.sampled_from(["loop", "vshape"]), "placement")
+    split = data.draw(st.booleans(), "split")
+    if data.draw(st.booleans(), "in bytes"):
+        least = make_problem(costs, p, m, v, placement, split, memory_bytes=0.0).least_memory
+        problem = make_problem(costs, p, m, v, placement, split, memory_bytes=least * data.draw(
+            st.sampled_from([1.0, 1.3, 2.0, 3.5])))
+    else:
+        problem = make_problem(costs, p, m, v, placement, split,
+                               memory_limit=data.draw(st.sampled_from([None, *range(1, p + 2)])))
+    assume(problem.memory_limit is None or problem.memory_limit >= problem.least_memory)
+    runs = variants(problem, work=20_000)
+    got = greedy(problem, work=20_000)
+    assert len(got) == len(runs)
+    for s in got:
+        verify(s)
+        assert problem.fits(s)
+
+
+def test_list_scheduler_lets_early_ranks_take_more_than_they_hold_whole() -> None:
+    """compute-bound at K = 4 in a four-chunk V: rank 0 of the optimum (the fixture) starts
+    with six first-chunk forwards; the variants with more than `reserve` let in do too, and
+    their schedules still keep the budget."""
+    costs = CostModel.load(REPO / "examples/costs/compute-bound.toml")
+    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=4)
+    assert reserve(problem) == (4, 4, 4, 4)
+    assert waves(problem)[1:] == [(5, 5, 4, 4), (6, 5, 5, 4), (7, 6, 5, 4)]
+    optimum = pipeir.parse(REPO / "tests/fixtures/compute-bound-k4.sched")
+    assert optimum.programs[0][:6] == tuple(Op("F", 0, mb) for mb in range(6))
+
+    def in_flight(schedule: Schedule) -> int:
+        """The most micro-batches rank 0 has started and not finished at once."""
+        most, started, done = 0, set(), set()
+        for op in schedule.programs[0]:
+            if op.kind == "F" and op.stage == 0:
+                started.add(op.mb)
+            if op == problem.release_op(0, op.mb):
+                done.add(op.mb)
+            most = max(most, len(started - done))
+        return most
+
+    got = greedy(problem, work=0)
+    assert len(got) == len(waves(problem)) * 3
+    assert max(in_flight(s) for s in got) > 4
+    assert all(problem.fits(s) for s in got)
 
 
 def test_zb_greedy_never_runs_a_forward_before_its_input() -> None:

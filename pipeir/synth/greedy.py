@@ -4,16 +4,31 @@ chunks per rank in loop placement under 1F1B's memory, where interleaved 1F1B ne
 It runs the ranks forward in time with the problem's costs; whenever a rank is free it starts,
 of the ops whose inputs have arrived, the first by a priority of kinds (e.g. I before F before
 W: zero-bubble-like; I before W before F: 1F1B-like), micro-batches in order and deeper chunks
-first. A micro-batch enters a rank (the F of its first chunk there) only while the memory it
-will hold on every chunk of that rank fits beside what the micro-batches already in flight
-reserve, so once in, it never waits for memory. Each rank takes micro-batches in order, and the
-oldest in flight can always move, so the scheduler does not get stuck; the result is checked
-anyway, and variants that fail are dropped.
+first.
+
+Memory: a forward runs only if, after it, the rank's micro-batches in flight can still all
+finish in micro-batch order: the oldest's remaining forwards on the rank fit in what is free,
+the next's in that plus what the oldest frees when it is done, and so on (the banker's test,
+in a fixed order). Then the oldest micro-batch not yet done can always move on every rank
+(each rank admits micro-batches in order, so one where it has not entered holds none younger),
+and the scheduler cannot get stuck; the result is checked anyway, and variants that fail are
+dropped. How many micro-batches a rank lets in at once is the variant's `caps`: as many as
+its memory holds whole (`reserve`, which never waits for memory once in), or more on the
+earlier ranks (`waves`).
+
+NOTE (why more than the memory holds whole). An early rank of a V waits longest for its first
+backward, and a schedule that only lets in what its memory holds whole leaves it idle in that
+wait. On compute-bound.toml cut into four chunks in a V at 1F1B's memory (p = 4, m = 8), the
+optimum (101.075, found by the window search) starts rank 0 with six first-chunk forwards; the
+list scheduler's best is 105.74 letting in 4 per rank, 105.19 letting in 6, 5, 5, 4, and the
+solver from the latter reached 101.075 in 40 s in three seeds of three, from the former
+101.36-101.56.
 """
 
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
@@ -23,29 +38,69 @@ from pipeir.synth.problem import Problem
 #: Kind priorities tried (earlier wins); B stands in for I when backwards are not split.
 PRIORITIES = ("IFW", "IWF", "FIW")
 
+#: The most micro-batches beyond `reserve` that the first rank lets in (`waves`).
+MOST_EXTRA = 3
+
+Caps = tuple[float, ...]
+
 
 def greedy(problem: Problem, seed: int = 0, work: int = 400_000) -> list[Schedule]:
-    """The valid schedules of every priority variant (needs equal micro-batch costs), and of
-    randomised ones: kind priorities jittered at every choice, as many runs as about `work`
-    candidate looks allow (a GRASP-style restart; cheap next to the solver, and the solver
-    starts from whichever is fastest)."""
+    """The valid schedules of every variant (needs equal micro-batch costs): each priority
+    with each of `waves`' caps, and randomised ones (caps drawn from them, kind priorities
+    jittered at every choice) as many as about `work` candidate looks allow (a GRASP-style
+    restart; cheap next to the solver, and the solver starts from whichever is fastest)."""
     if not problem.mb_uniform:
         return []
-    c = problem.config
-    looks = len(problem.ops) * c.stages * (3 if problem.split else 2)
-    rng = random.Random(seed)
-    runs: list[tuple[str, random.Random | None]] = [(prio, None) for prio in PRIORITIES]
-    runs += [(rng.choice(PRIORITIES), random.Random(rng.random()))
-             for _ in range(min(40, work // max(1, looks)))]
     graph = _Graph(problem)
     out = []
-    for prio, jitter in runs:
-        progs = _run(problem, graph, prio, jitter)
+    for prio, caps, jitter in variants(problem, seed, work):
+        progs = _run(problem, graph, prio, caps, jitter)
         if progs is None:
             continue
         s = problem.build(progs, f"greedy_{prio.lower()}{'_random' if jitter else ''}")
         if Timing(s, problem.costs, problem.comm).complete and problem.fits(s):
             out.append(s)
+    return out
+
+
+def variants(problem: Problem, seed: int = 0, work: int = 400_000
+             ) -> list[tuple[str, Caps, random.Random | None]]:
+    """(kind priority, caps, jitter) of every run `greedy` makes, deterministic first."""
+    c = problem.config
+    looks = len(problem.ops) * c.stages * (3 if problem.split else 2)
+    rng = random.Random(seed)
+    family = waves(problem)
+    runs: list[tuple[str, Caps, random.Random | None]] = \
+        [(prio, caps, None) for caps in family for prio in PRIORITIES]
+    runs += [(rng.choice(PRIORITIES), rng.choice(family), random.Random(rng.random()))
+             for _ in range(min(40, work // max(1, looks)))]
+    return runs
+
+
+def reserve(problem: Problem) -> Caps:
+    """Per rank, how many micro-batches its memory holds whole (all its chunks' activations
+    at once); unbounded without a limit."""
+    c, limit = problem.config, problem.memory_limit
+    if limit is None:
+        return (float("inf"),) * c.ranks
+    return tuple(float(int(limit * (1 + 1e-9) // max(problem.mb_memory(r), 1e-300)))
+                 for r in range(c.ranks))
+
+
+def waves(problem: Problem) -> list[Caps]:
+    """`reserve`, then with 1 to `MOST_EXTRA` extra micro-batches on the first rank, tapering
+    to none on the last (1F1B's warm-up shape: rank r waits for its first backward about
+    p - 1 - r forwards longer than the last rank). Distinct tuples only; one without a
+    limit, or with one rank."""
+    c, base = problem.config, reserve(problem)
+    out = [base]
+    if problem.memory_limit is None or c.ranks == 1:
+        return out
+    for extra in range(1, MOST_EXTRA + 1):
+        caps = tuple(b + round(extra * (c.ranks - 1 - r) / (c.ranks - 1))
+                     for r, b in enumerate(base))
+        if caps not in out:
+            out.append(caps)
     return out
 
 
@@ -67,8 +122,52 @@ class _Graph:
             nums.sort(key=lambda i: ops[i].mb)
 
 
-def _run(problem: Problem, graph: _Graph, prio: str, jitter: random.Random | None = None
-         ) -> list[list[Op]] | None:
+class _Memory:
+    """Each rank's micro-batches in flight: what each holds and what its forwards there will
+    still take (the banker's test of the module's docstring)."""
+
+    def __init__(self, problem: Problem, caps: Sequence[float]):
+        c = problem.config
+        self.caps = caps
+        self.limit = (problem.memory_limit if problem.memory_limit is not None
+                      else float("inf")) * (1 + 1e-9)
+        self.whole = [problem.mb_memory(r) for r in range(c.ranks)]
+        self.held: list[dict[int, float]] = [{} for _ in range(c.ranks)]
+        self.need: list[dict[int, float]] = [{} for _ in range(c.ranks)]
+
+    def admits(self, r: int, mb: int, size: float, first: bool) -> bool:
+        """Whether a forward of `mb` holding `size` may run on rank `r` now."""
+        held, need = self.held[r], self.need[r]
+        if first and len(held) >= self.caps[r]:
+            return False
+        free = self.limit - sum(held.values()) - size
+        for m in sorted(held.keys() | {mb}):
+            still = need.get(m, self.whole[r] if m not in held else 0.0)
+            if m == mb:
+                still -= size
+            if still > free + 1e-12:
+                return False
+            free += held.get(m, 0.0) + (size if m == mb else 0.0)
+        return True
+
+    def forward(self, r: int, mb: int, size: float) -> None:
+        held, need = self.held[r], self.need[r]
+        if mb not in held:
+            held[mb], need[mb] = 0.0, self.whole[r]
+        held[mb] += size
+        need[mb] -= size
+        if need[mb] <= 1e-12:
+            del need[mb]
+
+    def release(self, r: int, mb: int, size: float) -> None:
+        held = self.held[r]
+        held[mb] -= size
+        if mb not in self.need[r] and held[mb] <= 1e-12:
+            del held[mb]
+
+
+def _run(problem: Problem, graph: _Graph, prio: str, caps: Caps,
+         jitter: random.Random | None = None) -> list[list[Op]] | None:
     c = problem.config
     occ = [problem.occupation[op] for op in graph.ops]
     inputs, by_key, ops = graph.inputs, graph.by_key, graph.ops
@@ -79,18 +178,16 @@ def _run(problem: Problem, graph: _Graph, prio: str, jitter: random.Random | Non
     nxt = {(k, s): 0 for k in kinds for s in range(c.stages)}
     end = [-1.0] * len(ops)  # -1: not run yet
     free = [0.0] * c.ranks
-    limit = problem.memory_limit if problem.memory_limit is not None else float("inf")
-    whole = [sum(problem.weight(s) for s in c.stages_of(r)) for r in range(c.ranks)]
     first = [c.stages_of(r)[0] for r in range(c.ranks)]
     releases = {i for i, op in enumerate(ops) if op == problem.release_op(op.stage, op.mb)}
-    reserved = [0.0] * c.ranks
-    left = {}  # (rank, mb) -> release ops still to run there
+    size = [problem.weight(s) for s in range(c.stages)]
+    memory = _Memory(problem, caps)
     progs: list[list[Op]] = [[] for _ in range(c.ranks)]
     total = len(ops)
 
     def ready(k: str, s: int) -> tuple[int, float] | None:
         """The number of the next op of kind `k` on stage `s` and the earliest it can start,
-        if its inputs have run and (for a micro-batch entering its rank) its memory fits."""
+        if its inputs have run and (for a forward) its memory is safe to take."""
         mb = nxt[k, s]
         if mb >= c.microbatches:
             return None
@@ -103,7 +200,7 @@ def _run(problem: Problem, graph: _Graph, prio: str, jitter: random.Random | Non
                 return None
             if e + h > at:
                 at = e + h
-        if k == "F" and s == first[r] and reserved[r] + whole[r] > limit * (1 + 1e-9):
+        if k == "F" and not memory.admits(r, mb, size[s], s == first[r]):
             return None
         return i, at
 
@@ -139,11 +236,8 @@ def _run(problem: Problem, graph: _Graph, prio: str, jitter: random.Random | Non
         nxt[k, s] += 1
         progs[r].append(op)
         done += 1
-        if k == "F" and s == first[r]:
-            reserved[r] += whole[r]
-            left[r, m] = len(c.stages_of(r))
+        if k == "F":
+            memory.forward(r, m, size[s])
         if i in releases:
-            left[r, m] -= 1
-            if not left[r, m]:
-                reserved[r] -= whole[r]
+            memory.release(r, m, size[s])
     return progs

@@ -123,13 +123,16 @@ class Problem:
     def fits(self, schedule: Schedule) -> bool:
         return self.memory_limit is None or self.peak(schedule) <= self.memory_limit * (1 + 1e-9)
 
+    def mb_memory(self, rank: int) -> float:
+        """What one micro-batch holds on `rank` after the F of its highest stage there: all of
+        the rank's stages (their backwards come later)."""
+        return sum(self.weight(s) for s in self.config.stages_of(rank))
+
     @property
     def least_memory(self) -> float:
-        """The smallest limit any schedule meets: after the F of a micro-batch's highest stage
-        on a rank, all of that rank's stages hold it (their backwards come later), and running
-        one micro-batch at a time holds no more."""
-        c = self.config
-        return max(sum(self.weight(s) for s in c.stages_of(r)) for r in range(c.ranks))
+        """The smallest limit any schedule meets: each rank's `mb_memory`, and running one
+        micro-batch at a time holds no more."""
+        return max(self.mb_memory(r) for r in range(self.config.ranks))
 
     # ---- time ----------------------------------------------------------------------------
     def step_time(self, schedule: Schedule) -> float:
