@@ -9,12 +9,13 @@ first.
 Memory: a forward runs only if, after it, the rank's micro-batches in flight can still all
 finish in micro-batch order: the oldest's remaining forwards on the rank fit in what is free,
 the next's in that plus what the oldest frees when it is done, and so on (the banker's test,
-in a fixed order). Then the oldest micro-batch not yet done can always move on every rank
-(each rank admits micro-batches in order, so one where it has not entered holds none younger),
-and the scheduler cannot get stuck; the result is checked anyway, and variants that fail are
-dropped. How many micro-batches a rank lets in at once is the variant's `caps`: as many as
-its memory holds whole (`reserve`, which never waits for memory once in), or more on the
-earlier ranks (`waves`).
+in a fixed order; a micro-batch frees nothing on a rank before its last forward there, since
+every backward follows the last stage's forward). Then the oldest micro-batch not yet done can
+always move on every rank (each rank admits micro-batches in order, so one where it has not
+entered holds none younger), and the scheduler cannot get stuck; the result is checked
+anyway, and variants that fail are dropped. How many micro-batches a rank lets in at once is
+the variant's `caps`: as many as its memory holds whole (`reserve`, which never waits for
+memory once in), or more on the earlier ranks (`waves`).
 
 NOTE (why more than the memory holds whole). An early rank of a V waits longest for its first
 backward, and a schedule that only lets in what its memory holds whole leaves it idle in that
@@ -79,11 +80,11 @@ def variants(problem: Problem, seed: int = 0, work: int = 400_000
 
 def reserve(problem: Problem) -> Caps:
     """Per rank, how many micro-batches its memory holds whole (all its chunks' activations
-    at once); unbounded without a limit."""
-    c, limit = problem.config, problem.memory_limit
-    if limit is None:
-        return (float("inf"),) * c.ranks
-    return tuple(float(int(limit * (1 + 1e-9) // max(problem.mb_memory(r), 1e-300)))
+    at once); unbounded without a limit, or where they weigh nothing."""
+    c, inf = problem.config, float("inf")
+    if problem.memory_limit is None:
+        return (inf,) * c.ranks
+    return tuple(problem.budget // problem.mb_memory(r) if problem.mb_memory(r) > 0 else inf
                  for r in range(c.ranks))
 
 
@@ -123,47 +124,55 @@ class _Graph:
 
 
 class _Memory:
-    """Each rank's micro-batches in flight: what each holds and what its forwards there will
-    still take (the banker's test of the module's docstring)."""
+    """Each rank's micro-batches in flight, oldest first (a rank lets them in in order): what
+    each holds, what its forwards there will still take, and how many of its forwards and
+    releases there are still to run (counted, not read off the sizes, which may be zero or
+    not sum exactly). The banker's test of the module's docstring."""
 
     def __init__(self, problem: Problem, caps: Sequence[float]):
         c = problem.config
-        self.caps = caps
-        self.limit = (problem.memory_limit if problem.memory_limit is not None
-                      else float("inf")) * (1 + 1e-9)
+        self.caps, self.budget = caps, problem.budget
         self.whole = [problem.mb_memory(r) for r in range(c.ranks)]
+        self.chunks = [len(c.stages_of(r)) for r in range(c.ranks)]
         self.held: list[dict[int, float]] = [{} for _ in range(c.ranks)]
         self.need: list[dict[int, float]] = [{} for _ in range(c.ranks)]
+        self.ops_left: list[dict[int, list[int]]] = [{} for _ in range(c.ranks)]  # [F, release]
+        self.total = [0.0] * c.ranks
 
     def admits(self, r: int, mb: int, size: float, first: bool) -> bool:
         """Whether a forward of `mb` holding `size` may run on rank `r` now."""
         held, need = self.held[r], self.need[r]
         if first and len(held) >= self.caps[r]:
             return False
-        free = self.limit - sum(held.values()) - size
-        for m in sorted(held.keys() | {mb}):
-            still = need.get(m, self.whole[r] if m not in held else 0.0)
-            if m == mb:
-                still -= size
-            if still > free + 1e-12:
+        free = self.budget - self.total[r] - size
+        for m in held:  # oldest first
+            still = need[m] - (size if m == mb else 0.0)
+            if still > free:
                 return False
-            free += held.get(m, 0.0) + (size if m == mb else 0.0)
-        return True
+            free += held[m] + (size if m == mb else 0.0)
+        return not first or self.whole[r] - size <= free
 
     def forward(self, r: int, mb: int, size: float) -> None:
-        held, need = self.held[r], self.need[r]
-        if mb not in held:
-            held[mb], need[mb] = 0.0, self.whole[r]
-        held[mb] += size
-        need[mb] -= size
-        if need[mb] <= 1e-12:
-            del need[mb]
+        """A forward of `mb` holding `size` has run on rank `r` (`admits` said yes)."""
+        if mb not in self.held[r]:
+            self.held[r][mb], self.need[r][mb] = 0.0, self.whole[r]
+            self.ops_left[r][mb] = [self.chunks[r], self.chunks[r]]
+        self.held[r][mb] += size
+        self.need[r][mb] -= size
+        self.total[r] += size
+        left = self.ops_left[r][mb]
+        left[0] -= 1
+        if not left[0]:
+            self.need[r][mb] = 0.0
 
     def release(self, r: int, mb: int, size: float) -> None:
-        held = self.held[r]
-        held[mb] -= size
-        if mb not in self.need[r] and held[mb] <= 1e-12:
-            del held[mb]
+        """The op freeing `mb`'s activation of `size` has run on rank `r`."""
+        self.held[r][mb] -= size
+        self.total[r] -= size
+        left = self.ops_left[r][mb]
+        left[1] -= 1
+        if not left[1]:
+            del self.held[r][mb], self.need[r][mb], self.ops_left[r][mb]
 
 
 def _run(problem: Problem, graph: _Graph, prio: str, caps: Caps,

@@ -120,8 +120,14 @@ class Problem:
         return max((live for prog in schedule.programs
                     for _, live in live_activations(prog, size)), default=0.0)
 
+    @property
+    def budget(self) -> float:
+        """The memory limit with the slack every comparison against it allows (sums of
+        activation sizes in bytes are not exact), or infinity without one."""
+        return float("inf") if self.memory_limit is None else self.memory_limit * (1 + 1e-9)
+
     def fits(self, schedule: Schedule) -> bool:
-        return self.memory_limit is None or self.peak(schedule) <= self.memory_limit * (1 + 1e-9)
+        return self.peak(schedule) <= self.budget
 
     def mb_memory(self, rank: int) -> float:
         """What one micro-batch holds on `rank` after the F of its highest stage there: all of
@@ -270,7 +276,7 @@ def _sharpen(problem: Problem, edges: Sequence[tuple[Op, Op, T]], occ: Mapping[O
                 best = max(best, _one_machine(hd[s], dur[s], dist[s, q]))
         if limit is not None and opens[q]:
             own = ranks[rank[q]]
-            need = size[follows & opens & own].sum() + size[q] - limit * (1 + 1e-9)
+            need = size[follows & opens & own].sum() + size[q] - problem.budget
             if need > 0:  # releases must have ended first: the earliest that free enough
                 can = frees & own & np.isnan(dist[q, :])
                 ends = hd[can] + dur[can]
@@ -382,7 +388,7 @@ def _memory_idle(problem: Problem, mine: list[Op], head: Mapping[Op, T], occ: Ma
     limit = problem.memory_limit
     opens = [op.kind == "F" and problem.weight(op.stage) > 0 for op in mine]
     sizes = [problem.weight(op.stage) for op, o in zip(mine, opens) if o]
-    if limit is None or not sizes or sum(sizes) <= limit * (1 + 1e-9):
+    if limit is None or not sizes or sum(sizes) <= problem.budget:
         return zero
     least = min(sizes)
     frees = sorted((head[op] + occ[op], problem.weight(op.stage)) for op in mine
