@@ -632,7 +632,9 @@ def test_rounds_drop_shapes_that_cannot_win_and_continue_the_fastest_open_one(
     """Shape by shape (a stand-in solver): the first, fastest warm start (two chunks in a V,
     20.0), is closed at 19.3; the four-chunk loop's bound (19.625) cannot beat that, so it is
     never searched; the second round goes to the fastest shape still open (four chunks in a
-    V, bound 18.875), not to the closed one; the bound reported is the open shapes' least."""
+    V, bound 18.875), not to the closed one, then (the stand-in returns at once) to the
+    two-chunk loop, whose bound, 19.25, is still below 19.3; the bound reported is the open
+    shapes' least."""
     import pipeir.synth as synth_module
 
     calls: list[tuple[tuple[int, str], float]] = []
@@ -651,8 +653,36 @@ def test_rounds_drop_shapes_that_cannot_win_and_continue_the_fastest_open_one(
     got = synth_module.synth(HETERO, 2, 4, split=True, memory_limit=2, time_limit=30)
     first_round = [shape for shape, share in calls if share != 0.0]
     assert first_round == [(2, "vshape"), (4, "vshape"), (2, "loop")]
-    assert [shape for shape, share in calls if share == 0.0] == [(4, "vshape")]
+    assert [shape for shape, share in calls if share == 0.0] == [(4, "vshape"), (2, "loop")]
     assert got.step == 19.3 and got.bound == pytest.approx(18.875) and not got.optimal
+
+
+def test_second_round_goes_on_to_the_next_open_shape_when_its_lead_closes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shape by shape (a stand-in solver that never gains in the first round): the second
+    round's lead, two chunks in a V (20.0, bound 19.0), closes at its bound; the time left
+    goes to the four-chunk V, whose bound (18.875) is below that, and no further (the loops'
+    bounds, 19.25 and 19.625, are not). Once it spent 32 s idle on compute-bound."""
+    import pipeir.synth as synth_module
+
+    second: list[tuple[int, str]] = []
+
+    def fake(problem: Problem, *, warm: Start, full_share: float = synth_module.FULL_SHARE,
+             **_: object) -> synth_module.SynthResult:
+        c = problem.config
+        bound = problem.lower_bound()
+        if full_share == 0.0:
+            second.append((c.stages // c.ranks, c.placement_name))
+            if len(second) == 1:
+                return synth_module.SynthResult(problem, warm.schedule, bound, bound, warm, "",
+                                                True, 0.0)
+        return synth_module.SynthResult(problem, warm.schedule, warm.step, bound, warm, "",
+                                        False, 0.0)
+
+    monkeypatch.setattr(synth_module, "synthesize", fake)
+    got = synth_module.synth(HETERO, 2, 4, split=True, memory_limit=2, time_limit=30)
+    assert second == [(2, "vshape"), (4, "vshape")]
+    assert got.step == pytest.approx(19.0) and got.bound == pytest.approx(18.875)
 
 
 def test_large_problems_are_decomposed(monkeypatch: pytest.MonkeyPatch) -> None:
