@@ -10,6 +10,7 @@ import itertools
 import math
 import random
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -666,23 +667,32 @@ def test_second_round_goes_on_to_the_next_open_shape_when_its_lead_closes(
     import pipeir.synth as synth_module
 
     second: list[tuple[int, str]] = []
+    limits: list[float] = []
+    given_bounds: list[float | None] = []
 
-    def fake(problem: Problem, *, warm: Start, full_share: float = synth_module.FULL_SHARE,
+    def fake(problem: Problem, *, warm: Start, time_limit: float,
+             full_share: float = synth_module.FULL_SHARE, bound: float | None = None,
              **_: object) -> synth_module.SynthResult:
         c = problem.config
-        bound = problem.lower_bound()
+        own = problem.lower_bound()
         if full_share == 0.0:
             second.append((c.stages // c.ranks, c.placement_name))
+            limits.append(time_limit)
+            given_bounds.append(bound)
             if len(second) == 1:
-                return synth_module.SynthResult(problem, warm.schedule, bound, bound, warm, "",
+                time.sleep(0.2)  # closes, having used some of the time
+                return synth_module.SynthResult(problem, warm.schedule, own, own, warm, "",
                                                 True, 0.0)
-        return synth_module.SynthResult(problem, warm.schedule, warm.step, bound, warm, "",
+        return synth_module.SynthResult(problem, warm.schedule, warm.step, own, warm, "",
                                         False, 0.0)
 
     monkeypatch.setattr(synth_module, "synthesize", fake)
     got = synth_module.synth(HETERO, 2, 4, split=True, memory_limit=2, time_limit=30)
     assert second == [(2, "vshape"), (4, "vshape")]
+    assert limits[1] <= limits[0] - 0.2  # what the first left
+    assert given_bounds == pytest.approx([19.0, 18.875])  # each starts from its own bound
     assert got.step == pytest.approx(19.0) and got.bound == pytest.approx(18.875)
+    assert not got.optimal
 
 
 def test_large_problems_are_decomposed(monkeypatch: pytest.MonkeyPatch) -> None:

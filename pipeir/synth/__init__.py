@@ -17,6 +17,7 @@ placements when asked to search.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -89,17 +90,20 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
                given: Schedule | None = None, warm: Start | None = None,
                time_limit: float = 60.0, workers: int = 1, seed: int = 0,
                work_limit: float | None = None, progress: Progress | None = None,
-               decompose: bool = True, full_share: float = FULL_SHARE) -> SynthResult:
+               decompose: bool = True, full_share: float = FULL_SHARE,
+               bound: float | None = None) -> SynthResult:
     """Solve `problem` within `time_limit` seconds. `tune_costs` (the costs of one stage per
     rank, which the problem's cut into chunks) let tune's library schedules warm-start it;
     `given` is one more warm start; `warm` the warm start already chosen (see `prepare`);
     `decompose=False` goes straight to the full model even for large problems; the full
     model gets `full_share` of the time (at most `LARGE_SHARE` above `FULL_OPS` ops), the
-    window search (`lns`) the rest."""
+    window search (`lns`) the rest; `bound`, one already proven (by an earlier turn of the
+    solver), lets the search stop there."""
     t0 = time.perf_counter()
     warm = warm if warm is not None else prepare(problem, _library(problem, tune_costs), given)
     left = time_limit - (time.perf_counter() - t0)
-    best, bound, optimal, method = warm.schedule, problem.lower_bound(), False, "exact model"
+    best, optimal, method = warm.schedule, False, "exact model"
+    bound = max(problem.lower_bound(), bound if bound is not None else -math.inf)
     step = warm.step
     hint = warm
     if decompose and len(problem.ops) > EXACT_OPS and problem.mb_uniform:
@@ -262,12 +266,13 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
             break  # no shape can beat it: each shape's bound is at least min(bounds)
     # the second round: the fastest shape whose own bound leaves room below the best step
     # (the fastest shape may be closed, optimal in its own shape, while another's bound is
-    # lower); one that closes before the time is up hands the rest to the next. NOTE: on
-    # compute-bound at K = 4 (seed 3) the two-chunk V led at 103.335, closed at its bound,
-    # 103.165, in 9 s, and the 32 s left went unused while the four-chunk V (bound 101.075,
-    # which it reaches) was still open.
+    # lower); one that returns before the time is up (closed) hands the rest to the next,
+    # until none is open. It starts from the first round's bound, so its window search stops
+    # there. NOTE: on compute-bound at K = 4 (seed 3) the two-chunk V led at 103.335, closed
+    # at its bound, 103.165, in 9 s, and the 32 s left went unused while the four-chunk V
+    # (bound 101.075, which it reaches) was still open.
     tried: set[int] = set()
-    while (left := time_limit - (time.perf_counter() - t0)) > 0:
+    while (left := time_limit - (time.perf_counter() - t0)) > 0.05:
         fastest = min(r.step for r in results.values())
         open_ = [i for i, r in results.items()
                  if i not in tried and not r.optimal and r.bound < fastest * (1 - 1e-9)]
@@ -279,7 +284,8 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
         again = synthesize(problems[lead], warm=Start(first_round.method, first_round.schedule,
                                                       first_round.step),
                            time_limit=left, workers=workers, seed=seed, work_limit=work_limit,
-                           progress=progress, decompose=False, full_share=0.0)
+                           progress=progress, decompose=False, full_share=0.0,
+                           bound=first_round.bound)
         method = first_round.method
         if again.step < first_round.step * (1 - 1e-9):  # say what found the step reported
             method += f"; second round: {again.method.rpartition(', then ')[2]}"
