@@ -127,7 +127,7 @@ class Problem:
         return float("inf") if self.memory_limit is None else self.memory_limit * (1 + 1e-9)
 
     def fits(self, schedule: Schedule) -> bool:
-        return self.peak(schedule) <= self.budget
+        return self.memory_limit is None or self.peak(schedule) <= self.budget
 
     def mb_memory(self, rank: int) -> float:
         """What one micro-batch holds on `rank` after the F of its highest stage there: all of
