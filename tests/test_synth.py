@@ -11,6 +11,7 @@ import math
 import random
 import re
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,13 @@ from pipeir.synth.decompose import extend, short_problem
 from pipeir.synth.greedy import greedy, reserve, variants, waves
 from pipeir.synth.lns import Window, improve
 from pipeir.synth.model import Integral, choose_scale, probe, solve
-from pipeir.synth.problem import _jackson, _memory_idle, longest_paths
+from pipeir.synth.problem import (
+    _chain_work,
+    _jackson,
+    _memory_idle,
+    _work_before,
+    longest_paths,
+)
 from pipeir.synth.warmstart import Start, library, sequential, starts
 from pipeir.synth.zb_greedy import zb_greedy
 from pipeir.verify import live_activations, verify
@@ -355,6 +362,19 @@ def _random_run(problem: Problem, rng: random.Random) -> Schedule | None:
     return problem.build(progs)
 
 
+def _timed_runs(problem: Problem, rng: random.Random, tries: int
+                ) -> Iterator[tuple[Schedule, dict[Op, float], float]]:
+    """Up to `tries` random schedules (`_random_run`), each with its ops' simulated starts
+    and its step."""
+    for _ in range(tries):
+        run = _random_run(problem, rng)
+        if run is None:
+            continue
+        timing = Timing(run, problem.costs, problem.comm)
+        times = timing.sweep([problem.costs.cost(op) for op in timing.ops])
+        yield run, dict(zip(timing.ops, times.start)), max(times.release)
+
+
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_heads_and_tails_hold_in_every_schedule(data: st.DataObject) -> None:
@@ -373,17 +393,10 @@ def test_heads_and_tails_hold_in_every_schedule(data: st.DataObject) -> None:
                            memory_limit=limit)
     head, tail = problem.heads_tails
     occ = problem.occupation
-    rng = data.draw(st.randoms(use_true_random=False))
-    for _ in range(20):
-        run = _random_run(problem, rng)
-        if run is None:
-            continue
-        timing = Timing(run, problem.costs, problem.comm)
-        times = timing.sweep([problem.costs.cost(op) for op in timing.ops])
-        step = max(times.release)
-        for op, start in zip(timing.ops, times.start):
-            assert start >= head[op] - 1e-9, op
-            assert start + occ[op] + tail[op] <= step + 1e-9, op
+    for _, start, step in _timed_runs(problem, data.draw(st.randoms(use_true_random=False)), 20):
+        for op, at in start.items():
+            assert at >= head[op] - 1e-9, op
+            assert at + occ[op] + tail[op] <= step + 1e-9, op
 
 
 def test_memory_idle_and_sharper_heads_raise_the_bound() -> None:
@@ -402,6 +415,73 @@ def test_memory_idle_and_sharper_heads_raise_the_bound() -> None:
     jackson = max(_jackson(ops, head, occ, tail) for ops in mine)
     idle = max(_memory_idle(problem, ops, head, occ, tail) for ops in mine)
     assert jackson < idle < problem.lower_bound() <= brute_force(problem)
+
+
+@settings(max_examples=200, deadline=None)
+@given(data=st.data())
+def test_chain_work_is_the_best_choice_of_chain_prefixes(data: st.DataObject) -> None:
+    """The knapsack behind the memory idle on ranks with several chunks: the most work of at
+    most `cap` forwards, each micro-batch's a prefix of its chain in stage order, equals the
+    best over every choice of prefix lengths (enumerated), in ints and in floats."""
+    whole = data.draw(st.booleans(), "ints")
+    work = st.integers(0, 9) if whole else st.integers(0, 90).map(lambda x: x / 10)
+    chains = [data.draw(st.permutations([(s, data.draw(work)) for s in
+                                         data.draw(st.sets(st.integers(0, 7), max_size=4))]))
+              for _ in range(data.draw(st.integers(0, 4), "micro-batches"))]
+    cap = data.draw(st.integers(0, 10), "cap")
+    ordered = [sorted(c) for c in chains]
+    best = max(sum(sum(x for _, x in c[:k]) for c, k in zip(ordered, ks))
+               for ks in itertools.product(*(range(len(c) + 1) for c in ordered))
+               if sum(ks) <= cap)
+    got = _chain_work(chains, cap, 0 if whole else 0.0)
+    assert type(got) is (int if whole else float)
+    assert got == pytest.approx(best, abs=1e-9)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_work_before_bounds_what_every_schedule_does(data: st.DataObject) -> None:
+    """What the memory idle stands on: in random schedules (that keep the implied order and
+    the budget; two to four chunks per rank in a loop or a V, so a micro-batch's forwards
+    chain on every rank), simulated, a rank that has started c forwards by a time t has done
+    no more work by t than `_work_before(t, ..., c)` allows."""
+    v = data.draw(st.integers(2, 4), "chunks")
+    m = data.draw(st.integers(2, 4), "microbatches")
+    split = data.draw(st.booleans(), "split")
+    costs = _random_costs(data, 2, m, every_stage=True)
+    shape = data.draw(st.sampled_from(["loop", "vshape"]), "shape")
+    problem = make_problem(costs, 2, m, v, shape, split,  # type: ignore[arg-type]
+                           memory_limit=data.draw(st.sampled_from([None, 1, 2]), "budget"))
+    head, _ = problem.heads_tails
+    occ = problem.occupation
+    ranked = {r: sorted(((op, op.kind == "F") for op in problem.ops if problem.rank(op) == r),
+                        key=lambda x: head[x[0]]) for r in range(2)}
+    for run, start, _ in _timed_runs(problem, data.draw(st.randoms(use_true_random=False)), 10):
+        for r, prog in enumerate(run.programs):
+            for t in {x for op in prog for x in (start[op], start[op] + occ[op])}:
+                done = sum(min(occ[op], max(0.0, t - start[op])) for op in prog)
+                fs = sum(op.kind == "F" and start[op] < t for op in prog)
+                assert done <= _work_before(t, ranked[r], head, occ, fs) + 1e-9, (r, t)
+
+
+def test_chains_raise_the_bound_on_heavy_ends_four_chunk_v() -> None:
+    """Heavy-ends at p = 4, m = 8 in a four-chunk V at K = 4 (sixteen activations of a
+    chunk). Rank 3 holds stages 3, 4, 11 and 12; the forward of one micro-batch through all
+    sixteen stages takes 4 x 0.325 + 8 x 0.25 + 4 x 0.45 = 5.1 plus 12 transfers of 0.1, and
+    the first backward reaches rank 3 (I of stage 12) after three more input gradients of
+    0.5 and three transfers: at 8.1. Until then the rank runs only forwards, each
+    micro-batch's in stage order, at most sixteen: three whole chains (1.275 each) and four
+    first chunks (0.325) are the most work, 5.125. So it idles 8.1 - 5.125 = 2.975 and runs
+    27.6 of work: no schedule beats 30.575 (the sixteen largest forwards alone, 6.2, gave
+    30.3). The best schedule known, in docs/, is above it."""
+    costs = CostModel.load(REPO / "examples/costs/heavy-ends.toml")
+    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=4)
+    load = sum(problem.occupation[op] for op in problem.ops if problem.rank(op) == 3)
+    assert load == pytest.approx(27.6)
+    assert problem.lower_bound() == pytest.approx(load + 8.1 - (3 * 1.275 + 4 * 0.325))
+    known = problem.build(pipeir.parse(REPO / "docs/synth-heavy-ends.sched").programs)
+    assert problem.fits(known)
+    assert problem.lower_bound() <= problem.step_time(known)
 
 
 def test_bound_is_met_by_a_schedule_found_on_compute_bound_at_k4() -> None:
