@@ -472,8 +472,8 @@ def test_chains_raise_the_bound_on_heavy_ends_four_chunk_v() -> None:
     0.5 and three transfers: at 8.1. Until then the rank runs only forwards, each
     micro-batch's in stage order, at most sixteen: three whole chains (1.275 each) and four
     first chunks (0.325) are the most work, 5.125. So it idles 8.1 - 5.125 = 2.975 and runs
-    27.6 of work: no schedule beats 30.575 (the sixteen largest forwards alone, 6.2, gave
-    30.3). The best schedule known, in docs/, is above it."""
+    27.6 of work: no schedule beats 30.575 (counting the sixteen largest forwards instead,
+    6.2 of work, the bound was 30.3). The best schedule known, in docs/, is above it."""
     costs = CostModel.load(REPO / "examples/costs/heavy-ends.toml")
     problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=4)
     load = sum(problem.occupation[op] for op in problem.ops if problem.rank(op) == 3)

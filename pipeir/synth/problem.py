@@ -423,7 +423,7 @@ def _work_before(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
     K = 4 (rank 3 holds stages 3, 4, 11 and 12; its first backward's head is 8.1) the
     largest sixteen forwards are eight of stage 12 and eight of stage 3, 6.2 of work, while
     any sixteen activations that a schedule can hold do at most 5.125 (three whole chains
-    and four first chunks), which raises the bound from 30.3 to 30.575. The knapsack is
+    and four first chunks): the bound rises from 30.3 to 30.575. The knapsack is
     costly, so a first pass takes the `cap` largest at every tau, and the second solves it
     only at a tau where it could still lower the least found: the best choice only grows
     with tau, so the last one solved bounds it from below."""
