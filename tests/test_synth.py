@@ -464,6 +464,16 @@ def test_work_before_bounds_what_every_schedule_does(data: st.DataObject) -> Non
                 assert done <= _work_before(t, ranked[r], head, occ, fs) + 1e-9, (r, t)
 
 
+def _fixture_step(problem: Problem, name: str) -> float:
+    """The simulated step of a schedule kept in tests/fixtures, after checking that it
+    verifies and fits `problem`'s budget (an upper bound on the optimum there)."""
+    found = pipeir.parse(REPO / "tests/fixtures" / name)
+    verify(found)
+    schedule = problem.build(found.programs)
+    assert problem.fits(schedule)
+    return problem.step_time(schedule)
+
+
 def test_chains_raise_the_bound_on_heavy_ends_four_chunk_v() -> None:
     """Heavy-ends at p = 4, m = 8 in a four-chunk V at K = 4 (sixteen activations of a
     chunk). Rank 3 holds stages 3, 4, 11 and 12; the forward of one micro-batch through all
@@ -480,12 +490,9 @@ def test_chains_raise_the_bound_on_heavy_ends_four_chunk_v() -> None:
     load = sum(problem.occupation[op] for op in problem.ops if problem.rank(op) == 3)
     assert load == pytest.approx(27.6)
     assert problem.lower_bound() == pytest.approx(load + 8.1 - (3 * 1.275 + 4 * 0.325))
-    found = pipeir.parse(REPO / "tests/fixtures/heavy-ends-k4.sched")
-    verify(found)
-    known = problem.build(found.programs)
-    assert problem.fits(known)
-    assert problem.step_time(known) == pytest.approx(30.6, abs=1e-9)
-    assert problem.lower_bound() <= problem.step_time(known)
+    step = _fixture_step(problem, "heavy-ends-k4.sched")
+    assert step == pytest.approx(30.6, abs=1e-9)
+    assert problem.lower_bound() <= step
 
 
 def test_bound_is_met_by_a_schedule_found_on_compute_bound_at_k4() -> None:
@@ -495,11 +502,7 @@ def test_bound_is_met_by_a_schedule_found_on_compute_bound_at_k4() -> None:
     `bench/synth.py`). Any change that raises the bound above it is wrong."""
     costs = CostModel.load(REPO / "examples/costs/compute-bound.toml")
     problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=4)
-    found = pipeir.parse(REPO / "tests/fixtures/compute-bound-k4.sched")
-    verify(found)
-    schedule = problem.build(found.programs)
-    assert problem.fits(schedule)
-    step = problem.step_time(schedule)
+    step = _fixture_step(problem, "compute-bound-k4.sched")
     assert step == pytest.approx(101.075, abs=1e-9)
     assert problem.lower_bound() == pytest.approx(step, abs=1e-9)
 
