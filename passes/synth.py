@@ -16,6 +16,7 @@ It refuses inputs with memory ops (FC/RC/OFF/RELOAD) or gradient reductions (R):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -40,15 +41,18 @@ class Synth(Pass):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        if self.time_limit <= 0:
-            raise OptionError("time_limit", f"synth: time_limit must be > 0 seconds, got "
-                                            f"{self.time_limit}")
+        from pipeir.synth.model import settings_error
+
+        if not 0 < self.time_limit < math.inf:  # also refuses nan
+            raise OptionError("time_limit", f"synth: time_limit must be a finite number of "
+                                            f"seconds > 0, got {self.time_limit}")
         if self.memory_limit < 0:
             raise OptionError("memory_limit", "synth: memory_limit must be a positive number "
                                               "of activations per rank (or 0: the input's), "
                                               f"got {self.memory_limit}")
-        if self.workers < 1:
-            raise OptionError("workers", f"synth: workers must be >= 1, got {self.workers}")
+        error = settings_error(self.seed, self.workers)
+        if error is not None:
+            raise OptionError(error[0], f"synth: {error[1]}")
 
     def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
         from pipeir.synth import Problem, synthesize

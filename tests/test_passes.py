@@ -286,6 +286,33 @@ def test_opt_usage_errors(cli, tmp_path: Path) -> None:
     assert not (tmp_path / "no").exists()
     code, _, err = cli("opt", *LIB)
     assert code == 2 and "--passes" in err
+    dump = tmp_path / "dump"  # a bad -o is refused before any pass runs (none dumps)
+    code, _, err = cli("opt", *LIB, "--passes", "verify", "--dump-dir", dump,
+                       "-o", tmp_path / "no" / "x.sched")
+    assert code == 2 and "does not exist" in err and not dump.exists()
+    code, out, err = cli("opt", *LIB, "--passes", "verify", "-o", "")
+    assert (code, out) == (2, "") and "-o: empty path" in err
+
+
+def test_opt_writes_the_costs_it_ran_under(cli, tmp_path: Path) -> None:
+    """`--costs FILE` replaces the file's costs block for the passes, so the output carries
+    FILE's costs (not the input's, nor FILE's free-form meta table): simulating the output
+    alone gives the step simulating the input under FILE gives."""
+    src = tmp_path / "in.sched"
+    src.write_text("pipeline {\n ranks = 4\n microbatches = 8\n}\ncosts {\n F = 5.0\n}\n"
+                   "schedule = 1f1b\n")
+    costs = REPO / "examples" / "costs" / "heavy-ends.toml"
+    out = tmp_path / "out.sched"
+    code, _, err = cli("opt", src, "--costs", costs, "--passes", "verify", "-o", out)
+    assert code == 0, err
+    code, want, _ = cli("simulate", src, "--costs", costs)
+    assert code == 0
+    code, got, err = cli("simulate", out)
+    assert code == 0, err
+    assert got.splitlines()[1] == want.splitlines()[1]
+    code, own, _ = cli("simulate", src)  # the input's own block (F = 5) gives another step
+    assert code == 0 and own.splitlines()[1] != got.splitlines()[1]
+    assert "meta" not in out.read_text(encoding="utf-8")
 
 
 def test_passes_command_lists_options_and_summaries(cli) -> None:

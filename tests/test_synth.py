@@ -24,7 +24,7 @@ from pipeir.ops import Op
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, simulate
 from pipeir.sim.engine import Timing
-from pipeir.synth import EXACT_OPS, Problem, _shapes, make_problem, synthesize
+from pipeir.synth import EXACT_OPS, Problem, _shapes, make_problem, synth, synthesize
 from pipeir.synth.decompose import extend, short_problem
 from pipeir.synth.greedy import greedy, reserve, variants, waves
 from pipeir.synth.lns import Window, improve
@@ -597,6 +597,23 @@ def test_too_short_a_time_limit_returns_the_warm_start_with_its_gap() -> None:
     verify(got.schedule)
 
 
+def test_synth_never_returns_a_slower_schedule_than_its_warm_start() -> None:
+    """Here the two-chunk V's warm start (26.88) is the fastest and meets its own bound,
+    while the four-chunk shapes have lower bounds but slower starts: with no time to search
+    them, the result is still the fastest start (it once was the four-chunk V's 27.39)."""
+    costs = CostModel.from_settings({"F": (1.0, None), "I": (1.0, None), "W": (1.0, None),
+                                     "latency": (0.01, None), "bandwidth": (1e7, None),
+                                     "activation_bytes": (1e5, None),
+                                     "stage.1.F": (1.2, None)})
+    got = synth(costs, 2, 8, memory_limit=2, time_limit=1e-9)
+    starts_ = [synthesize(make_problem(costs, 2, 8, v, shape, memory_limit=2),
+                          tune_costs=costs, time_limit=1e-9).warm.step
+               for v, shape in ((1, "loop"), (2, "loop"), (2, "vshape"), (4, "loop"),
+                                (4, "vshape"))]
+    assert got.step <= got.warm.step == min(starts_)
+    assert simulate(got.schedule, got.problem.costs).makespan == got.step
+
+
 def test_zb_greedy_is_valid_and_reaches_zb_h1_on_equal_costs() -> None:
     p, m = 4, 8
     problem = make_problem(CostModel(), p, m, split=True, memory_limit=p)
@@ -851,9 +868,20 @@ def test_pass_is_never_slower_and_keeps_the_inputs_memory() -> None:
     assert out.name == s.name
 
 
-def test_pass_option_errors() -> None:
-    with pytest.raises(pipeir.UsageError, match="time_limit must be > 0"):
-        pipeir.compile(pipeir.library.get("1f1b", 2, 4), "synth{time_limit=0}")
+@pytest.mark.parametrize(("spec", "column", "message"), [
+    ("synth{time_limit=0}", 18, "time_limit must be a finite number of seconds > 0, got 0"),
+    ("synth{time_limit=nan}", 18, "time_limit must be a finite number of seconds > 0, got nan"),
+    ("synth{time_limit=inf}", 18, "time_limit must be a finite number of seconds > 0, got inf"),
+    ("synth{seed=2147483648}", 12, "the seed must be a 32-bit integer"),
+    ("synth{workers=0}", 15, "workers must be 1 to 256, got 0"),
+    ("synth{workers=99999999999}", 15, "workers must be 1 to 256, got 99999999999"),
+])
+def test_pass_option_errors(spec: str, column: int, message: str) -> None:
+    """Refused as the pipeline is read, at the option, not by the solver after the search."""
+    with pytest.raises(pipeir.UsageError) as e:
+        pipeir.compile(pipeir.library.get("1f1b", 2, 4), spec)
+    assert e.value.render().startswith(f"<passes>:1:{column}: error: synth: {message}"), \
+        e.value.render()
 
 
 @pytest.mark.parametrize(("before", "message"), [
@@ -901,6 +929,11 @@ def test_cli_writes_a_schedule_that_simulates_to_the_reported_step(cli, tmp_path
     (("--v", "0"), "argument --v: expected a positive integer, got 0"),
     (("--workers", "x"), "argument --workers: expected a positive integer, got 'x'"),
     (("-o", "/nonexistent/dir/out.sched"), "-o /nonexistent/dir/out.sched: directory"),
+    (("-o", ""), "error: -o: empty path"),
+    (("--seed", "2147483648"), "the seed must be a 32-bit integer (at most 2,147,483,647)"),
+    (("--workers", "99999999999"), "workers must be 1 to 256, got 99999999999"),
+    (("--ranks", "1000000"), "8,000,000 ops (F and B) need 14.9 GiB"),
+    (("--v", "10000000"), "320,000,000 ops (F and B) need"),  # before tune's search, at once
 ])
 def test_cli_errors_are_clear(cli, args: tuple[str, ...], message: str) -> None:
     code, _out, err = cli("synth", "--costs", REPO / "examples/costs/compute-bound.toml",
@@ -917,6 +950,47 @@ def test_cli_bytes_budget_names_the_least_bytes(cli, tmp_path: Path) -> None:
     code, _out, err = cli("synth", "--costs", costs, "--microbatches", 4, "--memory-bytes",
                          1000, "--time-limit", 5)
     assert code == 0, err
+
+
+def test_cli_bytes_budget_searches_the_shapes_it_fits(cli, tmp_path: Path) -> None:
+    """With bytes, chunks change what a rank must hold: a budget one stage per rank cannot
+    meet is met by two chunks per rank, so synth searches those instead of refusing; the
+    least it names is the least over every shape, and is itself feasible when written out."""
+    costs = tmp_path / "c.toml"
+    costs.write_text("F = 1.0\nB = 2.0\nmemory_bytes = 1e9\n[stage.0]\nmemory_bytes = 4e9\n"
+                     "[stage.1]\nF = 1.0\n")
+    out = tmp_path / "out.sched"
+    code, text, err = cli("synth", "--costs", costs, "--microbatches", 4, "--memory-bytes",
+                          3e9, "--time-limit", 2, "--workers", 1, "-o", out)
+    assert code == 0, err
+    assert "v=1" not in text
+    elab = pipeir.load(out)
+    size = CostModel.from_settings(elab.costs).activation_memory
+    for prog in elab.schedule.programs:  # bytes held, counted by hand: F holds, B frees
+        held = peak = 0.0
+        for op in prog:
+            held += (size(op.stage) or 0.0) * {"F": 1, "B": -1}[op.kind]
+            peak = max(peak, held)
+        assert peak <= 3e9
+    code, _, err = cli("synth", "--costs", costs, "--microbatches", 4, "--memory-bytes", 1e9)
+    assert code == 2 and "smallest feasible limit is --memory-bytes 2.5e+09" in err, err
+    odd = tmp_path / "odd.toml"
+    odd.write_text("memory_bytes = 1234561234\n[stage.1]\nF = 1.0\n")
+    code, _, err = cli("synth", "--costs", odd, "--microbatches", 4, "--v", 1,
+                       "--memory-bytes", 1e9)
+    assert code == 2 and "smallest feasible limit is --memory-bytes 1234561234" in err, err
+    code, _, err = cli("synth", "--costs", odd, "--microbatches", 4, "--v", 1,
+                       "--memory-bytes", 1234561234, "--time-limit", 1)
+    assert code == 0, err
+
+
+def test_cli_lengths_must_match_the_micro_batches(cli, tmp_path: Path) -> None:
+    out = tmp_path / "out.sched"
+    code, _, err = cli("synth", "--costs", REPO / "examples/costs/lengths.toml", "--ranks", 2,
+                       "--microbatches", 10, "-o", out)
+    assert code == 2 and not out.exists()
+    assert "lengths.toml:12:1: error: lengths gives 8 micro-batch lengths but the schedule " \
+        "has 10 micro-batches" in err, err
 
 
 def test_cli_refuses_data_parallel_costs_before_searching(cli, tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import sys
 from pipeir.cli.common import add_schedule_args, warn_shadowed
 from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.diagnostics import UsageError
-from pipeir.files import write_atomic
+from pipeir.files import resolve_output, write_atomic
 from pipeir.printer import print_schedule
 
 ORDER = 70
@@ -60,6 +60,8 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"--print-after {unknown[0]}: the pipeline has no pass called that "
                          f"(it runs {', '.join(sorted(names))}; or use 'all')")
+    if args.output is not None:
+        resolve_output(args.output, "-o")  # before the passes run, not after them
     elab, costs = load_with_costs(args)
     instruments: list[Instrument] = []
     if wanted:
@@ -75,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         # per-stage costs describe the input's stages, which the pipeline changed
         settings = {k: v for k, v in settings.items() if not k.startswith("stage.")}
     text = print_schedule(out, settings)
-    if args.output:
+    if args.output is not None:
         write_atomic(args.output, text, "-o")
     else:
         print(text, end="")

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import sys
+from dataclasses import replace
 from typing import Any
 
 from pipeir.cli.common import add_schedule_args, load_one, parse_override
@@ -63,7 +64,9 @@ def simulate_args(args: argparse.Namespace) -> SimResult:
 
 def load_with_costs(args: argparse.Namespace) -> tuple[Elaborated, CostModel]:
     """The schedule the command line names and its cost model: the `.sched` file's
-    costs block, or `--costs FILE` instead, with cost names in `--set` on top."""
+    costs block, or `--costs FILE` instead, with cost names in `--set` on top. The schedule's
+    `costs` become those settings (less the cost file's free-form `meta` table, which a
+    costs block cannot hold), so a command that prints it writes the costs it used."""
     cost_sets: dict[str, tuple[Any, Span | None]] = {}
     rest = []
     for text in args.overrides:
@@ -89,7 +92,8 @@ def load_with_costs(args: argparse.Namespace) -> tuple[Elaborated, CostModel]:
         check_count(spec, elab.schedule.config.microbatches, merged["lengths"][1],
                     "--set" if "lengths" in cost_sets else args.costs)
     _warn_unused(elab.schedule.config, merged)
-    return elab, costs
+    written = {k: v for k, v in merged.items() if k != "meta" and not k.startswith("meta.")}
+    return replace(elab, costs=written), costs
 
 
 def _warn_replaced(path: str, elab: Elaborated, costs: CostModel) -> None:

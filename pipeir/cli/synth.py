@@ -59,12 +59,12 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.tune import infer_ranks
     from pipeir.verify import verify
 
-    if args.output:
+    if args.output is not None:
         resolve_output(args.output, "-o")  # before the search, not after it
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
     costs = CostModel.from_settings(settings)
     ranks = args.ranks if args.ranks is not None else infer_ranks(costs)
-    _check(args, costs, ranks)
+    _check(args, costs, ranks, settings)
     assert ranks is not None
     limit = args.memory_limit if args.memory_bytes is None and args.memory_limit is not None \
         else (None if args.memory_bytes is not None else float(ranks))
@@ -75,12 +75,13 @@ def run(args: argparse.Namespace) -> int:
                        memory_bytes=args.memory_bytes, time_limit=args.time_limit,
                        workers=args.workers, seed=args.seed, work_limit=args.work_limit,
                        progress=progress)
-    except BudgetError as e:
+    except BudgetError as e:  # `synth` gives e.least in the unit asked for
         if args.memory_bytes is not None:
             raise UsageError(f"--memory-bytes {args.memory_bytes:g}: no schedule fits; the "
-                             f"smallest feasible limit is --memory-bytes {e.least:g}") from None
+                             f"smallest feasible limit is --memory-bytes {_at_least(e.least)}"
+                             ) from None
         raise UsageError(f"--memory-limit {limit:g}: no schedule fits; the smallest feasible "
-                         f"limit is --memory-limit {e.least / (e.limit / (limit or 1)):g} "
+                         f"limit is --memory-limit {_at_least(e.least)} "
                          "(one micro-batch in flight per stage)") from None
     finally:
         if progress is not None:
@@ -99,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
           f"{result.method}")
     print(f"lower bound: {result.bound:.6g}{unit}; gap {result.gap:.1%}"
           f"{' (optimal)' if result.optimal else ''}; {result.wall:.1f} s")
-    if args.output:
+    if args.output is not None:
         verify(result.schedule)
         write_atomic(args.output, print_schedule(result.schedule,
                                                  result.problem.costs.settings()), "-o")
@@ -108,7 +109,19 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace, costs: Any, ranks: int | None) -> None:
+def _at_least(x: float) -> str:
+    """`x` in the fewest digits that do not round it down: the limit a message suggests must
+    itself be feasible (`%g` turns 1234561234 into 1.23456e+09, which is not)."""
+    for digits in range(6, 18):
+        text = f"{x:.{digits}g}"
+        if float(text) >= x:
+            return text
+    return repr(x)
+
+
+def _check(args: argparse.Namespace, costs: Any, ranks: int | None,
+           settings: dict[str, tuple[Any, Span | None]]) -> None:
+    from pipeir.sim.lengths import check_count, split_length_settings
     from pipeir.tune import infer_ranks
 
     if ranks is None:
@@ -122,6 +135,9 @@ def _check(args: argparse.Namespace, costs: Any, ranks: int | None) -> None:
         raise UsageError(f"{args.costs}: dp = {costs.dp}: synth orders one pipeline replica "
                          "and does not model gradient all-reduces; synthesise with dp = 1, "
                          "then add them with `pipeirc opt OUT --passes dp-reduce`")
+    _, spec = split_length_settings(settings, where=args.costs)
+    if spec is not None:
+        check_count(spec, args.microbatches, settings["lengths"][1], args.costs)
     if costs.mb or costs.stage_mb:
         given = max([*costs.mb, *(m for _, m in costs.stage_mb)]) + 1
         if given > args.microbatches:

@@ -23,14 +23,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from pipeir.config import PipelineConfig
+from pipeir.config import ConfigError, PipelineConfig
 from pipeir.diagnostics import UsageError
 from pipeir.passes.context import CommModel
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel
 from pipeir.synth.decompose import extend, short_problem
 from pipeir.synth.lns import improve
-from pipeir.synth.model import Progress, Solved, probe, solve
+from pipeir.synth.model import Progress, Solved, probe, settings_error, solve
 from pipeir.synth.problem import Problem
 from pipeir.synth.warmstart import EXACT_OPS, MAX_OPS, Start, library, starts
 
@@ -100,13 +100,14 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
     window search (`lns`) the rest; `bound`, one already proven (by an earlier turn of the
     solver), lets the search stop there."""
     t0 = time.perf_counter()
+    check_settings(seed, workers)
     warm = warm if warm is not None else prepare(problem, _library(problem, tune_costs), given)
     left = time_limit - (time.perf_counter() - t0)
-    best, optimal, method = warm.schedule, False, "exact model"
+    best, optimal, method = warm.schedule, False, "the warm start"
     bound = max(problem.lower_bound(), bound if bound is not None else -math.inf)
     step = warm.step
     hint = warm
-    if decompose and len(problem.ops) > EXACT_OPS and problem.mb_uniform:
+    if decompose and left > 0 and len(problem.ops) > EXACT_OPS and problem.mb_uniform:
         grown = _decompose(problem, tune_costs, left / 2, workers, seed, work_limit)
         if grown is not None:
             method = f"decomposed: {grown[1]}"
@@ -115,7 +116,9 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
                 best, step = grown[0].schedule, grown[0].step
         left = time_limit - (time.perf_counter() - t0)
     if step <= bound * (1 + 1e-9):
-        optimal, method = True, "the warm start meets the lower bound"
+        optimal = True
+        method = ("the warm start" if best is warm.schedule else "the decomposition") + \
+            " meets the lower bound"
     elif left > 0:
         n = len(problem.ops)
         share = full_share if n <= FULL_OPS else \
@@ -137,11 +140,11 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
                            time_limit=left * share, workers=workers, seed=seed,
                            work_limit=work_limit, progress=progress)
             bound = max(bound, solved.bound)
+            if method == "the warm start":
+                method = "exact model"
             if solved.schedule is not None and solved.step is not None and solved.step < step:
                 best, step = solved.schedule, solved.step
             optimal = solved.optimal and step <= solved.bound * (1 + 1e-9)
-        elif method == "exact model":
-            method = "the warm start"
         left = time_limit - (time.perf_counter() - t0)
         if not optimal and left > 0:
             found = improve(problem, best, step, bound=bound, time_limit=left, seed=seed,
@@ -169,6 +172,13 @@ def check_budget(problem: Problem) -> None:
     limit = problem.memory_limit
     if limit is not None and limit < problem.least_memory * (1 - 1e-9):
         raise BudgetError(limit, problem.least_memory)
+
+
+def check_settings(seed: int, workers: int) -> None:
+    """Raise a UsageError for a seed or worker count the solver cannot take."""
+    error = settings_error(seed, workers)
+    if error is not None:
+        raise UsageError(error[1])
 
 
 def _library(problem: Problem, tune_costs: CostModel | None) -> list[Candidate]:
@@ -205,7 +215,10 @@ def make_problem(costs: CostModel, ranks: int, microbatches: int, v: int = 1,
     `memory_bytes` per rank."""
     from pipeir.tune import rescale
 
-    config = PipelineConfig.make(ranks, microbatches, stages=ranks * v, placement=placement)
+    try:
+        config = PipelineConfig.make(ranks, microbatches, stages=ranks * v, placement=placement)
+    except ConfigError as e:  # a size past the memory budget (`pipeir.limits`)
+        raise UsageError(str(e)) from None
     chunk = rescale(costs, ranks, v)
     if memory_bytes is not None:
         return Problem(config, chunk, split, comm, memory_bytes, memory_bytes=True)
@@ -225,14 +238,15 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     bound first; shapes whose bound is no better than the best warm start are dropped, and the
     others share the time. The bound reported holds for every shape searched."""
     t0 = time.perf_counter()
+    check_settings(seed, workers)
+    make_problem(costs, ranks, microbatches, v or 1)  # a size error before tune's search
     candidates = library(costs, ranks, microbatches, comm, 8 if v is None else v)
-    problems = [make_problem(costs, ranks, microbatches, n, shape, split, comm, memory_limit,
-                             memory_bytes)
-                for n, shape in _shapes(candidates, ranks, v, placement,
-                                        memory_limit if memory_bytes is None else None,
-                                        ranks * microbatches * (3 if split else 2))]
-    for p in problems:
-        check_budget(p)
+    shapes = [make_problem(costs, ranks, microbatches, n, shape, split, comm, memory_limit,
+                           memory_bytes)
+              for n, shape in _shapes(candidates, ranks, v, placement,
+                                      memory_limit if memory_bytes is None else None,
+                                      ranks * microbatches * (3 if split else 2))]
+    problems = _within_budget(shapes, memory_limit if memory_bytes is None else memory_bytes)
     bounds = [p.lower_bound() for p in problems]
     # warm starts by increasing bound: a shape whose bound is no better than a warm start
     # already found can neither give the best warm start nor be searched, so it gets none
@@ -241,10 +255,9 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
         if not warms or bounds[i] < min(w.step for w in warms.values()) * (1 - 1e-9):
             warms[i] = prepare(problems[i], candidates)
     first = min(warms.values(), key=lambda w: w.step)
-    live = [i for i in warms if bounds[i] < first.step * (1 - 1e-9)]
-    if not live:  # a warm start already meets every shape's bound
-        i = next(i for i, w in warms.items() if w is first)
-        live, bounds[i] = [i], first.step
+    # the fastest warm start's shape is searched even when that start meets its own bound
+    # (closed at once), or a shape with a lower bound but a slower start could be returned
+    live = [i for i in warms if bounds[i] < first.step * (1 - 1e-9) or warms[i] is first]
     # NOTE: two rounds. The live shapes share a third of the time, fastest warm start first,
     # each taking an equal part of what is left (a shape closed early leaves its time to the
     # others); a shape whose bound is no better than the best step found by then is dropped
@@ -298,6 +311,23 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     optimal = bound >= best.step * (1 - 1e-9)
     return SynthResult(best.problem, best.schedule, best.step, best.step if optimal else bound,
                        first, best.method, optimal, time.perf_counter() - t0)
+
+
+def _within_budget(problems: list[Problem], limit: float | None) -> list[Problem]:
+    """The shapes some schedule fits (with bytes, chunks change what a rank must hold at
+    least); `BudgetError` in the user's unit (`limit`: micro-batches of one stage, or bytes)
+    with the least over every shape when none does."""
+    out = []
+    for p in problems:
+        try:
+            check_budget(p)
+        except BudgetError:
+            continue
+        out.append(p)
+    if out or limit is None:
+        return out
+    raise BudgetError(limit, min(p.least_memory * limit / (p.memory_limit or limit)
+                                 for p in problems))
 
 
 def _shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,

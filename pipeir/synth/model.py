@@ -197,6 +197,22 @@ def _base(iz: Integral, horizon: int | None) -> _Base:
     return _Base(m, start, _memory(iz, m, start, occ, horizon), lb, horizon)
 
 
+#: CP-SAT keeps its seed and its thread count in 32-bit integers; past a few hundred threads
+#: a machine only thrashes.
+MAX_SEED = 2**31 - 1
+MAX_WORKERS = 256
+
+
+def settings_error(seed: int, workers: int) -> tuple[str, str] | None:
+    """Why the solver cannot take `seed` or `workers`: (the setting, the reason), or None.
+    Checked before any search, since `run` is reached only after the warm starts."""
+    if not -MAX_SEED - 1 <= seed <= MAX_SEED:
+        return "seed", f"the seed must be a 32-bit integer (at most {MAX_SEED:,}), got {seed}"
+    if not 1 <= workers <= MAX_WORKERS:
+        return "workers", f"workers must be 1 to {MAX_WORKERS}, got {workers}"
+    return None
+
+
 def run(m: cp_model.CpModel, time_limit: float, workers: int, seed: int,
         work_limit: float | None, callback: _Callback | None = None
         ) -> tuple[cp_model.CpSolver, cp_model.CpSolverStatus]:
