@@ -155,13 +155,30 @@ def _refuse_pseudo_dir(p: Path, flag: str) -> None:
         raise UsageError(f"{flag} {p}: refusing to write under {root} (a kernel file system)")
 
 
-def make_dir(path: str | os.PathLike[str], flag: str) -> Path:
-    """Create the output directory `path` (and its parents) if needed; `flag` names the
-    option in messages. An existing non-directory or an unwritable place is a UsageError."""
+def check_dir(path: str | os.PathLike[str], flag: str) -> Path:
+    """Check, creating nothing, that the output directory `path` could be made: for options
+    whose directory is written long after the command starts (`run --save` after training),
+    so a bad one fails at once. `flag` names the option in messages."""
     p = Path(path)
+    if not os.fspath(path):
+        raise UsageError(f"{flag}: empty path")
     _refuse_pseudo_dir(p, flag)
     if p.exists() and not p.is_dir():
         raise UsageError(f"{flag} {p}: exists and is not a directory")
+    there = p.absolute()
+    while not there.exists():
+        there = there.parent
+    if not there.is_dir():
+        raise UsageError(f"{flag} {p}: {there} is not a directory")
+    if not os.access(there, os.W_OK | os.X_OK):
+        raise UsageError(f"{flag} {p}: cannot write: {there} is not writable")
+    return p
+
+
+def make_dir(path: str | os.PathLike[str], flag: str) -> Path:
+    """Create the output directory `path` (and its parents) if needed; `flag` names the
+    option in messages. An existing non-directory or an unwritable place is a UsageError."""
+    p = check_dir(path, flag)
     try:
         p.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -186,3 +186,17 @@ def test_write_atomic_api(tmp_path: Path) -> None:
     assert p.read_bytes() == b"bytes"
     with pytest.raises(pipeir.UsageError, match="is a directory"):
         files.write_atomic(tmp_path, "x")
+
+
+@pytest.mark.parametrize("argv", [["print", SCHED], ["simulate", SCHED]])
+def test_a_full_disk_under_stdout_is_one_line_not_a_traceback(argv: list[str]) -> None:
+    """`pipeirc print X > FILE` on a full disk: the write fails in print() (or at the final
+    flush); the user gets one line and exit 1, and the interpreter's exit flush stays quiet."""
+    import subprocess
+    import sys
+
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([sys.executable, "-m", "pipeir", *argv], stdout=full,
+                           stderr=subprocess.PIPE, text=True, timeout=120, check=False)
+    assert r.returncode == 1
+    assert r.stderr == "pipeirc: cannot write the output: No space left on device\n"

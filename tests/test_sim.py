@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -257,10 +258,33 @@ def test_bad_cost_in_sched_points_at_its_span() -> None:
     ({"stage.x.F": 1}, "unknown cost 'stage.x.F'"),
     ({"mb.1.activation_bytes": 1}, "unknown cost 'mb.1.activation_bytes'"),
     ({"version": 2}, "version 2 is not supported"),
+    ({"unit": 'm"s\n'}, "'unit' must be a name like \"ms\" (at most 16 characters"),
+    ({"unit": "milliseconds-ish!"}, "'unit' must be a name like"),
+    ({"lengths": [1e200, 1], "length_cost": [0, 0, 1]},
+     "micro-batch 0's length gives F a cost too large to compute"),
+    ({"lengths": [1e12, 1], "length_cost": [0, 0, 1], "length_ref": 1e-6},
+     "micro-batch 0's length gives F a cost of 1e+36, over 1e+15"),
 ])
 def test_bad_settings_are_usage_errors(settings: dict[str, object], message: str) -> None:
-    with pytest.raises(UsageError, match=message.replace("(", r"\(")):
+    with pytest.raises(UsageError, match=re.escape(message)):
         CostModel.from_settings(settings)
+
+
+def test_a_unit_prints_back_into_a_costs_block_that_parses() -> None:
+    """What a cost file may call its unit, `print` writes into a costs block that re-parses
+    (a quote or a newline in it once made `opt -o` write a file `check` refused)."""
+    s = pipeir.library.get("1f1b", 2, 2)
+    text = pipeir.printer.print_schedule(s, {"unit": "µs"})
+    assert CostModel.from_settings(pipeir.load(text).costs).unit == "µs"
+
+
+def test_length_costs_point_at_the_lengths() -> None:
+    text = ("pipeline { ranks = 2 microbatches = 2 }\ncosts {\n  F = 1\n"
+            "  lengths = [1e200, 1.0]\n  length_cost = [0, 0, 1]\n}\nschedule = 1f1b\n")
+    with pytest.raises(UsageError) as e:
+        CostModel.from_settings(pipeir.load(text).costs)
+    d = e.value.diagnostics[0]
+    assert d.span is not None and (d.span.line, d.span.col) == (4, 3), e.value.render()
 
 
 def test_constructor_rejects_negative_costs() -> None:

@@ -134,7 +134,7 @@ def test_invalid_schedule_is_rejected_before_simulating(cli: Cli, tmp_path: Path
     (("--set", "bandwidth=0"), "cost 'bandwidth' must be positive"),
     (("--costs", "/nonexistent/c.toml"), "/nonexistent/c.toml: no such cost file"),
     (("--comm", "async"), "invalid choice: 'async'"),
-    (("--width", "3"), "--width 3: need at least 10 columns"),
+    (("--width", "3"), "--width: expected 10 to 10,000 columns, got 3"),
 ])
 def test_bad_simulate_arguments(cli: Cli, args: tuple[str, ...], expected: str) -> None:
     code, _out, err = cli("simulate", *LIB, *args)
@@ -293,6 +293,19 @@ def test_bubble_skips_and_explains(cli: Cli) -> None:
     assert code == 0
     assert "skipped interleaved-1f1b p=4 m=9 v=2: the schedule does not admit it" in out
     assert "n/a: the closed form for interleaved 1F1B needs m a multiple of p" in out
+
+
+def test_bubble_zb_h1_closed_form_only_where_the_pipeline_fills(cli: Cli) -> None:
+    """With m < p ZB-H1's warm-up never fills: p = 4, m = 1 (F = I = W = 1) is four F, four
+    I back, then rank 0's W: a step of 9 with 3 busy per rank, 66.67 % idle; the formula,
+    (p - 1) / (3m + p - 1) = 50 %, was reported as a disagreement (exit 1)."""
+    code, out, err = cli("bubble", "--schedule", "zb-h1", "--ranks", "4",
+                         "--microbatches", "1,4")
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines()[1:3]]
+    assert rows[0] == ["zb-h1", "4", "1", "-", "n/a", "66.67%", "1", "-"]
+    assert rows[1] == ["zb-h1", "4", "4", "-", "20.00%", "20.00%", "4", "(4)", "yes"]
+    assert "n/a: ZB-H1's closed form needs m >= p" in out
 
 
 def test_bubble_markdown(cli: Cli) -> None:

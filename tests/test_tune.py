@@ -82,7 +82,9 @@ def test_lengths_turn_on_reorder_and_fix_the_microbatch_count(cli, tmp_path: Pat
 @pytest.mark.parametrize("extra, message", [
     (["--microbatches", "8,x"], "--microbatches 8,x: expected positive integers"),
     (["--ranks", "2"], "the costs describe 4 stages"),
-    (["--max-v", "0"], "--max-v 0: need at least 1"),
+    (["--max-v", "0"], "--max-v 0: expected a power of 2 from 1 to 64"),
+    (["--max-v", "3"], "--max-v 3: expected a power of 2 from 1 to 64"),
+    (["--max-v", "99999999999"], "--max-v 99999999999: expected a power of 2"),
     (["--lengths", "5,-1"], "lengths must be positive"),
 ])
 def test_bad_usage(cli, extra: list[str], message: str) -> None:

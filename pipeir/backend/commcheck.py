@@ -39,13 +39,14 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
+from pipeir import limits
 from pipeir.backend.lower import (
     COMPUTE,
     Backward,
     BackwardInput,
+    BackwardWeight,
     Batch,
     Comm,
     Forward,
@@ -54,7 +55,9 @@ from pipeir.backend.lower import (
     IRecv,
     ISend,
     Load,
+    Loss,
     Lowered,
+    Recompute,
     Recv,
     Send,
     WaitRecv,
@@ -213,6 +216,25 @@ class _Rules:
                             f"but stage {other} runs on rank {place[other]}", site)
         return None
 
+    def _compute_placement(self, site: Site) -> Iterator[_Finding]:
+        """A compute runs a stage placed on its rank, for a micro-batch that exists: without
+        this, a compute that produces nothing another rank receives (stage 0's backward) could
+        name any stage and pass."""
+        ins = site.ins
+        if not isinstance(ins, (Forward, Loss, Backward, BackwardInput, BackwardWeight,
+                                Recompute)):  # COMPUTE, spelt out for the type checker
+            return
+        place, last = self.low.placement, self.last
+        if not 0 <= ins.stage <= last:
+            yield _Finding(f"runs stage {ins.stage}, but there is no stage {ins.stage} "
+                           f"(stages are 0..{last})", site)
+        elif place[ins.stage] != site.rank:
+            yield _Finding(f"runs stage {ins.stage}, but the placement runs stage {ins.stage} "
+                           f"on rank {place[ins.stage]}, not on rank {site.rank}", site)
+        if not 0 <= ins.mb < self.mbs:
+            yield _Finding(f"runs micro-batch {ins.mb}, which is out of range "
+                           f"(0..{self.mbs - 1})", site)
+
     def rule_local(self) -> Iterator[_Finding]:
         for rank, prog in enumerate(self.low.programs):
             held: set[Key] = set()  # produced here and not yet freed
@@ -225,6 +247,7 @@ class _Rules:
                 if ins.paired and not isinstance(ins, (*COMPUTE, Load)):
                     yield _Finding("sits inside an overlapped pair, whose two ops start "
                                    "together: only their compute may come between them", site)
+                yield from self._compute_placement(site)
                 for c in _posts(ins):
                     post = Site(rank, pc, c)
                     bad = self._placement(post, c)
@@ -541,12 +564,18 @@ def check_schedule(schedule: Schedule) -> str:
 
 
 def check_json(path: str) -> str:
-    """Prove the lowered programs in a `lowered.json` file; `path: summary`."""
+    """Prove the lowered programs in a `lowered.json` file; `path: summary`. A file that is
+    not lowered programs (bad JSON, or a field of the wrong shape or type) is a UsageError
+    naming the field (`from_json`), never a traceback from the rules."""
+    text = limits.read_input(path, "lowered-program JSON").text
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
         raise UsageError(f"{path}: not a readable JSON file: {e}") from None
-    lowered = from_json(data)
+    except ValueError:  # Python refuses integers of more than 4,300 digits
+        raise UsageError(f"{path}: not a readable JSON file: a number with thousands of "
+                         "digits (integers are 64-bit)") from None
+    except RecursionError:
+        raise UsageError(f"{path}: not a readable JSON file: nested too deeply") from None
+    lowered = from_json(data, path)
     return f"{path}: {summary(lowered, check_comm(lowered))}"

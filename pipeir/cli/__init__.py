@@ -5,7 +5,10 @@ module has NAME, HELP, ORDER (its place in `--help`), `add_arguments(parser)` an
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib
+import os
 import pkgutil
 import re
 import sys
@@ -83,7 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse prints its own usage message
         return int(e.code or 0) if isinstance(e.code, int) else EXIT_USAGE
     try:
-        return int(args._run(args))
+        code = int(args._run(args))
+        sys.stdout.flush()  # a full disk under `> FILE` fails here, inside the handlers
+        return code
     except PipeirError as e:
         print(e.render(), file=sys.stderr)
         return e.exit_code
@@ -91,7 +96,26 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("pipeirc: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
+        _drop_stdout()
         return 0
+    except OSError as e:
+        if e.filename is not None or e.errno not in _OUTPUT_ERRNOS:
+            raise
+        print(f"pipeirc: cannot write the output: {os.strerror(e.errno)}", file=sys.stderr)
+        _drop_stdout()
+        return 1
+
+
+#: Errors of writing standard output to a file (`> /dev/full`, a full disk or quota); the
+#: files pipeir writes itself report theirs as usage errors (`pipeir.files`).
+_OUTPUT_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+
+def _drop_stdout() -> None:
+    """Point stdout at /dev/null, so the interpreter's flush at exit does not fail again."""
+    # no file descriptor: an in-process caller's stream (io.UnsupportedOperation)
+    with contextlib.suppress(OSError, ValueError):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -5,8 +5,13 @@ from __future__ import annotations
 import argparse
 import copy
 
-from pipeir.cli.common import add_schedule_args, load_schedules, memory_limit
-from pipeir.cli.simulate import add_costs_arg, load_with_costs
+from pipeir.cli.common import add_schedule_args, load_schedules, memory_limit, parse_override
+from pipeir.cli.simulate import (
+    add_costs_arg,
+    is_cost_setting,
+    load_with_costs,
+    with_cost_names,
+)
 from pipeir.diagnostics import EXIT_OK, PipeirError, UsageError
 from pipeir.verify import verify
 
@@ -19,8 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_schedule_args(p, many=True)
     p.add_argument("--memory-limit", type=memory_limit, metavar="K",
                    help="most in-flight activations per rank (overrides the file's), or bytes "
-                        "of saved activations with a unit (8GB, 512MiB, 3e8B; needs --costs "
-                        "or a costs block with memory_bytes)")
+                        "of saved activations with a unit (8GB, 512MiB, 3e8B; needs "
+                        "memory_bytes: in --costs, the file's costs block or --set)")
     add_costs_arg(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     p.add_argument("--lowered", action="store_true",
@@ -47,27 +52,38 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_one(args: argparse.Namespace, f: str | None) -> list[str]:
-    if f is not None and f.endswith(".json"):  # `compile -o DIR` writes DIR/lowered.json
+    kind = f.lower() if f is not None else ""
+    if kind.endswith(".json"):  # `compile -o DIR` writes DIR/lowered.json
         if not args.lowered:
             raise UsageError(f"{f}: a .json file is a lowered program; check it with --lowered")
         from pipeir.backend.commcheck import check_json
 
-        return [check_json(f)]
-    if f is not None and f.endswith(".csv"):  # torch.distributed.pipelining schedules
+        _refuse_flags(args, str(f), csv=False)
+        return [check_json(str(f))]
+    if kind.endswith(".csv"):  # torch.distributed.pipelining schedules
         from pipeir.interop.check import check_csv
 
-        return check_csv(f, memory_limit=args.memory_limit, microbatches=args.microbatches,
-                         lowered=args.lowered)
+        _refuse_flags(args, str(f), csv=True)
+        return check_csv(str(f), memory_limit=args.memory_limit,
+                         microbatches=args.microbatches, lowered=args.lowered)
     one = copy.copy(args)
     one.files = [f] if f is not None else []
-    s = load_schedules(one)[0].schedule
     where = f if f is not None else f"--schedule {args.schedule}"
     limit = args.memory_limit
     sizes = None
-    if isinstance(limit, float) or args.costs:
-        sizes = load_with_costs(one)[1]
+    if isinstance(limit, float) or args.costs or _sets_costs(args):
+        elab, sizes = load_with_costs(one)
         if not sizes.knows_memory:
-            raise UsageError("peak bytes need activation sizes: give memory_bytes in the costs")
+            if isinstance(limit, float) or args.costs:
+                raise UsageError("peak bytes need activation sizes: give memory_bytes in the "
+                                 "costs")
+            sizes = None  # costs set with --set only: nothing here is measured in bytes
+    else:
+        try:
+            elab = load_schedules(one)[0]
+        except UsageError as e:  # an unknown --set may be a misspelt cost, as in simulate
+            raise with_cost_names(e, args.overrides) from None
+    s = elab.schedule
     report = verify(s, memory_limit=limit if isinstance(limit, int) else None, sizes=sizes,
                     memory_limit_bytes=limit if isinstance(limit, float) else None)
     c = s.config
@@ -81,3 +97,41 @@ def _check_one(args: argparse.Namespace, f: str | None) -> list[str]:
 
         lines.append(f"{where}: {check_schedule(s)}")
     return lines
+
+
+def _sets_costs(args: argparse.Namespace) -> bool:
+    """Whether `--set` names a cost (F=1.5, stage.0.memory_bytes=...): those are read as
+    simulate reads them (`load_with_costs`), not as pipeline settings."""
+    return any(is_cost_setting(parse_override(text)[0]) for text in args.overrides)
+
+
+def _refuse_flags(args: argparse.Namespace, f: str, csv: bool) -> None:
+    """A torch schedule CSV (`csv`) or a lowered .json fixes its ranks, stages and placement
+    itself and holds no settings or costs: a flag that would change them is an error, as it
+    is with a .sched FILE, never silently ignored. A CSV takes --microbatches (the README's
+    `check gpipe.csv --microbatches 4`: the count, where the file does not show it) and a
+    --memory-limit in activations; lowered programs take neither (only their communication is
+    proved)."""
+    if args.schedule is not None:
+        raise UsageError("give either FILE or --schedule, not both")
+    noun = "a torch schedule CSV" if csv else "lowered programs"
+    sizes = ("whose rows and cells give its ranks, stages and placement" if csv else
+             "whose header gives their ranks, stages, micro-batches and placement")
+    for flag in ("ranks", "v") if csv else ("ranks", "microbatches", "v"):
+        if getattr(args, flag) is not None:
+            raise UsageError(f"--{flag} goes with --schedule; {f} is {noun}, {sizes}")
+    if args.overrides:
+        name = args.overrides[0].split("=", 1)[0].strip()
+        hint = "; use --microbatches N" if csv and name == "microbatches" else ""
+        raise UsageError(f"--set {name}: {f} is {noun}, which {'has' if csv else 'have'} no "
+                         f"settings or costs to set{hint}")
+    if not csv and (args.costs or args.memory_limit is not None):
+        flag = "--costs" if args.costs else "--memory-limit"
+        raise UsageError(f"{flag}: {f} is {noun}: check --lowered proves their "
+                         "communication, not their memory; check the .sched file instead")
+    if args.costs:
+        raise UsageError(f"--costs: {f} is {noun}, whose memory is counted in activations, "
+                         "not bytes; leave --costs out (--memory-limit K bounds activations)")
+    if isinstance(args.memory_limit, float):
+        raise UsageError(f"--memory-limit in bytes needs costs, and {f} is {noun}, whose "
+                         "memory is counted in activations; use --memory-limit K (a count)")

@@ -56,6 +56,22 @@ def positive_int(text: str) -> int:
     return value
 
 
+#: The widest text picture drawn: the timeline is built in memory a column at a time, so a
+#: width of 10^8 took minutes and gigabytes before any check.
+MAX_COLUMNS = 10_000
+
+
+def columns(text: str) -> int:
+    """argparse type: a picture's width, 10 to `MAX_COLUMNS` columns."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of columns, got {text!r}") from None
+    if not 10 <= value <= MAX_COLUMNS:
+        raise argparse.ArgumentTypeError(f"expected 10 to {MAX_COLUMNS:,} columns, got {value}")
+    return value
+
+
 def positive_ints(flag: str, text: str) -> list[int]:
     """`--microbatches 8,16`: positive integers (of 64 bits) separated by commas."""
     out = []

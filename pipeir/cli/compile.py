@@ -101,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.backend.codegen import generate, rank_source
     from pipeir.backend.lower import dumps, format_lowered
 
+    if args.output == "":
+        raise UsageError("-o: empty path")
     if not args.output and not args.emit:
         raise UsageError("nothing to do: give -o DIR and/or --emit lowered|json|python")
     out = Path(args.output) if args.output else None

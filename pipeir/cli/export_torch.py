@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         schedule = load_one(args).schedule
     text = dumps_csv(schedule, args.format)
-    if args.output:
+    if args.output is not None:
         write_atomic(args.output, text, "-o")
     else:
         print(text, end="")

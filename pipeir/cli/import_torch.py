@@ -35,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         if imported.has_comms:
             prove_comms(imported)
     text = print_schedule(imported.schedule)
-    if args.output:
+    if args.output is not None:
         write_atomic(args.output, text, "-o")
         if imported.has_comms:
             print(f"{args.file}: note: the communication actions were proved deadlock-free "

@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     instruments: list[Instrument] = []
     if wanted:
         instruments.append(PrintAfter(wanted, sys.stderr))
-    if args.dump_dir:
+    if args.dump_dir is not None:
         instruments.append(DumpDir(args.dump_dir, write_atomic))
     if args.time_passes:
         instruments.append(TimePasses(sys.stderr))

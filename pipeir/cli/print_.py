@@ -21,7 +21,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     elab = load_one(args)
     text = print_schedule(elab.schedule, {k: v for k, (v, _) in elab.costs.items()})
-    if args.output:
+    if args.output is not None:
         write_atomic(args.output, text, "-o")
     else:
         print(text, end="")

@@ -66,9 +66,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UsageError("--steps must be at least 1")
-    if args.trace:
+    if args.trace is not None:
         resolve_output(args.trace, "--trace")  # before the run, not after it
-    if args.metrics:  # streamed during the run: never a FIFO (open would block), /proc, ...
+    if args.metrics is not None:  # streamed: never a FIFO (open would block), /proc, ...
         resolve_output(args.metrics, "--metrics")
     compiled = compile_args(args)
     schedule, lowered = compiled.schedule, compiled.lowered
@@ -201,7 +201,7 @@ def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace) -> 
         print(f"note: {ranks} ranks share {cores} CPU core(s), so ranks that compute at the "
               "same time slow each other down;\nthe simulator gives each rank its own device, "
               "so expect the measured bubble above the simulated one")
-    if args.trace:
+    if args.trace is not None:
         expanded = predicted.schedule
         t_zero = min(t0 for s in rep.steps for r in range(ranks) for _, t0, _ in times[s][r])
         trace = steps_trace([measured_result(lowered, expanded, times[s], t_zero)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import shutil
 
-from pipeir.cli.common import add_schedule_args, load_one, positive_int
+from pipeir.cli.common import add_schedule_args, columns, load_one
 from pipeir.verify import verify
 from pipeir.views.grid import render_grid
 
@@ -16,7 +16,7 @@ HELP = "print the per-rank op grid (ranks as rows, time steps as columns)"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_schedule_args(p)
-    p.add_argument("--width", type=positive_int, default=None,
+    p.add_argument("--width", type=columns, default=None,
                    help="wrap at this many columns (default: the terminal's width)")
 
 

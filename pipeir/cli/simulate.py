@@ -10,7 +10,7 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from pipeir.cli.common import add_schedule_args, load_one, parse_override
+from pipeir.cli.common import add_schedule_args, columns, load_one, parse_override
 from pipeir.config import PipelineConfig
 from pipeir.diagnostics import Diagnostic, Span, UsageError, did_you_mean
 from pipeir.files import resolve_output, write_atomic
@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_cost_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object instead")
     p.add_argument("--trace", metavar="OUT", help="write a Chrome/Perfetto trace to OUT")
-    p.add_argument("--width", type=int, default=None,
+    p.add_argument("--width", type=columns, default=None,
                    help="timeline width in columns (default: the terminal's width)")
 
 
@@ -79,7 +79,7 @@ def load_with_costs(args: argparse.Namespace) -> tuple[Elaborated, CostModel]:
     try:
         elab = load_one(args)
     except UsageError as e:
-        raise _with_cost_names(e, rest) from None
+        raise with_cost_names(e, rest) from None
     settings: dict[str, tuple[Any, Span | None]] = \
         read_cost_file(args.costs) if args.costs else dict(elab.costs)
     CostModel.from_settings(cost_sets, where="--set")  # so --set errors name --set
@@ -131,7 +131,7 @@ def _warn_unused(config: PipelineConfig, settings: dict[str, tuple[Any, Span | N
                     print(d.render(), file=sys.stderr)
 
 
-def _with_cost_names(e: UsageError, sets: list[str]) -> UsageError:
+def with_cost_names(e: UsageError, sets: list[str]) -> UsageError:
     """An unknown --set name may be a misspelt cost: say that costs are settable too."""
     d = e.diagnostics[0]
     for text in sets:
@@ -144,12 +144,10 @@ def _with_cost_names(e: UsageError, sets: list[str]) -> UsageError:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.width is not None and args.width < 10:
-        raise UsageError(f"--width {args.width}: need at least 10 columns")
-    if args.trace:
+    if args.trace is not None:
         resolve_output(args.trace, "--trace")
     result = simulate_args(args)
-    if args.trace:
+    if args.trace is not None:
         from pipeir.views.trace import chrome_trace
 
         write_atomic(args.trace, json.dumps(chrome_trace(result)), "--trace")
@@ -164,7 +162,7 @@ def run(args: argparse.Namespace) -> int:
     print(summary(result))
     print()
     print(render_timeline(result, width=max(10, width), color=color), end="")
-    if args.trace:
+    if args.trace is not None:
         print(f"wrote {args.trace} (open it in https://ui.perfetto.dev)")
     return 0
 

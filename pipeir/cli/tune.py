@@ -31,7 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="one sequence length per micro-batch (see `length_cost` in the cost "
                         "file); turns on the reorder pass")
     p.add_argument("--max-v", type=int, default=8, metavar="V",
-                   help="largest chunks per rank for interleaving (powers of 2; default 8)")
+                   help="largest chunks per rank for interleaving (a power of 2, at most 64; "
+                        "default 8)")
     p.add_argument("--comm", choices=("both", "overlapped", "blocking"), default="both",
                    help="overlapped = with the backend's overlap pass (default: both)")
     p.add_argument("--dp", type=int, metavar="D",
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.tune import infer_ranks, search, table
     from pipeir.verify import verify
 
-    if args.output:
+    if args.output is not None:
         resolve_output(args.output, "-o")  # before the search, not after it
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
     if args.lengths:
@@ -62,8 +63,6 @@ def run(args: argparse.Namespace) -> int:
                          "give --ranks P")
     if args.ranks is None:
         _check_inferred(args.costs, costs, ranks)
-    if args.max_v < 1:
-        raise UsageError(f"--max-v {args.max_v}: need at least 1")
     if args.top is not None and args.top < 1:
         raise UsageError(f"--top {args.top}: need at least 1")
     if args.microbatches:
@@ -89,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
           f"step {best.step_time:.6g}{' ' + best.costs.unit if best.costs.unit else ''}"
           + (f" with dp = {best.costs.dp} ({best.exposed_reduction:.6g} of it waiting for "
              "gradient all-reduces)" if best.costs.dp > 1 else ""))
-    if args.output:
+    if args.output is not None:
         verify(best.schedule)
         write_atomic(args.output, print_schedule(best.schedule, best.costs.settings()), "-o")
         hint = "" if best.overlap else " --comm blocking"

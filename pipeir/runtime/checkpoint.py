@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from pipeir.diagnostics import UsageError
+from pipeir.files import check_dir
 from pipeir.models.spec import ModelSpec
 from pipeir.runtime.optim import Optim
 
@@ -90,7 +91,9 @@ def validate(root: str, spec: ModelSpec, stages: int) -> int:
 
 
 def check_target(save: str, resume: str | None) -> None:
-    """`--save DIR` must not overwrite a checkpoint it does not continue."""
+    """`--save DIR` must be a directory pipeir can make, and must not overwrite a checkpoint
+    it does not continue."""
+    check_dir(save, "--save")
     d = find(save)
     if d is not None and (resume is None or find(resume) != d):
         raise UsageError(f"--save {save}: already holds a checkpoint ({d.name}); resume it "

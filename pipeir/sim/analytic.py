@@ -71,6 +71,8 @@ def analytic(name: str, p: int, m: int, v: int = 1) -> Analytic:
     # A step then lasts m(F+I+W) plus the ramp the last rank waits through, (p-1)(F+I-W) for
     # ZB-H1 and (p-1)F for ZB-H2 (its ranks have no gap from first op to last).
     if name == "zb-h1":
+        if m < p:  # the warm-up never fills: p = 4, m = 1 idles 66.7 %, not 50 %
+            return Analytic(None, None, "ZB-H1's closed form needs m >= p")
         return Analytic((p - 1) / (3 * m + p - 1), min(p, m))
     if name == "zb-h2":
         if m < 2 * p - 1:

@@ -162,9 +162,15 @@ class CostModel:
         for k, v in settings.items():
             items[k] = v if isinstance(v, tuple) and len(v) == 2 and \
                 (v[1] is None or isinstance(v[1], Span)) else (v, None)
+        span = items["lengths"][1] if "lengths" in items else None
         items, lengths = split_length_settings(items, where)
         model = _build(items, where=where)
-        return model.with_lengths(lengths) if lengths is not None else model
+        if lengths is None:
+            return model
+        try:
+            return model.with_lengths(lengths)
+        except ValueError as e:  # a derived cost out of range
+            raise UsageError(f"{where_prefix(where, span)}{e}", span) from None
 
     @classmethod
     def load(cls, path: str | os.PathLike[str]) -> CostModel:
@@ -302,6 +308,15 @@ class CostModel:
                     # wins, and a B derived from I + W stays derived)
                     if k not in given and _pick(slevel, k) is not None:
                         sl.setdefault(k, self.cost(Op(k, s, -1)) * f)
+        derived = [*((mb_, lv) for mb_, lv in mb.items()),
+                   *((mb_, lv) for (_, mb_), lv in stage_mb.items())]
+        for mb_, lv in derived:
+            for name, x in lv.items():
+                if not x <= MAX_COST:  # also nan: a length so long its cost overflows
+                    cost = f"a cost of {x:g}, over {MAX_COST:g}" if math.isfinite(x) \
+                        else "a cost too large to compute"
+                    raise ValueError(f"micro-batch {mb_}'s length gives {name} {cost}; are "
+                                     "the lengths or length_cost too large?")
         return replace(self, mb=mb, stage_mb={k: v for k, v in stage_mb.items() if v})
 
     def settings(self) -> dict[str, float | str]:
@@ -383,6 +398,7 @@ def _check_time(name: str, v: object) -> None:
 
 
 # ---- settings -> model ---------------------------------------------------------------------
+_UNIT = re.compile(r'[^\s"\\\x00-\x1f\x7f]{1,16}')
 _INDEXED = re.compile(r"^(stage)\.(\d+)\.(mb)\.(\d+)\.(\w+)$|^(stage|mb)\.(\d+)\.(\w+)$")
 
 
@@ -408,8 +424,11 @@ def _build(items: Mapping[str, tuple[Any, Span | None]], where: str | None) -> C
                                  "supported (this pipeir reads version 1)", span)
             continue
         if name == "unit":
-            if not isinstance(value, str) or not value:
-                raise UsageError(f"{where_prefix(where, span)}'unit' must be a name like \"ms\", "
+            # NOTE: printed back into `.sched` costs blocks and every report, so a short
+            # word: no quotes, backslashes, spaces or control characters
+            if not isinstance(value, str) or not _UNIT.fullmatch(value):
+                raise UsageError(f"{where_prefix(where, span)}'unit' must be a name like \"ms\" "
+                                 f"(at most 16 characters, no quotes, spaces or backslashes), "
                                  f"got {value!r}", span)
             unit = value
             continue

@@ -88,11 +88,13 @@ def sequential(problem: Problem) -> Schedule:
 def library(costs: CostModel, ranks: int, microbatches: int, comm: CommModel,
             max_v: int) -> list[Candidate]:
     """tune's candidates (within any budget) for `costs` of one stage per rank."""
-    from pipeir.tune import search
+    from pipeir.tune import MAX_V, search
 
     try:
-        # dp=1: the model has no gradient reductions, so neither may its warm starts
-        result = search(costs, ranks, [microbatches], max_v=max_v, comms=(comm,), dp=1)
+        # dp=1: the model has no gradient reductions, so neither may its warm starts; tune
+        # interleaves powers of 2 up to MAX_V chunks, so the largest of those within max_v
+        result = search(costs, ranks, [microbatches],
+                        max_v=1 << (min(max_v, MAX_V).bit_length() - 1), comms=(comm,), dp=1)
     except PipeirError:
         return []
     return [*result.ranked, *result.over_limit]

@@ -1,0 +1,314 @@
+"""`pipeirc check` refuses inputs it cannot judge with one clear line (exit 2), never a
+traceback and never by silently ignoring a flag: hand-edited lowered JSON (`--lowered`), flags
+that a torch schedule CSV or a lowered .json does not take, and cost names in `--set`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import pipeir
+from pipeir.backend.lower import lower, to_json
+
+Cli = Callable[..., tuple[int, str, str]]
+Edit = Callable[[dict[str, Any]], None]
+
+# zb-v on 2 ranks, 4 micro-batches, as torch's `_dump_csv` writes it (compute_only)
+ZBV_CSV = ("0F0,0F1,0F2,3F0,3I0,3W0,3F1,3I1,3W1,0F3,0I0,0W0,3F2,3I2,3W2,0I1,0W1,3F3,3I3,3W3,"
+           "0I2,0W2,0I3,0W3\n"
+           "1F0,2F0,1F1,2F1,2I0,2W0,1F2,1I0,1W0,2F2,2I1,2W1,1F3,1I1,1W1,2F3,2I2,2W2,1I2,2I3,"
+           "1I3,1W2,2W3,1W3\n")
+LIBRARY = ("--schedule", "1f1b", "--ranks", "4", "--microbatches", "8")
+
+
+def _lowered() -> dict[str, Any]:
+    """What `pipeirc compile --schedule 1f1b --ranks 2 --microbatches 2` writes as
+    lowered.json."""
+    return to_json(lower(pipeir.library.get("1f1b", 2, 2)))
+
+
+def _at(data: dict[str, Any], rank: int, mnemonic: str) -> int:
+    """The position of the first `mnemonic` instruction in `rank`'s program."""
+    return next(pc for pc, ins in enumerate(data["programs"][rank]) if ins["i"] == mnemonic)
+
+
+def _set(rank: int, mnemonic: str, **fields: Any) -> Edit:
+    def edit(data: dict[str, Any]) -> None:
+        data["programs"][rank][_at(data, rank, mnemonic)].update(fields)
+    return edit
+
+
+def _header(**fields: Any) -> Edit:
+    return lambda data: data.update(fields)
+
+
+def _write(tmp_path: Path, data: dict[str, Any], name: str = "lowered.json") -> Path:
+    path = tmp_path / name
+    path.write_text(json.dumps(data), encoding="utf-8")
+    return path
+
+
+def _refused(cli: Cli, *args: Any) -> str:
+    """Run check, expect a usage error of one `error:` line; its text."""
+    code, out, err = cli("check", *args)
+    assert code == 2, (out, err)
+    assert "Traceback" not in err and out == ""
+    assert err.startswith("error: ") and err.count("error: ") == 1, err
+    return err
+
+
+# ---- lowered JSON: shape and types are checked when it is read ----------------------------------
+
+def test_the_valid_lowered_json_passes(cli: Cli, tmp_path: Path) -> None:
+    path = _write(tmp_path, _lowered())
+    code, out, err = cli("check", "--lowered", path)
+    assert code == 0, err
+    assert f"{path}: lowered ok" in out
+
+
+BAD_INSTRUCTIONS: list[tuple[str, int, str, dict[str, Any], str]] = [
+    ("stage-word", 0, "forward", {"stage": "zero"},
+     '"stage" must be a non-negative integer (64-bit), got "zero"'),
+    ("stage-list", 0, "forward", {"stage": [1]},
+     '"stage" must be a non-negative integer (64-bit), got [1]'),
+    ("stage-bool", 0, "forward", {"stage": True},
+     '"stage" must be a non-negative integer (64-bit), got true'),
+    ("mb-string", 0, "send", {"mb": "0"},
+     '"mb" must be a non-negative integer (64-bit), got "0"'),
+    ("mb-float", 0, "send", {"mb": 1e300},
+     '"mb" must be a non-negative integer (64-bit), got 1e+300'),
+    ("mb-negative", 0, "send", {"mb": -1},
+     '"mb" must be a non-negative integer (64-bit), got -1'),
+    ("peer-past-64-bit", 0, "send", {"peer": 2**63},
+     '"peer" must be a non-negative integer (64-bit), got 9223372036854775808'),
+    ("tag-null", 0, "send", {"tag": None},
+     '"tag" must be a non-negative integer (64-bit), got null'),
+    ("tensor", 0, "send", {"tensor": "weights"},
+     '"tensor" must be one of "act", "grad", got "weights"'),
+    ("scale", 1, "loss", {"scale": "half"}, '"scale" must be a finite number, got "half"'),
+    ("unknown-field", 0, "forward", {"micro": 0}, 'unknown field "micro"'),
+]
+
+
+@pytest.mark.parametrize(("rank", "mnemonic", "fields", "message"),
+                         [case[1:] for case in BAD_INSTRUCTIONS],
+                         ids=[case[0] for case in BAD_INSTRUCTIONS])
+def test_a_bad_instruction_field_is_named(cli: Cli, tmp_path: Path, rank: int, mnemonic: str,
+                                          fields: dict[str, Any], message: str) -> None:
+    data = _lowered()
+    pc = _at(data, rank, mnemonic)
+    data["programs"][rank][pc].update(fields)
+    path = _write(tmp_path, data)
+    err = _refused(cli, "--lowered", path)
+    assert f"error: {path}: rank {rank}, instruction {pc} ({mnemonic}): {message}" in err, err
+
+
+def test_an_unknown_instruction_is_named(cli: Cli, tmp_path: Path) -> None:
+    data = _lowered()
+    pc = _at(data, 0, "forward")
+    data["programs"][0][pc]["i"] = "frobnicate"
+    path = _write(tmp_path, data)
+    err = _refused(cli, "--lowered", path)
+    assert f'error: {path}: rank 0, instruction {pc}: unknown instruction "frobnicate"' in err
+
+
+def test_a_missing_field_and_a_non_object_instruction_are_named(cli: Cli,
+                                                                tmp_path: Path) -> None:
+    data = _lowered()
+    pc = _at(data, 0, "forward")
+    del data["programs"][0][pc]["mb"]
+    err = _refused(cli, "--lowered", _write(tmp_path, data))
+    assert f'rank 0, instruction {pc} (forward): missing field "mb"' in err
+    data = _lowered()
+    data["programs"][1].insert(2, [1])
+    err = _refused(cli, "--lowered", _write(tmp_path, data))
+    assert 'rank 1, instruction 2: expected an instruction object {"i": ...}, got [1]' in err
+
+
+def test_a_batch_holds_only_isend_and_irecv(cli: Cli, tmp_path: Path) -> None:
+    data = _lowered()
+    data["programs"][0].insert(1, {"i": "batch", "posts": [{"i": "forward", "stage": 0,
+                                                            "mb": 0}]})
+    err = _refused(cli, "--lowered", _write(tmp_path, data))
+    assert ("rank 0, instruction 1 (batch), post 0 (forward): a batch holds only isend and "
+            "irecv posts") in err
+    data["programs"][0][1]["posts"] = []
+    err = _refused(cli, "--lowered", _write(tmp_path, data))
+    assert '(batch): "posts" must be a non-empty list of isend and irecv objects, got []' in err
+
+
+BAD_HEADERS: list[tuple[str, Edit, str]] = [
+    ("more-ranks-than-programs", _header(ranks=3),
+     '"ranks" is 3, but there are 2 programs (one per rank)'),
+    ("fewer-ranks-than-programs", _header(ranks=1),
+     '"ranks" is 1, but there are 2 programs (one per rank)'),
+    ("microbatches-negative", _header(microbatches=-1),
+     '"microbatches" must be a positive integer (64-bit), got -1'),
+    ("microbatches-zero", _header(microbatches=0),
+     '"microbatches" must be a positive integer (64-bit), got 0'),
+    ("stages-string", _header(stages="2"),
+     '"stages" must be a positive integer (64-bit), got "2"'),
+    ("accumulate-float", _header(accumulate=1.5),
+     '"accumulate" must be a positive integer (64-bit), got 1.5'),
+    ("placement-length", _header(placement=[0, 1, 1]),
+     '"placement" must be a list of 2 ranks (one per stage, "stages": 2), got [0, 1, 1]'),
+    ("placement-rank", _header(placement=[0, 5]),
+     'placement of stage 1 must be a rank 0..1 ("ranks": 2), got 5'),
+    ("idle-rank", _header(placement=[0, 0]), 'rank 1 owns no stage (2 stages on 2 ranks'),
+    ("programs-not-a-list", _header(programs=5),
+     '"programs" must be a list of programs (one per rank), got 5'),
+    ("name", _header(name=7), '"name" must be a string, got 7'),
+    ("overlap", _header(overlap="yes"), '"overlap" must be true or false, got "yes"'),
+    ("version", _header(version=2), '"version" 2 is not one this pipeir reads (1)'),
+    ("missing", lambda d: d.pop("stages") and None, 'missing field "stages"'),
+]
+
+
+@pytest.mark.parametrize(("edit", "message"), [(e, m) for _, e, m in BAD_HEADERS],
+                         ids=[n for n, _, _ in BAD_HEADERS])
+def test_a_bad_header_is_named(cli: Cli, tmp_path: Path, edit: Edit, message: str) -> None:
+    data = _lowered()
+    edit(data)
+    path = _write(tmp_path, data)
+    err = _refused(cli, "--lowered", path)
+    assert f"error: {path}: {message}" in err, err
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ('{"format": "pipeir-lowered", "ranks": ' + "1" * 5000 + "}",
+     "not a readable JSON file: a number with thousands of digits"),
+    ("[" * 100_000, "not a readable JSON file: nested too deeply"),
+    ('{"format": "pipeir-lowered", "name": "x", "ranks": 1, "stages": 1, "microbatches": 1, '
+     '"accumulate": 1, "placement": [0], "programs": [[{"i": "loss", "stage": 0, "mb": 0, '
+     '"scale": NaN}]]}',
+     'rank 0, instruction 0 (loss): "scale" must be a finite number, got NaN'),
+], ids=["huge-integer", "deep", "nan"])
+def test_unreadable_json_is_one_line(cli: Cli, tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "odd.json"
+    path.write_text(text, encoding="utf-8")
+    err = _refused(cli, "--lowered", path)
+    assert f"error: {path}: {message}" in err, err
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (_set(0, "backward", stage=99),
+     "runs stage 99, but there is no stage 99 (stages are 0..1)"),
+    (_set(0, "backward", mb=7), "runs micro-batch 7, which is out of range (0..1)"),
+    (_set(1, "backward", stage=0),
+     "runs stage 0, but the placement runs stage 0 on rank 0, not on rank 1"),
+], ids=["stage-range", "mb-range", "placement"])
+def test_a_compute_off_the_placement_is_a_finding(cli: Cli, tmp_path: Path, edit: Edit,
+                                                  message: str) -> None:
+    """Stage 0's backward sends nothing, so no communication rule saw a wrong stage there:
+    `lowered ok` used to be printed for `backward stage=99`."""
+    data = _lowered()
+    edit(data)
+    code, out, err = cli("check", "--lowered", _write(tmp_path, data))
+    assert code == 1 and "Traceback" not in err and "lowered ok" not in out
+    assert message in err, err
+
+
+# ---- flags a torch schedule CSV or a lowered .json does not take --------------------------------
+
+@pytest.fixture
+def zbv(tmp_path: Path) -> Path:
+    path = tmp_path / "zbv.csv"
+    path.write_text(ZBV_CSV, encoding="utf-8")
+    return path
+
+
+def test_a_csv_takes_microbatches_and_a_count_limit(cli: Cli, zbv: Path) -> None:
+    code, out, err = cli("check", zbv, "--microbatches", "4")
+    assert code == 0, err
+    assert f"{zbv}: ok: 2 ranks, 4 stages, 4 micro-batches" in out
+    code, _, err = cli("check", zbv, "--memory-limit", "3")
+    assert code == 1 and "memory limit exceeded on rank 0" in err
+    upper = zbv.with_name("ZBV.CSV")
+    upper.write_text(ZBV_CSV, encoding="utf-8")
+    code, out, err = cli("check", upper)
+    assert code == 0 and "ZBV.CSV: ok" in out, err
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--schedule", "1f1b"), "give either FILE or --schedule, not both"),
+    (("--ranks", "3"), "--ranks goes with --schedule; {f} is a torch schedule CSV, whose rows "
+                       "and cells give its ranks, stages and placement"),
+    (("--v", "3"), "--v goes with --schedule; {f} is a torch schedule CSV"),
+    (("--set", "ranks=3"), "--set ranks: {f} is a torch schedule CSV, which has no settings "
+                           "or costs to set"),
+    (("--set", "microbatches=2"), "--set microbatches: {f} is a torch schedule CSV, which has "
+                                  "no settings or costs to set; use --microbatches N"),
+    (("--set", "F=1.5"), "--set F: {f} is a torch schedule CSV"),
+    (("--costs", "c.json"), "--costs: {f} is a torch schedule CSV, whose memory is counted in "
+                            "activations, not bytes"),
+    (("--memory-limit", "350B"), "--memory-limit in bytes needs costs, and {f} is a torch "
+                                 "schedule CSV"),
+], ids=["schedule", "ranks", "v", "set-ranks", "set-microbatches", "set-cost", "costs",
+        "bytes"])
+def test_a_csv_refuses_flags_it_would_ignore(cli: Cli, zbv: Path, flags: tuple[str, ...],
+                                             message: str) -> None:
+    err = _refused(cli, zbv, *flags)
+    assert f"error: {message.format(f=zbv)}" in err, err
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--ranks", "3"), "--ranks goes with --schedule; {f} is lowered programs, whose header "
+                       "gives their ranks, stages, micro-batches and placement"),
+    (("--microbatches", "4"), "--microbatches goes with --schedule; {f} is lowered programs"),
+    (("--schedule", "1f1b"), "give either FILE or --schedule, not both"),
+    (("--set", "memory_limit=3"), "--set memory_limit: {f} is lowered programs, which have no "
+                                  "settings or costs to set"),
+    (("--memory-limit", "3"), "--memory-limit: {f} is lowered programs: check --lowered "
+                              "proves their communication, not their memory"),
+], ids=["ranks", "microbatches", "schedule", "set", "memory-limit"])
+def test_a_lowered_json_refuses_flags_it_would_ignore(cli: Cli, tmp_path: Path,
+                                                      flags: tuple[str, ...],
+                                                      message: str) -> None:
+    path = _write(tmp_path, _lowered())
+    err = _refused(cli, "--lowered", path, *flags)
+    assert f"error: {message.format(f=path)}" in err, err
+
+
+# ---- cost names in --set, as simulate reads them -------------------------------------------------
+
+def test_set_takes_cost_names(cli: Cli) -> None:
+    """What `check --help` promises: "--set F=1.5 and the like override single costs"."""
+    code, out, _ = cli("check", "--help")
+    assert code == 0 and "--set F=1.5 and the like override single costs" in " ".join(out.split())
+    code, out, err = cli("check", *LIBRARY, "--set", "F=1.5")
+    assert code == 0 and "--schedule 1f1b: ok: one_f_one_b: 4 ranks" in out, err
+    assert "peak bytes" not in out  # F is a time: nothing here is measured in bytes
+
+
+def test_set_memory_bytes_gives_the_byte_limit_its_sizes(cli: Cli) -> None:
+    code, out, err = cli("check", *LIBRARY, "--set", "memory_bytes=100",
+                         "--memory-limit", "450B")
+    assert code == 0, err
+    assert "peak bytes per rank: 400 300 200 100" in out
+    code, _, err = cli("check", *LIBRARY, "--set", "memory_bytes=100", "--memory-limit", "350B")
+    assert code == 1 and "Traceback" not in err
+    assert "memory limit exceeded on rank 0" in err and "memory_limit = 350 bytes" in err
+
+
+def test_set_cost_names_in_a_sched_file(cli: Cli) -> None:
+    path = Path(__file__).parent.parent / "examples" / "1f1b.sched"
+    code, out, err = cli("check", path, "--set", "stage.0.memory_bytes=10", "--set", "B=2")
+    assert code == 0, err
+    assert "peak bytes per rank: 40 0 0 0" in out
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--set", "F=-1"), "--set: cost 'F' must be non-negative, got -1"),
+    (("--set", "Fx=2"), "--set Fx: unknown setting; settable here are ranks"),
+    (("--set", "F=1.5", "--memory-limit", "350B"),
+     "peak bytes need activation sizes: give memory_bytes in the costs"),
+], ids=["negative", "unknown", "bytes-without-sizes"])
+def test_bad_cost_settings_are_one_line(cli: Cli, flags: tuple[str, ...], message: str) -> None:
+    err = _refused(cli, *LIBRARY, *flags)
+    assert message in err, err
+    if "unknown" in message:
+        assert "or a cost: F, B" in err
