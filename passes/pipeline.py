@@ -8,12 +8,14 @@ bad name, option or value is a diagnostic that points into the pipeline string.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin
 
+from pipeir import limits
 from pipeir.diagnostics import Note, PipeirError, Source, Span, UsageError, did_you_mean
 from pipeir.passes import registry
 from pipeir.passes.base import LoweredPass, PassBase
@@ -254,16 +256,26 @@ def convert(text: str, hint: Any, what: str, span: Span | None) -> Any:
         if text.lower() in ("false", "0", "no", "off"):
             return False
         raise UsageError(f"{what} must be true or false, got '{text}'", span)
+    # NOTE: integers are 64-bit and numbers finite, as in `.sched` files (`pipeir.limits`):
+    # recompute{budget=1e400} was inf and reorder{budget_ms=10**23} a Python big integer,
+    # both accepted and both meaningless
     if hint is int:
         try:
-            return int(text, 10)
+            value = int(text, 10)
         except ValueError:
             raise UsageError(f"{what} must be an integer, got '{text}'", span) from None
+        if limits.int_overflow(value):
+            raise UsageError(f"{what} is out of range: integers are 64-bit, at most "
+                             f"{limits.MAX_INT:,}", span)
+        return value
     if hint is float:
         try:
-            return float(text)
+            number = float(text)
         except ValueError:
             raise UsageError(f"{what} must be a number, got '{text}'", span) from None
+        if not math.isfinite(number):
+            raise UsageError(f"{what} must be a finite number, got '{text}'", span)
+        return number
     if hint is str:
         return text
     raise UsageError(f"{what} has a type the pipeline syntax cannot spell ({hint!r})", span)

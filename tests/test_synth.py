@@ -869,18 +869,21 @@ def test_pass_is_never_slower_and_keeps_the_inputs_memory() -> None:
 
 
 @pytest.mark.parametrize(("spec", "column", "message"), [
-    ("synth{time_limit=0}", 18, "time_limit must be a finite number of seconds > 0, got 0"),
-    ("synth{time_limit=nan}", 18, "time_limit must be a finite number of seconds > 0, got nan"),
-    ("synth{time_limit=inf}", 18, "time_limit must be a finite number of seconds > 0, got inf"),
-    ("synth{seed=2147483648}", 12, "the seed must be a 32-bit integer"),
-    ("synth{workers=0}", 15, "workers must be 1 to 256, got 0"),
-    ("synth{workers=99999999999}", 15, "workers must be 1 to 256, got 99999999999"),
+    ("synth{time_limit=0}", 18,
+     "synth: time_limit must be a finite number of seconds > 0, got 0"),
+    ("synth{time_limit=nan}", 18,
+     "option 'time_limit' of pass 'synth' must be a finite number, got 'nan'"),
+    ("synth{time_limit=inf}", 18,
+     "option 'time_limit' of pass 'synth' must be a finite number, got 'inf'"),
+    ("synth{seed=2147483648}", 12, "synth: the seed must be a 32-bit integer"),
+    ("synth{workers=0}", 15, "synth: workers must be 1 to 256, got 0"),
+    ("synth{workers=99999999999}", 15, "synth: workers must be 1 to 256, got 99999999999"),
 ])
 def test_pass_option_errors(spec: str, column: int, message: str) -> None:
     """Refused as the pipeline is read, at the option, not by the solver after the search."""
     with pytest.raises(pipeir.UsageError) as e:
         pipeir.compile(pipeir.library.get("1f1b", 2, 4), spec)
-    assert e.value.render().startswith(f"<passes>:1:{column}: error: synth: {message}"), \
+    assert e.value.render().startswith(f"<passes>:1:{column}: error: {message}"), \
         e.value.render()
 
 
