@@ -641,8 +641,8 @@ def _header(data: object, where: str) -> dict[str, Any]:
         if type(r) is not int or not 0 <= r < ranks:
             raise UsageError(f"{where}: placement of stage {s} must be a rank 0..{ranks - 1} "
                              f"(\"ranks\": {ranks}), got {_shown(r)}")
-    owners = set(placement)  # some rank of 0..stages owns nothing when ranks > stages
-    idle = next((r for r in range(min(ranks, stages + 1)) if r not in owners), None)
+    owners = set(placement)
+    idle = next((r for r in range(ranks) if r not in owners), None)
     if idle is not None:  # as PipelineConfig: a rank that owns no stage is a wrong "ranks"
         raise UsageError(f"{where}: rank {idle} owns no stage ({stages} stages on {ranks} "
                          f"ranks, \"placement\": {_shown(placement)})")
