@@ -38,6 +38,9 @@ class PassBase:
 
     name: ClassVar[str]  # kebab-case, e.g. "split-backward"
     summary: ClassVar[str]  # one line for `pipeirc passes`
+    #: Whether the pass decides by the context's costs (`reorder`, `synth`): a command that
+    #: runs it with no costs at all warns, since it then plans for the default unit costs.
+    costed: ClassVar[bool] = False
 
     def options(self) -> dict[str, Any]:
         """The option values of this instance, by field name."""

@@ -20,6 +20,7 @@ the number of rounds (torch's rule; any m <= p and any multiple of p work).
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
@@ -32,7 +33,7 @@ from pipeir.passes.dp_reduce import reject_reductions
 from pipeir.passes.memory import reject_memory_ops
 from pipeir.schedule import Schedule
 from pipeir.sim.engine import Timing
-from pipeir.verify import memory_report
+from pipeir.verify import live_activations, memory_report
 
 Placement = Literal["loop", "vshape"]
 
@@ -81,12 +82,27 @@ class Interleave(Pass):
         total = c.microbatches * self.v
         warm = [total if w == c.microbatches else min((self.v - 1) * per_round + 2 * w, total)
                 for w in warmups]
-        spans: dict[Op, Span | None] = {}
+        if self.placement == "vshape" and any(w < total for w in warm):
+            # Megatron's order is for a loop; on a V, the list order (`_v_order`) within the
+            # loop order's peak
+            looped = PipelineConfig.make(c.ranks, c.microbatches, config.stages)
+            cap = max(max((live for _, live in live_activations(
+                self._program(looped, r, warm[r], per_round))), default=0)
+                for r in range(c.ranks))
+            programs = _v_order(config, cap)
+            if programs is not None:
+                return self._checked(Schedule.from_programs(
+                    config, programs, schedule.name, _spans(schedule, programs)), c.memory_limit)
+        return self._checked(self._depth_first(schedule, config, warm, per_round, ctx),
+                             c.memory_limit)
+
+    def _depth_first(self, schedule: Schedule, config: PipelineConfig, warm: list[int],
+                     per_round: int, ctx: PassContext) -> Schedule:
+        """Megatron's order (`_program`), each warm-up lengthened until the order runs."""
         while True:
-            programs = [self._program(config, r, warm[r], per_round) for r in range(c.ranks)]
-            spans = {op: schedule.span_of(Op(op.kind, r, op.mb))  # a chunk's op comes from
-                     for r, prog in enumerate(programs) for op in prog}  # the rank's op
-            out = Schedule.from_programs(config, programs, schedule.name, spans)
+            programs = [self._program(config, r, warm[r], per_round) for r in range(config.ranks)]
+            out = Schedule.from_programs(config, programs, schedule.name,
+                                         _spans(schedule, programs))
             heads = Timing(out, ctx.costs).stuck()
             stuck = [r for r, k in enumerate(heads) if k is not None and programs[r][k].kind == "B"]
             if not stuck:
@@ -97,14 +113,18 @@ class Interleave(Pass):
             # backward until the order runs; all-forwards-first always does, so this ends.
             for r in stuck:
                 warm[r] += 1
-        if config.memory_limit is not None:
+        return out
+
+    def _checked(self, out: Schedule, limit: int | None) -> Schedule:
+        """`out`, if its peak is within the input's `limit` x v (chunk activations)."""
+        if limit is not None:
             peaks = memory_report(out).peak_activations
-            worst = max(range(c.ranks), key=peaks.__getitem__)
-            if peaks[worst] > config.memory_limit:
+            worst = max(range(len(peaks)), key=peaks.__getitem__)
+            if peaks[worst] > limit * self.v:
                 raise UsageError(
                     f"interleave{{v={self.v}}}: the interleaved order holds {peaks[worst]} "
                     f"chunk activations on rank {worst}, more than memory_limit x v = "
-                    f"{c.memory_limit} x {self.v} = {config.memory_limit}", None,
+                    f"{limit} x {self.v} = {limit * self.v}", None,
                     (Note(f"raise memory_limit to {-(-peaks[worst] // self.v)} or use a "
                           "smaller v"),))
         return out
@@ -123,6 +143,78 @@ class Interleave(Pass):
         for k in range(total - warm):
             prog += [fwd[warm + k], bwd[k]]
         return prog + bwd[total - warm:]
+
+
+def _spans(schedule: Schedule, programs: list[list[Op]]) -> dict[Op, Span | None]:
+    """Each chunk's op points at the rank's op it comes from."""
+    return {op: schedule.span_of(Op(op.kind, r, op.mb))
+            for r, prog in enumerate(programs) for op in prog}
+
+
+def _v_order(config: PipelineConfig, cap: float) -> list[list[Op]] | None:
+    """Every rank's order on a V placement: a list schedule in unit time (F = 1, B = 2, free
+    links) in which a free rank runs its oldest ready backward, else, while it holds fewer
+    than `cap` chunk activations, its deepest ready forward (oldest micro-batch first), else
+    waits. The order is one execution's, so it never deadlocks whatever the costs.
+
+    NOTE: Megatron's depth-first order assumes a loop, where a micro-batch's next chunk on a
+    rank is p stages away; on a V a rank's two chunks of one micro-batch are 2(p - r) - 1
+    stages apart, so rank 0 ran its forwards of chunk 0 and then waited the whole way down for
+    chunk 1. Steps under chunk costs (F = 1/v, B = 2/v), depth-first -> this order (the loop;
+    plain 1F1B): p = 4, m = 8, v = 2: 48 -> 32.5 (28.5; 33); p = 8, m = 32: 474 -> 115
+    (106.5; 117); p = 4, m = 8, v = 4: 52.5 -> 30.5 (26.25; 33). It still trails the loop,
+    and at p = 4, m = 16 plain 1F1B (61.5 against 57): unsplit backwards favour the loop, and
+    the V is zero bubble's placement, with I and W (zb-v, dualpipe-v, or `synth`). The cap is
+    the loop's peak on its busiest rank for every rank: a V's ranks hold alike (capped at the
+    loop's per-rank peaks, 45 and 260). The depth-first order stays where this one stalls."""
+    stages, m = config.stages, config.microbatches
+    ends: dict[Op, int] = {}
+    programs: list[list[Op]] = [[] for _ in range(config.ranks)]
+    free, live = [0] * config.ranks, [0] * config.ranks
+    next_f, next_b = [0] * stages, [0] * stages
+
+    def ready(op: Op | None, t: int) -> bool:
+        return op is None or ends.get(op, t + 1) <= t
+
+    wake = [(0, r) for r in range(config.ranks)]
+    left = 2 * stages * m
+    while left:
+        if not wake:
+            return None  # every rank waits: the depth-first order stands
+        t, r = heapq.heappop(wake)
+        if free[r] > t:
+            continue
+        pick: tuple[tuple[int, int], Op] | None = None
+        for s in config.stages_of(r):
+            k = next_b[s]
+            if k < m and ready(Op("F", s, k) if s == stages - 1 else Op("B", s + 1, k), t) \
+                    and (pick is None or (k, -s) < pick[0]):
+                pick = ((k, -s), Op("B", s, k))
+        if pick is None and live[r] < cap:
+            for s in config.stages_of(r):
+                k = next_f[s]
+                if k < m and ready(Op("F", s - 1, k) if s else None, t) \
+                        and (pick is None or (-s, k) < pick[0]):
+                    pick = ((-s, k), Op("F", s, k))
+        if pick is None:
+            continue  # woken again when an op it waits for ends
+        op = pick[1]
+        end = t + (1 if op.kind == "F" else 2)
+        ends[op], free[r] = end, end
+        programs[r].append(op)
+        left -= 1
+        if op.kind == "F":
+            next_f[op.stage] += 1
+            live[r] += 1
+        else:
+            next_b[op.stage] += 1
+            live[r] -= 1
+        heapq.heappush(wake, (end, r))
+        after = op.stage + 1 if op.kind == "F" and op.stage < stages - 1 else \
+            op.stage - 1 if op.kind == "B" else op.stage
+        if 0 <= after < stages:
+            heapq.heappush(wake, (end, config.placement[after]))
+    return programs
 
 
 def _shape(schedule: Schedule) -> list[int]:

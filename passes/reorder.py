@@ -53,6 +53,7 @@ class Reorder(Pass):
     name: ClassVar[str] = "reorder"
     summary: ClassVar[str] = ("choose the micro-batch entry order that shortens the simulated "
                               "step under the context's costs (same memory, never slower)")
+    costed: ClassVar[bool] = True
 
     by: Literal["cost"] = "cost"
     budget_ms: int = 20

@@ -34,6 +34,7 @@ class Synth(Pass):
     name: ClassVar[str] = "synth"
     summary: ClassVar[str] = ("reorder every rank's ops for the shortest step under the "
                               "context's costs (CP-SAT; never slower, same memory by default)")
+    costed: ClassVar[bool] = True
 
     time_limit: float = 10.0
     memory_limit: int = 0  # 0: the pipeline's memory_limit, else the input's peak

@@ -26,10 +26,11 @@ count does not change them.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
-from pipeir import library
+from pipeir import library, limits
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.ops import KINDS
 from pipeir.passes.base import Pass
@@ -159,13 +160,20 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
            memory_limit: float | None = None, max_v: int = 8,
            comms: Sequence[str] = ("overlapped", "blocking"),
            splits: Sequence[str | None] = SPLITS, reorder: bool | None = None,
-           dp: int | None = None, progress: Callable[[str], None] | None = None
-           ) -> TuneResult:
+           dp: int | None = None, progress: Callable[[str], None] | None = None,
+           deadline: float | None = None) -> TuneResult:
     """Simulate every candidate; rank those within `memory_limit` by predicted step time
     (then fewer messages, then less memory). `reorder` (default: when micro-batches differ
     in cost) adds the `reorder` pass to every candidate; `dp` (default: the costs' `dp`)
     replicates the pipeline and adds `dp-reduce`. `progress` hears of each candidate before
-    it is simulated (`pipeir.progress`)."""
+    it is simulated (`pipeir.progress`).
+
+    Every candidate is kept (its schedule too), so the ops of all of them must fit pipeir's
+    memory budget (`pipeir.limits`): past it the search is refused before it starts. With a
+    `deadline` (a `time.perf_counter()` value; synth's warm start, which must not outlast
+    synth's time limit) the search is the plan's longest prefix that fits the budget and
+    starts before the deadline, always at least one candidate: the plan runs from the plain
+    library schedules (1F1B, GPipe) to the interleaved and zero-bubble ones."""
     if dp is not None:
         if dp < 1:
             raise UsageError(f"--dp {dp}: need at least 1 replica")
@@ -189,20 +197,36 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
     ref = microbatches[0]
     ranked: list[Candidate] = []
     over: list[Candidate] = []
-    plan = []
+    plan: list[tuple[Schedule, CostModel, str, int, int, str | None, str]] = []
     refused: list[str] = []
-    for m in dict.fromkeys(microbatches):
-        for family, v in _families(ranks, m, max_v):
-            try:
-                base = library.get(family, ranks=ranks, microbatches=m,
-                                   **({"v": v} if family == "interleaved-1f1b" else {}))
-            except PipeirError as e:  # e.g. interleaved 1F1B needs m to be a multiple of
-                refused.append(e.diagnostics[0].message)  # its rounds; or a size limit
-                continue
-            chunk_costs = rescale(costs, ranks, v, ref / m)
-            plan += [(base, chunk_costs, family, v, m, split, comm)
-                     for split in ([None] if family in PRESPLIT else splits) for comm in comms]
+    specs = [(m, family, v) for m in dict.fromkeys(microbatches)
+             for family, v in _families(ranks, m, max_v)]
+    held = 0  # the ops of every candidate planned so far (each is kept, see the docstring)
+    for n, (m, family, v) in enumerate(specs):
+        if plan and deadline is not None and time.perf_counter() > deadline:
+            break
+        try:
+            base = library.get(family, ranks=ranks, microbatches=m,
+                               **({"v": v} if family == "interleaved-1f1b" else {}))
+        except PipeirError as e:  # e.g. interleaved 1F1B needs m to be a multiple of
+            refused.append(e.diagnostics[0].message)  # its rounds; or a size limit
+            continue
+        variants = _variants(family, splits, comms)
+        backwards = sum(op.kind == "B" for op in base)
+        ops = sum(len(base) + (backwards if split else 0) for split, _ in variants)
+        if held + ops > limits.max_ops():
+            if deadline is not None:
+                break  # the prefix that fits
+            later = sum(ranks * w * k * (3 if f in PRESPLIT or split else 2)
+                        for k, f, w in specs[n + 1:] for split, _ in _variants(f, splits, comms))
+            limits.check_ops(f"tune's search ({ranks} ranks, every candidate kept for the "
+                             "ranking)", held + ops + later)
+        held += ops
+        chunk_costs = rescale(costs, ranks, v, ref / m)
+        plan += [(base, chunk_costs, family, v, m, split, comm) for split, comm in variants]
     for i, (base, chunk_costs, family, v, m, split, comm) in enumerate(plan, 1):
+        if i > 1 and deadline is not None and time.perf_counter() > deadline:
+            break
         if progress is not None:
             progress(f"candidate {i}/{len(plan)}: {family} v={v} m={m}"
                      + (f" split {split}" if split else "") + f" {comm}")
@@ -226,9 +250,17 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
 #: Library schedules that already split their backwards (I + W): split-backward adds nothing.
 PRESPLIT = ("zb-v", "dualpipe-v")
 
+def _variants(family: str, splits: Sequence[str | None], comms: Sequence[str]
+              ) -> list[tuple[str | None, str]]:
+    """The (split-backward mode, comm model) pairs tried on one library schedule."""
+    return [(split, comm) for split in ([None] if family in PRESPLIT else splits)
+            for comm in comms]
+
 
 def _families(ranks: int, m: int, max_v: int) -> list[tuple[str, int]]:
-    out = [("gpipe", 1), ("1f1b", 1)]
+    """The library schedules tried, 1F1B first: a search cut short by a deadline (synth's
+    warm start) has at least the schedule that fits 1F1B's memory."""
+    out = [("1f1b", 1), ("gpipe", 1)]
     v = 2
     while v <= max_v and ranks > 1:
         out.append(("interleaved-1f1b", v))

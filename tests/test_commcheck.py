@@ -29,12 +29,14 @@ from pipeir.backend.commcheck import Key, check_comm, schedule_locator, what
 from pipeir.backend.lower import (
     Backward,
     BackwardInput,
+    BackwardWeight,
     Batch,
     Comm,
     Forward,
     Instr,
     IRecv,
     ISend,
+    Loss,
     Lowered,
     Send,
     WaitRecv,
@@ -347,3 +349,82 @@ def test_lowered_findings_point_at_the_sched_op() -> None:
     d = e.value.diagnostics[0]
     assert d.span is not None and d.span.file.endswith("1f1b.sched")
     assert "before the op that produces it" in d.message
+
+
+COMPUTES = (Forward, Backward, BackwardInput, BackwardWeight, Loss)
+
+
+@given(schedules(configs(max_ranks=3, max_microbatches=3, max_chunks=2)), st.booleans(),
+       st.randoms(use_true_random=False))
+def test_a_compute_left_out_or_run_twice_is_rejected(schedule, twice: bool,
+                                                     rnd: random.Random) -> None:
+    """The fault is known from the mutation, not from the checker: one compute instruction
+    (forward, loss, B, I or W) removed or repeated. Removing one whose output no rank
+    receives (stage 0's backward, any W, a loss) used to pass."""
+    low = lower(schedule)
+    sites = [(r, k) for r, prog in enumerate(low.programs) for k, i in enumerate(prog)
+             if type(i) in COMPUTES]
+    r, k = rnd.choice(sites)
+    prog = list(low.programs[r])
+    ins = prog[k]
+    if twice:
+        prog.insert(k + 1, ins)
+    else:
+        prog.pop(k)
+    with pytest.raises(VerifyError) as e:
+        check_comm(_with(low, r, prog), schedule_locator(schedule))
+    text = e.value.render()
+    stage, mb = ins.stage, ins.mb  # type: ignore[attr-defined]
+    assert f"stage {stage}, micro-batch {mb}" in text or "deadlock" in text, text
+
+
+def test_compute_findings_say_what_is_missing_or_out_of_order() -> None:
+    low = lower(pipeir.library.get("1f1b", 2, 2))
+    prog = list(low.programs[0])
+    b = next(k for k, i in enumerate(prog) if isinstance(i, Backward))
+    f = next(k for k, i in enumerate(prog) if isinstance(i, Forward))
+    with pytest.raises(VerifyError) as e:
+        check_comm(_with(low, 0, prog[:b] + prog[b + 1:]))
+    assert e.value.message == (
+        f"rank 0 at #{f} `forward stage=0 mb=0` (F(0,0), {prog[f].at}) has no backward: rank "
+        "0 never runs B, or I and W, of stage 0, micro-batch 0; every stage runs one forward "
+        "and one backward (B, or I then W) per micro-batch")
+    split = lower(pipeir.compile(pipeir.library.get("1f1b", 2, 2), "split-backward").schedule)
+    prog = list(split.programs[0])
+    w = next(k for k, i in enumerate(prog) if isinstance(i, BackwardWeight))
+    with pytest.raises(VerifyError, match=r"runs I of stage 0, micro-batch \d without its W"):
+        check_comm(_with(split, 0, prog[:w] + prog[w + 1:]))
+    last = list(low.programs[1])
+    loss = next(k for k, i in enumerate(last) if isinstance(i, Loss))
+    back = next(k for k, i in enumerate(last) if isinstance(i, Backward))
+    last.insert(back + 1, last.pop(loss))
+    with pytest.raises(VerifyError, match=r"`loss .*runs after `backward` of stage 1, "
+                                          r"micro-batch 0, which needs it first"):
+        check_comm(_with(low, 1, last))
+    alone = lower(pipeir.library.get("1f1b", 1, 2))
+    with pytest.raises(VerifyError) as e:
+        check_comm(replace(alone, programs=((),)))
+    assert e.value.message == ("rank 0's program is empty, but the placement runs stage 0 "
+                               "there: every stage runs one forward and one backward (B, or I "
+                               "then W) per micro-batch")
+
+
+def test_check_lowered_points_at_the_instruction_in_the_json_file(cli, tmp_path: Path
+                                                                  ) -> None:
+    out = tmp_path / "gen"
+    assert cli("compile", "--schedule", "1f1b", "--ranks", 2, "--microbatches", 2, "-o",
+               out)[0] == 0
+    path = out / "lowered.json"
+    data = json.loads(path.read_text())
+    prog = data["programs"][0]
+    drop = next(k for k, i in enumerate(prog) if i["i"] == "backward")
+    fwd = next(k for k, i in enumerate(prog) if i["i"] == "forward")
+    del prog[drop]
+    text = json.dumps(data, indent=1) + "\n"
+    path.write_text(text)
+    line = text.splitlines().index('    "i": "forward",') + 1  # rank 0's first forward
+    code, _, err = cli("check", "--lowered", path)
+    assert code == 1
+    assert err.startswith(f"{path}:{line}:5: error: rank 0 at #{fwd} `forward stage=0 mb=0` "
+                          "(F(0,0), ")
+    assert "has no backward" in err and '\n        "i": "forward",\n' in err

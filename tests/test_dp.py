@@ -394,6 +394,20 @@ def test_bad_dp_input_is_one_clear_message(cli) -> None:
     assert code == 2 and "use --nproc 4" in err
 
 
+def test_a_world_past_32_bit_ranks_is_refused_before_anything_is_written(cli, tmp_path: Path
+                                                                         ) -> None:
+    out = tmp_path / "gen"
+    code, _, err = cli("compile", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "4",
+                       "--dp", str(2**29), "-o", out)
+    assert code == 2 and not out.exists()
+    assert err == (f"error: --dp {2**29}: 4 ranks x 536,870,912 replicas is 2,147,483,648 "
+                   "processes; torch.distributed numbers them with 32-bit integers (at most "
+                   "2,147,483,647)\n")
+    code, _, err = cli("compile", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "4",
+                       "--dp", str(2**29 - 1), "-o", out)
+    assert code == 0, err
+
+
 def test_a_lost_rank_names_its_groups_and_stops_every_rank(cli, tmp_path: Path) -> None:
     """Replica 1's pipeline rank 1 (global rank 3) is killed mid-step: one message naming it,
     its pipeline and data-parallel groups, every process stopped, exit 1."""

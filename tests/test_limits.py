@@ -16,6 +16,8 @@ from pipeir.config import ConfigError, PipelineConfig
 from pipeir.interop.reader import loads_csv
 from pipeir.runtime.measure import expand_rounds
 
+REPO = Path(__file__).parent.parent
+
 HEAD = "pipeline { ranks = 1  microbatches = 1 }\n"
 BODY = "schedule s { rank r {%s\n F(r, 0) B(r, 0) } }\n"
 
@@ -195,3 +197,40 @@ def test_training_that_cannot_fit_is_refused_before_any_process(
                        "--model", "pipeir.models.mlp:small", "--passes", "interleave{v=20}",
                        "--steps", "1")
     assert code == 0, err
+
+
+def test_tunes_whole_search_is_checked_against_the_budget(budget: pytest.MonkeyPatch, cli,
+                                                            tmp_path: Path) -> None:
+    """tune keeps every candidate: eight ranks and 64 micro-batches plan 71,680 ops (1F1B and
+    GPipe with B, h1 and h2 backwards, 4,096 ops each; interleaved v = 2, 4 and 8, twice,
+    four and eight times that; ZB-V and DualPipe-V, 3,072 each), over a 40 MB budget's 20,000
+    ops; refused before any simulation, nothing written."""
+    budget.setenv(limits.ENV, "40MB")
+    out = tmp_path / "best.sched"
+    t0 = time.monotonic()
+    code, _, err = cli("tune", "--costs", REPO / "examples" / "costs" / "uniform.toml",
+                       "--ranks", 8, "--microbatches", 64, "--comm", "overlapped", "-o", out)
+    assert code == 2
+    assert err.startswith("error: tune's search (8 ranks, every candidate kept for the "
+                          "ranking) is too large: 71,680 ops need 137 MiB")
+    assert "over pipeir's memory budget of 38.1 MiB; to allow it, set PIPEIR_MAX_MEMORY=1GiB" \
+        in err
+    assert not out.exists() and time.monotonic() - t0 < 10
+    budget.setenv(limits.ENV, "1GiB")
+    assert cli("tune", "--costs", REPO / "examples" / "costs" / "uniform.toml", "--ranks", 8,
+               "--microbatches", 64, "--comm", "overlapped", "-o", out)[0] == 0
+
+
+def test_a_search_with_a_deadline_keeps_the_prefix_that_fits(budget: pytest.MonkeyPatch
+                                                               ) -> None:
+    """synth's warm start (`search(deadline=...)`) is cut to what fits, not refused."""
+    from pipeir.sim import CostModel
+    from pipeir.tune import search
+
+    budget.setenv(limits.ENV, "40MB")
+    costs = CostModel.load(REPO / "examples" / "costs" / "uniform.toml")
+    got = search(costs, 8, [64], comms=("overlapped",), deadline=time.perf_counter() + 600)
+    kept = [*got.ranked, *got.over_limit]
+    held = sum(len(c.schedule) for c in kept)
+    assert {c.family for c in kept} == {"1f1b", "gpipe", "interleaved-1f1b"}
+    assert held <= limits.max_ops() < held + 8 * 4 * 64 * 2 * 4  # the next, v = 4, not

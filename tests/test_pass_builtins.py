@@ -21,6 +21,7 @@ from pipeir.passes.verify import Verify
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, simulate
 from pipeir.testing import configs, schedules
+from pipeir.verify import memory_report
 
 REPO = Path(__file__).parent.parent
 UNIT = CostModel(F=1, B=2, I=1, W=1)
@@ -82,6 +83,26 @@ def test_interleave_rejects_schedules_without_a_1f1b_shape() -> None:
                                "F(0,1) where F(0,0) was expected")
     with pytest.raises(pipeir.UsageError, match="one stage per rank"):
         Interleave().run(pipeir.library.get("interleaved-1f1b", 2, 4))
+
+
+@pytest.mark.parametrize(("p", "m", "v", "step"), [(4, 8, 2, 32.5), (8, 32, 2, 115.0),
+                                                  (4, 8, 4, 30.5), (8, 8, 2, 38.0)])
+def test_interleave_on_a_v_runs_a_list_order_within_the_loops_memory(
+        p: int, m: int, v: int, step: float) -> None:
+    """Megatron's depth-first order is for a loop: on a V it left rank 0 waiting for its
+    second chunk (48 and 474 at the first two sizes). The V's order beats plain 1F1B there,
+    holds no more than the loop's order, and runs under any costs."""
+    base = pipeir.library.get("1f1b", p, m)
+    chunk = CostModel(F=1 / v, B=2 / v)
+    vee = Interleave(v=v, placement="vshape").run(base)
+    loop = Interleave(v=v).run(base)
+    pipeir.verify(vee)
+    assert simulate(vee, chunk).makespan == pytest.approx(step)
+    assert step < simulate(base).makespan
+    assert max(memory_report(vee).peak_activations) == \
+        max(memory_report(loop).peak_activations)
+    lopsided = CostModel.from_settings({"F": 0.1, "B": 3.0, "stage.0.F": 5.0, "latency": 2.0})
+    assert simulate(vee, lopsided).makespan > 0  # (simulate raises on a deadlock)
 
 
 @pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (3, 6, 2), (4, 8, 2), (4, 4, 3)])

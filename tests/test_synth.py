@@ -854,7 +854,94 @@ def test_window_search_alone_improves_from_the_warm_start(monkeypatch: pytest.Mo
     assert problem.fits(got.schedule) and problem.step_time(got.schedule) == got.step
 
 
+
+def test_warm_start_labels_say_what_the_order_is() -> None:
+    """A B-only problem takes tune's split candidates with their backwards merged, and says
+    so: the order is not what split-backward{mode=h1} alone would run."""
+    costs = CostModel.load(REPO / "examples" / "costs" / "heavy-ends.toml")
+    problem = make_problem(costs, 4, 8, 2, "vshape", split=False, memory_limit=4)
+    found = starts(problem, library(costs, 4, 8, "overlapped", 2))
+    zbv = [st for st in found if st.label.startswith("zb-v")]
+    assert [st.label for st in zbv] == ["zb-v v=2, backwards merged"]
+    assert {op.kind for op in zbv[0].schedule} == {"F", "B"}
+    split = make_problem(costs, 4, 8, 2, "vshape", split=True, memory_limit=4)
+    assert "zb-v v=2" in [st.label for st in starts(split, library(costs, 4, 8, "overlapped",
+                                                                   2))]
+
+
+def test_a_warm_start_at_the_bound_is_not_decomposed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """1F1B meets the bound of uniform costs with one stage per rank: nothing to decompose
+    (at p = 64, m = 256 that was 6 s of a 10 s limit)."""
+    import pipeir.synth as synth
+
+    costs = CostModel.load(REPO / "examples" / "costs" / "uniform.toml")
+    problem = make_problem(costs, 8, 128, memory_limit=8)
+    assert len(problem.ops) > EXACT_OPS
+    monkeypatch.setattr(synth, "_decompose", None)  # must not be called
+    got = synth.synthesize(problem, tune_costs=costs, time_limit=20)
+    assert got.optimal and got.step == got.warm.step == problem.lower_bound()
+    assert got.method == "the warm start meets the lower bound"
+
+
+def test_the_library_search_and_the_bounds_stay_within_the_time(
+        monkeypatch: pytest.MonkeyPatch, cli, tmp_path: Path) -> None:
+    """tune's search gets a deadline of a third of the time limit; shapes whose bound is not
+    reached by half of it are left out, and the output says so (a shape's bound took 5 s at
+    p = 64, m = 256; simulated here by a slow bound). Both wait for `FLOOR` seconds at least,
+    so small problems do not depend on the machine's speed."""
+    import pipeir.synth as synth
+    import pipeir.tune
+
+    deadlines: list[float] = []
+    real_search, real_bound = pipeir.tune.search, Problem.lower_bound
+
+    def search(*args: object, **kwargs: object) -> object:
+        deadlines.append(kwargs["deadline"] - time.perf_counter())  # type: ignore[operator]
+        return real_search(*args, **kwargs)  # type: ignore[arg-type]
+
+    def slow(self: Problem) -> float:
+        time.sleep(0.5)
+        return real_bound(self)
+
+    monkeypatch.setattr(pipeir.tune, "search", search)
+    monkeypatch.setattr(Problem, "lower_bound", slow)
+    monkeypatch.setattr(synth, "FLOOR", 0.0)  # (2 s, which small problems never reach)
+    got = synth.synth(HETERO, 2, 4, split=True, time_limit=0.8)
+    assert len(deadlines) == 1 and 0.2 < deadlines[0] <= 0.8 / 3
+    assert got.shapes == ("v=1 loop",) and got.bound <= got.step
+    assert got.unsearched == ("v=2 loop", "v=2 vshape", "v=4 loop", "v=4 vshape")
+    costs = tmp_path / "costs.toml"
+    costs.write_text("F = 1.0\nI = 1.5\nW = 0.5\nlatency = 0.25\n")
+    code, out, err = cli("synth", "--costs", costs, "--ranks", 2, "--microbatches", 4,
+                         "--split-backward", "--time-limit", 0.8)
+    assert code == 0, err
+    assert re.search(r"\nshapes searched: v=1 loop; not reached within --time-limit 0\.8: "
+                     r"v=2 loop, v=2 vshape, v=4 loop, v=4 vshape \(the bound does not cover "
+                     r"them\)\n", out), out
+    assert "(optimal)" not in out  # at most "optimal in the shapes searched"
+
 # ---- the pass --------------------------------------------------------------------------------
+def test_cost_driven_passes_without_costs_warn(cli, tmp_path: Path) -> None:
+    """With no --costs, no costs block and no cost in --set, synth and reorder plan for the
+    default unit costs: opt and compile say so on stderr and still run."""
+    warn = ("warning: {} plans by cost, and there are no costs (give --costs FILE or a costs "
+            "block): it plans for the defaults, F = 1, B = 2 and free links\n")
+    out = tmp_path / "o.sched"
+    code, _, err = cli("opt", "--schedule", "1f1b", "--ranks", 2, "--microbatches", 2,
+                       "--passes", "reorder,synth{time_limit=1}", "-o", out)
+    assert code == 0 and err == warn.format("reorder") + warn.format("synth")
+    code, _, err = cli("compile", "--schedule", "1f1b", "--ranks", 2, "--microbatches", 2,
+                       "--passes", "synth{time_limit=1}", "-o", tmp_path / "gen")
+    assert code == 0 and err == warn.format("synth")
+    for costs in (["--costs", REPO / "examples" / "costs" / "uniform.toml"], ["--set", "F=2"]):
+        code, _, err = cli("opt", "--schedule", "1f1b", "--ranks", 2, "--microbatches", 2,
+                           "--passes", "synth{time_limit=1}", *costs, "-o", out)
+        assert code == 0 and "warning" not in err, err
+    code, _, err = cli("opt", "--schedule", "1f1b", "--ranks", 2, "--microbatches", 2,
+                       "--passes", "split-backward", "-o", out)
+    assert code == 0 and err == ""
+
+
 def test_pass_is_never_slower_and_keeps_the_inputs_memory() -> None:
     costs = HETERO
     s = pipeir.compile(pipeir.library.get("1f1b", 2, 4), "split-backward").schedule

@@ -20,7 +20,9 @@ NOTE (the rules, in the order they are checked; each later rule assumes the earl
    micro-batch and peer agree with the placement; inside an overlapped pair there is only
    the pair's compute.
 2. *Matching*: every transfer the placement implies is sent exactly once and received
-   exactly once.
+   exactly once. *Computing*: every stage runs, per micro-batch, one forward, the loss on
+   the last stage, and one backward (B, or I then W), in that order: a compute whose output
+   no rank receives (stage 0's backward, a W) is otherwise unobserved by the other rules.
 3. *Order*: between each sender and receiver, sends and receives are posted in the same
    order. Two transfers posted in opposite orders either deadlock (blocking) or deliver each
    other's tensors (asynchronous): with equal shapes training silently goes wrong.
@@ -31,11 +33,13 @@ Posts inside a `batch` (torch's `batch_isend_irecv`) are posted in their listed 
 batch's position, so all rules apply to them as to single posts.
 
 Findings name the instruction (`Locator.name`) and point at its source (`Locator.span`): the
-`.sched` op for pipeir's programs, the CSV cell for torch's.
+`.sched` op for pipeir's programs, the CSV cell for torch's, the instruction's `"i"` member
+in a lowered JSON file (`check --lowered DIR/lowered.json`).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -50,6 +54,7 @@ from pipeir.backend.lower import (
     Batch,
     Comm,
     Forward,
+    ForwardCheckpoint,
     Handoff,
     Instr,
     IRecv,
@@ -65,7 +70,7 @@ from pipeir.backend.lower import (
     from_json,
     lower,
 )
-from pipeir.diagnostics import Diagnostic, Note, Span, UsageError, VerifyError
+from pipeir.diagnostics import Diagnostic, Note, Source, Span, UsageError, VerifyError
 
 if TYPE_CHECKING:
     from pipeir.schedule import Schedule
@@ -137,6 +142,15 @@ def what(key: Key) -> str:
 
 # ---- rule 1: local ------------------------------------------------------------------------------
 
+#: What `rule_compute` counts, by kind: F (a checkpointed forward too), L (the loss), B, I, W.
+_COMPUTE_KIND: dict[type[Instr], str] = {Forward: "F", ForwardCheckpoint: "F", Loss: "L",
+                                         Backward: "B", BackwardInput: "I",
+                                         BackwardWeight: "W"}
+_WHY = "every stage runs one forward and one backward (B, or I then W) per micro-batch"
+_NOUNS = {"F": "forward", "L": "loss", "B": "backward", "I": "input gradient (I)",
+          "W": "weight gradient (W)"}
+
+
 def _is_send(c: Instr) -> bool:
     return isinstance(c, (Send, ISend, WaitSend))
 
@@ -152,7 +166,7 @@ def _posts(ins: Instr) -> tuple[Comm, ...]:
 @dataclass(frozen=True)
 class _Finding:
     message: str
-    site: Site
+    site: Site | None  # None: about no instruction (a rank's program is empty)
     notes: tuple[tuple[str, Site | None], ...] = ()
 
 
@@ -401,6 +415,67 @@ class _Rules:
                                    f"{what(key)}, but rank {side} never {verb} it: every "
                                    f"{other} needs exactly one matching {noun}", theirs[0])
 
+    # -- rule 2b: every op computed --
+
+    def rule_compute(self) -> Iterator[_Finding]:
+        """Each stage runs, for every micro-batch of every round, one forward (a checkpointed
+        one counts), the loss after it on the last stage, and one backward after it: B, or
+        I then W. Without this a compute whose output no other rank receives (stage 0's
+        backward, any W) could be left out, or run twice, and still pass."""
+        runs: dict[tuple[int, int], dict[str, list[Site]]] = {}
+        for rank, prog in enumerate(self.low.programs):
+            for pc, ins in enumerate(prog):
+                kind = _COMPUTE_KIND.get(type(ins))
+                if kind is not None and isinstance(ins, (Forward, Loss, Backward,
+                                                         BackwardInput, BackwardWeight)):
+                    runs.setdefault((ins.stage, ins.mb), {}).setdefault(kind, []).append(
+                        Site(rank, pc, ins))
+        for s in range(self.last + 1):
+            rank = self.low.placement[s]
+            if not self.low.programs[rank]:
+                yield _Finding(f"rank {rank}'s program is empty, but the placement runs stage "
+                               f"{s} there: {_WHY}", None)
+                continue
+            for mb in range(self.mbs):
+                got = runs.get((s, mb), {})
+                yield from self._one_op(s, mb, rank, got)
+
+    def _one_op(self, s: int, mb: int, rank: int, got: dict[str, list[Site]]
+                ) -> Iterator[_Finding]:
+        name = f"stage {s}, micro-batch {mb}"
+        for kind, sites in got.items():
+            if len(sites) > 1:
+                yield _Finding(f"runs the {_NOUNS[kind]} of {name} a second time: each runs "
+                               "once", sites[1], (("the first", sites[0]),))
+                return
+        fwd, loss = got.get("F", [None])[0], got.get("L", [None])[0]
+        back = [got[k][0] for k in ("B", "I", "W") if k in got]
+        prog = self.low.programs[rank]  # (not empty: see `rule_compute`)
+        anchor = fwd or (back[0] if back else None) or Site(rank, len(prog) - 1, prog[-1])
+        why = _WHY
+        if fwd is None:
+            yield _Finding(f"comes with no forward of {name} on rank {rank}: {why}", anchor)
+        elif not back:
+            yield _Finding(f"has no backward: rank {rank} never runs B, or I and W, of {name}; "
+                           f"{why}", fwd)
+        elif "B" in got and ("I" in got or "W" in got):
+            yield _Finding(f"runs both B and I/W of {name}: {why}", back[-1])
+        elif "B" not in got and not ("I" in got and "W" in got):
+            have, lack = ("I", "W") if "I" in got else ("W", "I")
+            yield _Finding(f"runs {have} of {name} without its {lack}: {why}",
+                           got[have][0])
+        elif s == self.last and loss is None:
+            yield _Finding(f"has no loss: the last stage computes the loss of {name} after "
+                           "its forward and before its backward", fwd)
+        else:
+            order = [x for x in (fwd, loss, *back) if x is not None]
+            for a, b in itertools.pairwise(order):
+                if (a.rank, a.pc) > (b.rank, b.pc):
+                    yield _Finding(f"runs after `{b.ins.mnemonic}` of {name}, which needs it "
+                                   "first (forward, loss, then B, or I then W)", a,
+                                   (("the one that needs it", b),))
+                    return
+
     # -- rule 3: order --
 
     def rule_order(self) -> Iterator[_Finding]:
@@ -520,6 +595,8 @@ def _explain(lowered: Lowered, pc: list[int], stuck: list[int],
 def _diagnostic(f: _Finding, loc: Locator) -> Diagnostic:
     notes = tuple(Note(f"{text}: {loc.name(s)}" if s is not None else text,
                        loc.span(s) if s is not None else None) for text, s in f.notes)
+    if f.site is None:
+        return Diagnostic(f.message, None, notes)
     return Diagnostic(f"{loc.name(f.site)} {f.message}", loc.span(f.site), notes)
 
 
@@ -529,7 +606,8 @@ def check_comm(lowered: Lowered, locator: Locator | None = None) -> CommReport:
     fails otherwise."""
     loc: Locator = locator if locator is not None else PlainLocator()
     rules = _Rules(lowered)
-    for rule in (rules.rule_local, rules.rule_matching, rules.rule_order):
+    for rule in (rules.rule_local, rules.rule_matching, rules.rule_compute,
+                 rules.rule_order):
         found = list(rule())
         if found:
             raise VerifyError([_diagnostic(f, loc) for f in found], check="comm")
@@ -578,4 +656,70 @@ def check_json(path: str) -> str:
     except RecursionError:
         raise UsageError(f"{path}: not a readable JSON file: nested too deeply") from None
     lowered = from_json(data, path)
-    return f"{path}: {summary(lowered, check_comm(lowered))}"
+    return f"{path}: {summary(lowered, check_comm(lowered, JsonLocator(_json_spans(text, path))))}"
+
+
+@dataclass(frozen=True)
+class JsonLocator:
+    """Points findings in a lowered JSON file at the instruction's `"i"` member."""
+
+    spans: dict[tuple[int, int], Span]
+
+    def name(self, site: Site) -> str:
+        return describe(site)
+
+    def span(self, site: Site) -> Span | None:
+        return self.spans.get((site.rank, site.pc))
+
+
+def _json_spans(text: str, path: str) -> dict[tuple[int, int], Span]:
+    """(rank, position) -> the span of that instruction's `"i": ...` member in `text`, a
+    lowered JSON file already read whole (`json` keeps no positions, so the file is walked
+    again value by value; `raw_decode` gives each value's end)."""
+    dec = json.JSONDecoder()
+    source = Source(path, text)
+    out: dict[tuple[int, int], Span] = {}
+
+    def skip(i: int, chars: str = " \t\r\n") -> int:
+        while i < len(text) and text[i] in chars:
+            i += 1
+        return i
+
+    i = skip(0)
+    if not text.startswith("{", i):
+        return out
+    i = skip(i + 1)
+    while i < len(text) and text[i] != "}":
+        key, i = dec.raw_decode(text, i)
+        i = skip(skip(i), ":")
+        i = skip(i)
+        if key != "programs" or not text.startswith("[", i):
+            _, i = dec.raw_decode(text, i)
+            i = skip(i, " \t\r\n,")
+            continue
+        i = skip(i + 1)
+        for rank in itertools.count():
+            if i >= len(text) or text[i] != "[":
+                break
+            i = skip(i + 1)
+            for pc in itertools.count():
+                if i >= len(text) or text[i] != "{":
+                    break
+                start = i
+                _, i = dec.raw_decode(text, i)
+                at = text.find('"i"', start, i)  # the member's line, else the whole value
+                line_end = text.find("\n", at, i) if at >= 0 else -1
+                out[rank, pc] = _span_at(source, max(at, start), line_end if line_end >= 0
+                                         else i)
+                i = skip(i, " \t\r\n,")
+            i = skip(skip(i, "]"), " \t\r\n,")
+        break
+    return out
+
+
+def _span_at(source: Source, start: int, end: int) -> Span:
+    line = source.text.count("\n", 0, start) + 1
+    col = start - (source.text.rfind("\n", 0, start) + 1) + 1
+    end_line = source.text.count("\n", 0, end) + 1
+    end_col = end - (source.text.rfind("\n", 0, end) + 1) + 1
+    return Span(source, line, col, end_line, end_col)

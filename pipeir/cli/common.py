@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import Any
 
 from pipeir import library, limits
 from pipeir.api import load
@@ -147,6 +148,18 @@ def warn_shadowed(names: Iterable[str]) -> None:
     for name in dict.fromkeys(names):
         if name in shadowed:
             print(f"warning: {registry.shadow_warning(name, shadowed[name])}", file=sys.stderr)
+
+
+def warn_costless(passes: Iterable[Any], costs: Mapping[str, object]) -> None:
+    """Warn (stderr) when a pass that decides by cost runs with no costs at all (no --costs,
+    no costs block, no cost in --set): it then plans for the default unit costs, which is
+    rarely what was meant."""
+    if costs:
+        return
+    for name in dict.fromkeys(p.name for p in passes if getattr(p, "costed", False)):
+        print(f"warning: {name} plans by cost, and there are no costs (give --costs FILE or a "
+              "costs block): it plans for the defaults, F = 1, B = 2 and free links",
+              file=sys.stderr)
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Value]:

@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeir.cli.common import add_schedule_args, warn_shadowed
+from pipeir.cli.common import add_schedule_args, warn_costless, warn_shadowed
 from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.diagnostics import EXIT_OK, UsageError
 from pipeir.files import check_tree, write_tree
@@ -20,6 +20,9 @@ from pipeir.progress import Progress
 if TYPE_CHECKING:
     from pipeir.passes import Pipeline
     from pipeir.schedule import Schedule
+
+#: The most processes a run may have: torch.distributed keeps ranks in 32-bit integers.
+MAX_WORLD = 2**31 - 1
 
 ORDER = 90
 NAME = "compile"
@@ -60,8 +63,14 @@ def compile_args(args: argparse.Namespace, progress: Callable[[str], None] | Non
             isinstance(p, Overlap) for p in pipeline.passes):
         pipeline = pipeline.then(Overlap(max_posted=args.max_posted or 0))
     elab, costs = load_with_costs(args)
+    warn_costless(pipeline.passes, elab.costs)
     if args.dp < 1:
         raise UsageError(f"--dp {args.dp}: need at least 1 replica")
+    ranks = elab.schedule.config.ranks
+    if ranks * args.dp > MAX_WORLD:
+        raise UsageError(f"--dp {args.dp}: {ranks} ranks x {args.dp:,} replicas is "
+                         f"{ranks * args.dp:,} processes; torch.distributed numbers them with "
+                         f"32-bit integers (at most {MAX_WORLD:,})")
     if args.dp > 1:
         costs = replace(costs, dp=args.dp)
         pipeline = _with_reductions(pipeline, elab.schedule)

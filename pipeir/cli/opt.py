@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeir.cli.common import add_schedule_args, warn_shadowed
+from pipeir.cli.common import add_schedule_args, warn_costless, warn_shadowed
 from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.diagnostics import UsageError
 from pipeir.files import resolve_output, write_atomic
@@ -63,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output is not None:
         resolve_output(args.output, "-o")  # before the passes run, not after them
     elab, costs = load_with_costs(args)
+    warn_costless(pipeline.passes, elab.costs)
     instruments: list[Instrument] = []
     if wanted:
         instruments.append(PrintAfter(wanted, sys.stderr))

@@ -99,7 +99,12 @@ def run(args: argparse.Namespace) -> int:
     print(f"best: step {result.step:.6g}{unit} ({gain:.1%} faster than the warm start); "
           f"{result.method}")
     print(f"lower bound: {result.bound:.6g}{unit}; gap {result.gap:.1%}"
-          f"{' (optimal)' if result.optimal else ''}; {result.wall:.1f} s")
+          f"{_optimal(result)}; {result.wall:.1f} s")
+    if len(result.shapes) > 1 or result.unsearched:
+        print(f"shapes searched: {', '.join(result.shapes)}" + (
+            f"; not reached within --time-limit {args.time_limit:g}: "
+            f"{', '.join(result.unsearched)} (the bound does not cover them)"
+            if result.unsearched else ""))
     if args.output is not None:
         verify(result.schedule)
         write_atomic(args.output, print_schedule(result.schedule,
@@ -107,6 +112,12 @@ def run(args: argparse.Namespace) -> int:
         hint = " --comm blocking" if args.comm == "blocking" else ""
         print(f"wrote {args.output} (pipeirc simulate {args.output}{hint})")
     return 0
+
+
+def _optimal(result: Any) -> str:
+    if not result.optimal:
+        return ""
+    return " (optimal in the shapes searched)" if result.unsearched else " (optimal)"
 
 
 def _at_least(x: float) -> str:

@@ -42,6 +42,14 @@ Placement = Literal["loop", "vshape", "search"]
 #: The full model's share of the solver time; the window search (`lns`) gets the rest.
 FULL_SHARE = 0.4
 
+#: tune's library search (the warm starts) stops starting candidates after this share of the
+#: time limit, or `FLOOR` seconds if more. NOTE: it takes 1 s at p = 4, m = 8 and 4 s at
+#: p = 16, m = 64, but 19 s at p = 32, m = 128 and 98 s at p = 64, m = 256, which a time
+#: limit must cover. The floor keeps small problems whole under any limit (a limit of 0
+#: still starts from the best library schedule of every shape), so the warm start does not
+#: depend on the machine's speed there.
+LIBRARY_SHARE, FLOOR = 1 / 3, 2.0
+
 #: When the warm start is within this fraction of the bound, the full model's turn begins by
 #: asking for a schedule at the bound outright (`model.probe`), with this share of the time.
 PROBE_GAP, PROBE_SHARE = 0.01, 0.5
@@ -79,6 +87,8 @@ class SynthResult:
     method: str
     optimal: bool
     wall: float
+    shapes: tuple[str, ...] = ()  # the shapes searched (the bound holds over all of them)
+    unsearched: tuple[str, ...] = ()  # shapes left out when bounding them outran the time
 
     @property
     def gap(self) -> float:
@@ -101,13 +111,16 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
     solver), lets the search stop there."""
     t0 = time.perf_counter()
     check_settings(seed, workers)
-    warm = warm if warm is not None else prepare(problem, _library(problem, tune_costs), given)
+    deadline = t0 + max(time_limit * LIBRARY_SHARE, FLOOR)
+    warm = warm if warm is not None else \
+        prepare(problem, _library(problem, tune_costs, deadline), given)
     left = time_limit - (time.perf_counter() - t0)
     best, optimal, method = warm.schedule, False, "the warm start"
     bound = max(problem.lower_bound(), bound if bound is not None else -math.inf)
     step = warm.step
     hint = warm
-    if decompose and left > 0 and len(problem.ops) > EXACT_OPS and problem.mb_uniform:
+    if decompose and left > 0 and len(problem.ops) > EXACT_OPS and problem.mb_uniform \
+            and step > bound * (1 + 1e-9):
         grown = _decompose(problem, tune_costs, left / 2, workers, seed, work_limit)
         if grown is not None:
             method = f"decomposed: {grown[1]}"
@@ -181,11 +194,13 @@ def check_settings(seed: int, workers: int) -> None:
         raise UsageError(error[1])
 
 
-def _library(problem: Problem, tune_costs: CostModel | None) -> list[Candidate]:
+def _library(problem: Problem, tune_costs: CostModel | None, deadline: float | None
+             ) -> list[Candidate]:
     c = problem.config
     if tune_costs is None:
         return []
-    return library(tune_costs, c.ranks, c.microbatches, problem.comm, c.stages // c.ranks)
+    return library(tune_costs, c.ranks, c.microbatches, problem.comm, c.stages // c.ranks,
+                   deadline)
 
 
 def _decompose(problem: Problem, tune_costs: CostModel | None, time_limit: float,
@@ -195,7 +210,8 @@ def _decompose(problem: Problem, tune_costs: CostModel | None, time_limit: float
     per_mb = len(problem.ops) // c.microbatches
     m0 = min(c.microbatches - 1, max(2 * c.stages, EXACT_OPS // per_mb))
     small = short_problem(problem, m0)
-    warm = starts(small, _library(small, tune_costs))[0]
+    warm = starts(small, _library(small, tune_costs, time.perf_counter() +
+                                  max(time_limit * LIBRARY_SHARE, FLOOR)))[0]
     solved = solve(small, hint=warm.schedule, upper=warm.step, time_limit=time_limit,
                    workers=workers, seed=seed, work_limit=work_limit)
     short = solved.schedule if solved.schedule is not None and solved.step is not None \
@@ -240,14 +256,25 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     t0 = time.perf_counter()
     check_settings(seed, workers)
     make_problem(costs, ranks, microbatches, v or 1)  # a size error before tune's search
-    candidates = library(costs, ranks, microbatches, comm, 8 if v is None else v)
+    candidates = library(costs, ranks, microbatches, comm, 8 if v is None else v,
+                         t0 + max(time_limit * LIBRARY_SHARE, FLOOR))
     shapes = [make_problem(costs, ranks, microbatches, n, shape, split, comm, memory_limit,
                            memory_bytes)
               for n, shape in _shapes(candidates, ranks, v, placement,
                                       memory_limit if memory_bytes is None else None,
                                       ranks * microbatches * (3 if split else 2))]
     problems = _within_budget(shapes, memory_limit if memory_bytes is None else memory_bytes)
-    bounds = [p.lower_bound() for p in problems]
+    # NOTE: bounding a shape costs seconds on large problems (5 s for the 98,304 ops of p =
+    # 64, m = 256, two chunks): once half the time (and `FLOOR`) is spent, the shapes not yet
+    # bounded are not searched (and the bound reported is over those that are)
+    bounds: list[float] = []
+    unsearched: list[Problem] = []
+    for n, problem in enumerate(problems):
+        if n and time.perf_counter() - t0 > max(time_limit / 2, FLOOR):
+            unsearched = problems[n:]
+            del problems[n:]
+            break
+        bounds.append(problem.lower_bound())
     # warm starts by increasing bound: a shape whose bound is no better than a warm start
     # already found can neither give the best warm start nor be searched, so it gets none
     warms: dict[int, Start] = {}
@@ -309,8 +336,16 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     bound = min(best.step, *(r.bound for r in results.values()),
                 *(b for i, b in enumerate(bounds) if i not in results))
     optimal = bound >= best.step * (1 - 1e-9)
+    method = best.method if optimal else \
+        best.method.replace("meets the lower bound", "meets its shape's lower bound")
     return SynthResult(best.problem, best.schedule, best.step, best.step if optimal else bound,
-                       first, best.method, optimal, time.perf_counter() - t0)
+                       first, method, optimal, time.perf_counter() - t0,
+                       tuple(map(_shape, problems)), tuple(map(_shape, unsearched)))
+
+
+def _shape(problem: Problem) -> str:
+    c = problem.config
+    return f"v={c.stages // c.ranks} {c.placement_name or 'explicit'}"
 
 
 def _within_budget(problems: list[Problem], limit: float | None) -> list[Problem]:
@@ -360,8 +395,9 @@ def _shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
             best = min(fits, key=lambda c: c.sort_key())
             own = "vshape" if best.schedule.config.placement_name == "vshape" else "loop"
             small = best.v * ops_per_chunk <= EXACT_OPS
-            out.extend((best.v, shape) for shape in both
-                       if (small or shape == own) and (best.v, shape) not in out)
+            out.extend((best.v, shape) for shape in both  # (one chunk: V is the loop)
+                       if (small or shape == own) and (best.v, shape) not in out
+                       and (best.v > 1 or shape == "loop"))
     return out
 
 

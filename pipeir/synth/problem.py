@@ -199,8 +199,10 @@ def lower_bound(problem: Problem, head: Mapping[Op, T], occ: Mapping[Op, T],
     (`_memory_idle`). Generic in the number type, so the solver's integer model gets the same
     bound in its own units."""
     best = max(head[op] + occ[op] + tail[op] for op in problem.ops)
-    for r in range(problem.config.ranks):
-        mine = [op for op in problem.ops if problem.rank(op) == r]
+    by_rank: list[list[Op]] = [[] for _ in range(problem.config.ranks)]
+    for op in problem.ops:
+        by_rank[problem.rank(op)].append(op)
+    for mine in by_rank:
         best = max(best, _jackson(mine, head, occ, tail), _memory_idle(problem, mine, head, occ,
                                                                        tail))
     return best

@@ -86,15 +86,17 @@ def sequential(problem: Problem) -> Schedule:
 
 
 def library(costs: CostModel, ranks: int, microbatches: int, comm: CommModel,
-            max_v: int) -> list[Candidate]:
-    """tune's candidates (within any budget) for `costs` of one stage per rank."""
+            max_v: int, deadline: float | None = None) -> list[Candidate]:
+    """tune's candidates (within any budget) for `costs` of one stage per rank, as many as
+    start before `deadline` (see `pipeir.tune.search`)."""
     from pipeir.tune import MAX_V, search
 
     try:
         # dp=1: the model has no gradient reductions, so neither may its warm starts; tune
         # interleaves powers of 2 up to MAX_V chunks, so the largest of those within max_v
         result = search(costs, ranks, [microbatches],
-                        max_v=1 << (min(max_v, MAX_V).bit_length() - 1), comms=(comm,), dp=1)
+                        max_v=1 << (min(max_v, MAX_V).bit_length() - 1), comms=(comm,), dp=1,
+                        deadline=deadline)
     except PipeirError:
         return []
     return [*result.ranked, *result.over_limit]
@@ -108,6 +110,8 @@ def library_starts(problem: Problem, candidates: Sequence[Candidate]) -> list[St
         if s is not None and problem.fits(s):
             label = cand.family + (f" v={cand.v}" if cand.v > 1 else "") + \
                 (f" + {cand.passes}" if cand.passes else "")
+            if not problem.split and any(op.kind == "I" for op in cand.schedule):
+                label += ", backwards merged"  # (an I + W order made B-only)
             out.append(Start(label, s, problem.step_time(s)))
     return out
 
