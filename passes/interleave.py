@@ -70,8 +70,8 @@ class Interleave(Pass):
                 f"of {rounds}", None,
                 (Note(f"m = {' or '.join(map(str, _admissible_near(c.microbatches, c.ranks)))}"
                       f" would work (any m <= {c.ranks}, or a multiple of the rounds)"),))
-        if self.v == 1 and self.placement == "loop":
-            return schedule  # one chunk per rank: Megatron runs plain 1F1B
+        if self.v == 1:
+            return schedule  # one chunk per rank (a V of one chunk is the loop): plain 1F1B
         try:
             config = PipelineConfig.make(
                 c.ranks, c.microbatches, c.ranks * self.v, self.placement,

@@ -7,10 +7,13 @@ Library code raises `PipeirError`; nothing user-facing is ever a bare traceback.
 
 from __future__ import annotations
 
+import bisect
 import difflib
 import os
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -68,8 +71,25 @@ class Source:
         # NOTE: lines end at "\n" only, as Lark, json and tomllib count them for spans;
         # str.splitlines also breaks at "\r", "\x0c", "\u2028", ... and would show the
         # wrong line under a diagnostic for text that holds one of those.
-        lines = self.text.split("\n")
-        return lines[lineno - 1] if 0 < lineno <= len(lines) else ""
+        starts = self._starts
+        if not 0 < lineno <= len(starts):
+            return ""
+        end = starts[lineno] - 1 if lineno < len(starts) else len(self.text)
+        return self.text[starts[lineno - 1]:end]
+
+    def span(self, start: int, end: int) -> Span:
+        """The span of the text from offset `start` to `end` (for readers that find offsets
+        themselves: a cost file's key, an instruction of a lowered JSON file)."""
+        starts = self._starts
+        line, end_line = bisect.bisect_right(starts, start), bisect.bisect_right(starts, end)
+        return Span(self, line, start - starts[line - 1] + 1, end_line,
+                    end - starts[end_line - 1] + 1)
+
+    @cached_property
+    def _starts(self) -> list[int]:
+        """Where each line begins: found once, so a file with many diagnostics (or a large
+        lowered JSON file) is not rescanned for each."""
+        return [0, *(m.end() for m in re.finditer("\n", self.text))]
 
 
 @dataclass(frozen=True)

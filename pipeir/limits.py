@@ -17,8 +17,8 @@ Every size limit is the memory budget divided by one of these costs, so the one 
 PIPEIR_MAX_MEMORY (default 2 GiB) raises them all: by default a schedule may hold 1,073,741
 ops (p=64, v=4, m=512 split into F/I/W is 393,216), lowering 238,609 ops x rounds, and an
 input file 5 MiB. `tune` keeps every candidate it simulates (its table ranks them all), so the
-ops of its whole search count together (`tune.search`: 575,000 ops of 17 candidates at p=32,
-m=128 peak at 1.0 GB).
+ops of its whole search count together (`tune.search`: its default search at p=32, m=128
+holds 966,656 ops and peaks at 1.55 GB).
 
 Training (`pipeirc run`) is bounded by what the machine has, not by the budget: before any
 process starts, the weights, gradients, buffers and optimizer state of every stage are counted

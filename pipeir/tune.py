@@ -86,6 +86,18 @@ def infer_ranks(costs: CostModel) -> int | None:
     return max(keys) + 1 if keys else None
 
 
+def check_inferred(where: str, costs: CostModel, ranks: int) -> None:
+    """Stop before the search when the number of ranks, read off the highest stage with its
+    own costs, rests on a few far-apart stages: `[stage.99]` for `[stage.9]` would otherwise
+    search 100 ranks for minutes without a word."""
+    named = sorted({*costs.stage, *(s for s, _ in costs.stage_mb)})
+    if ranks > 2 * len(named) + 2:
+        shown = ", ".join(map(str, named[:6])) + (", ..." if len(named) > 6 else "")
+        raise UsageError(f"{where}: per-stage costs for stages {shown} only, yet the highest, "
+                         f"stage.{ranks - 1}, would make the search cover {ranks} ranks; a typo? "
+                         "give --ranks P to search P ranks")
+
+
 def rescale(costs: CostModel, ranks: int, v: int, scale: float = 1.0) -> CostModel:
     """`costs` for `ranks * v` virtual stages (chunk s' of physical stage s' // v), every time
     and size scaled by `scale` (another micro-batch count, same global batch)."""
@@ -169,11 +181,11 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
     it is simulated (`pipeir.progress`).
 
     Every candidate is kept (its schedule too), so the ops of all of them must fit pipeir's
-    memory budget (`pipeir.limits`): past it the search is refused before it starts. With a
-    `deadline` (a `time.perf_counter()` value; synth's warm start, which must not outlast
-    synth's time limit) the search is the plan's longest prefix that fits the budget and
-    starts before the deadline, always at least one candidate: the plan runs from the plain
-    library schedules (1F1B, GPipe) to the interleaved and zero-bubble ones."""
+    memory budget (`pipeir.limits`): past it the search is refused before any candidate is
+    simulated. With a `deadline` (a `time.perf_counter()` value; synth's warm start, which
+    must not outlast synth's time limit) the search is the plan's longest prefix that fits
+    the budget and starts before the deadline, always at least one candidate: the plan runs
+    from the plain library schedules (1F1B, GPipe) to the interleaved and zero-bubble ones."""
     if dp is not None:
         if dp < 1:
             raise UsageError(f"--dp {dp}: need at least 1 replica")
@@ -201,7 +213,11 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
     refused: list[str] = []
     specs = [(m, family, v) for m in dict.fromkeys(microbatches)
              for family, v in _families(ranks, m, max_v)]
-    held = 0  # the ops of every candidate planned so far (each is kept, see the docstring)
+    # NOTE (what is held): every library schedule of the plan, and each candidate's own
+    # schedule where passes made one (a split, reorder or dp-reduce); a candidate with no
+    # passes is the library schedule itself (`PassManager.run` returns its input)
+    passes = do_reorder or costs.dp > 1  # (costs has dp by now)
+    held = 0
     for n, (m, family, v) in enumerate(specs):
         if plan and deadline is not None and time.perf_counter() > deadline:
             break
@@ -211,19 +227,28 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
         except PipeirError as e:  # e.g. interleaved 1F1B needs m to be a multiple of
             refused.append(e.diagnostics[0].message)  # its rounds; or a size limit
             continue
-        variants = _variants(family, splits, comms)
         backwards = sum(op.kind == "B" for op in base)
-        ops = sum(len(base) + (backwards if split else 0) for split, _ in variants)
-        if held + ops > limits.max_ops():
-            if deadline is not None:
-                break  # the prefix that fits
-            later = sum(ranks * w * k * (3 if f in PRESPLIT or split else 2)
-                        for k, f, w in specs[n + 1:] for split, _ in _variants(f, splits, comms))
-            limits.check_ops(f"tune's search ({ranks} ranks, every candidate kept for the "
-                             "ranking)", held + ops + later)
-        held += ops
+        own = [(split, comm, len(base) + backwards if split else len(base) if passes else 0)
+               for split, comm in _variants(family, splits, comms)]
+        if deadline is not None:  # what fits (the first library schedule always does)
+            if held + len(base) > limits.max_ops():
+                continue
+            held += len(base)
+            kept = []
+            for x in own:
+                if held + x[2] <= limits.max_ops():
+                    kept.append(x)
+                    held += x[2]
+            own = kept
+        else:
+            held += len(base) + sum(x[2] for x in own)
+            if held > limits.max_ops():
+                later = sum(_planned(ranks, f, w, k, _variants(f, splits, comms), passes)
+                            for k, f, w in specs[n + 1:])
+                limits.check_ops(f"tune's search ({ranks} ranks, every candidate kept for the "
+                                 "ranking)", held + later)
         chunk_costs = rescale(costs, ranks, v, ref / m)
-        plan += [(base, chunk_costs, family, v, m, split, comm) for split, comm in variants]
+        plan += [(base, chunk_costs, family, v, m, split, comm) for split, comm, _ in own]
     for i, (base, chunk_costs, family, v, m, split, comm) in enumerate(plan, 1):
         if i > 1 and deadline is not None and time.perf_counter() > deadline:
             break
@@ -249,6 +274,16 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
 
 #: Library schedules that already split their backwards (I + W): split-backward adds nothing.
 PRESPLIT = ("zb-v", "dualpipe-v")
+
+
+def _planned(ranks: int, family: str, v: int, m: int,
+             variants: Sequence[tuple[str | None, str]], passes: bool) -> int:
+    """The ops one library schedule and its candidates hold (see `search`'s NOTE), before
+    building it: F and B (or F, I and W) for every chunk and micro-batch."""
+    ops = ranks * v * m * (3 if family in PRESPLIT else 2)
+    return ops + sum(ops + ranks * v * m if split else ops if passes else 0
+                     for split, _ in variants)
+
 
 def _variants(family: str, splits: Sequence[str | None], comms: Sequence[str]
               ) -> list[tuple[str | None, str]]:

@@ -165,6 +165,15 @@ BAD_HEADERS: list[tuple[str, Edit, str]] = [
     ("overlap", _header(overlap="yes"), '"overlap" must be true or false, got "yes"'),
     ("version", _header(version=2), '"version" 2 is not one this pipeir reads (1)'),
     ("missing", lambda d: d.pop("stages") and None, 'missing field "stages"'),
+    ("missing-version", lambda d: d.pop("version") and None, 'missing field "version"'),
+    # the checks run over every (stage, micro-batch): 10^6 of them hung, 10^12 for hours
+    ("more-than-the-programs-hold", _header(microbatches=10**6),
+     '"stages" 2 x "microbatches" 1000000 x "accumulate" 1 need 4,000,000 computes at least '
+     '(a forward and a backward each), but the programs hold'),
+    ("rounds-past-the-programs", _header(accumulate=10**12),
+     '"stages" 2 x "microbatches" 2 x "accumulate" 1000000000000 need 8,000,000,000,000 '
+     'computes at least (a forward and a backward each), but the programs hold 30 '
+     'instructions in all'),
 ]
 
 
@@ -182,9 +191,9 @@ def test_a_bad_header_is_named(cli: Cli, tmp_path: Path, edit: Edit, message: st
     ('{"format": "pipeir-lowered", "ranks": ' + "1" * 5000 + "}",
      "not a readable JSON file: a number with thousands of digits"),
     ("[" * 100_000, "not a readable JSON file: nested too deeply"),
-    ('{"format": "pipeir-lowered", "name": "x", "ranks": 1, "stages": 1, "microbatches": 1, '
-     '"accumulate": 1, "placement": [0], "programs": [[{"i": "loss", "stage": 0, "mb": 0, '
-     '"scale": NaN}]]}',
+    ('{"format": "pipeir-lowered", "version": 1, "name": "x", "ranks": 1, "stages": 1, '
+     '"microbatches": 1, "accumulate": 1, "placement": [0], "programs": [[{"i": "loss", '
+     '"stage": 0, "mb": 0, "scale": NaN}, {"i": "backward", "stage": 0, "mb": 0}]]}',
      'rank 0, instruction 0 (loss): "scale" must be a finite number, got NaN'),
 ], ids=["huge-integer", "deep", "nan"])
 def test_unreadable_json_is_one_line(cli: Cli, tmp_path: Path, text: str, message: str) -> None:

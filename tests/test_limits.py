@@ -221,9 +221,12 @@ def test_tunes_whole_search_is_checked_against_the_budget(budget: pytest.MonkeyP
                "--microbatches", 64, "--comm", "overlapped", "-o", out)[0] == 0
 
 
-def test_a_search_with_a_deadline_keeps_the_prefix_that_fits(budget: pytest.MonkeyPatch
-                                                               ) -> None:
-    """synth's warm start (`search(deadline=...)`) is cut to what fits, not refused."""
+def test_a_search_with_a_deadline_keeps_what_fits(budget: pytest.MonkeyPatch) -> None:
+    """synth's warm start (`search(deadline=...)`) is cut to what fits, not refused. A 40 MB
+    budget holds 20,000 ops. p = 8, m = 64: 1F1B and GPipe hold 1,024 ops each and 1,536 per
+    split copy (4,096 each); interleaved v = 2 twice that (16,384 so far); v = 4 (4,096 + 2 x
+    6,144) and v = 8 do not fit and are skipped; ZB-V (3,072, no passes) fits (19,456);
+    DualPipe-V no longer does. A candidate with no passes is the library schedule itself."""
     from pipeir.sim import CostModel
     from pipeir.tune import search
 
@@ -231,6 +234,11 @@ def test_a_search_with_a_deadline_keeps_the_prefix_that_fits(budget: pytest.Monk
     costs = CostModel.load(REPO / "examples" / "costs" / "uniform.toml")
     got = search(costs, 8, [64], comms=("overlapped",), deadline=time.perf_counter() + 600)
     kept = [*got.ranked, *got.over_limit]
-    held = sum(len(c.schedule) for c in kept)
-    assert {c.family for c in kept} == {"1f1b", "gpipe", "interleaved-1f1b"}
-    assert held <= limits.max_ops() < held + 8 * 4 * 64 * 2 * 4  # the next, v = 4, not
+    assert {(c.family, c.v) for c in kept} == {("1f1b", 1), ("gpipe", 1),
+                                               ("interleaved-1f1b", 2), ("zb-v", 2)}
+    held = {id(c.schedule): len(c.schedule) for c in kept}
+    assert sum(held.values()) == 1024 + 1024 + 2048 + 2 * (1536 + 1536 + 3072) + 3072
+    assert sum(held.values()) <= limits.max_ops()
+    # the first candidate, plain 1F1B, is kept even where its split copies do not fit
+    alone = search(costs, 8, [800], comms=("overlapped",), deadline=time.perf_counter() + 600)
+    assert [(c.family, c.passes) for c in alone.ranked] == [("1f1b", "")]

@@ -109,8 +109,8 @@ def test_numpy_is_a_dependency() -> None:
 
 @pytest.mark.parametrize(("text", "fragment"), [
     ("F = 1.0\n[stage.0]\nF = 2.0\n[stage.99]\nF = 3.0\n",
-     "per-stage costs for stages 0, 99 only, yet the highest, stage.99, would make tune "
-     "search 100 ranks; a typo? give --ranks P"),
+     "per-stage costs for stages 0, 99 only, yet the highest, stage.99, would make the "
+     "search cover 100 ranks; a typo? give --ranks P"),
     ("F = 1e308\n[stage.0]\nF = 1.0\n", "cost 'F' = 1e+308 is out of range: it must be at most"),
     ("F = " + "9" * 5000 + "\n", "a number has too many digits to read"),
 ])

@@ -103,6 +103,9 @@ def test_interleave_on_a_v_runs_a_list_order_within_the_loops_memory(
         max(memory_report(loop).peak_activations)
     lopsided = CostModel.from_settings({"F": 0.1, "B": 3.0, "stage.0.F": 5.0, "latency": 2.0})
     assert simulate(vee, lopsided).makespan > 0  # (simulate raises on a deadlock)
+    # one chunk: a V is the loop, and the input stands (not a warm-up of 2w and twice the
+    # memory)
+    assert Interleave(v=1, placement="vshape").run(base) is base
 
 
 @pytest.mark.parametrize(("p", "m", "v"), [(2, 4, 2), (3, 6, 2), (4, 8, 2), (4, 4, 3)])

@@ -800,16 +800,21 @@ def test_second_round_goes_on_to_the_next_open_shape_when_its_lead_closes(
 
 
 def test_large_problems_are_decomposed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Into a short pipeline of max(2 x stages, EXACT_OPS / ops per micro-batch) micro-batches
+    (6 here), grown back; not where that is more than half of them (10 micro-batches: the
+    short problem would be most of the long one)."""
     import pipeir.synth as synth
 
-    problem = make_problem(HETERO, 3, 10, split=True, memory_limit=3)
+    problem = make_problem(HETERO, 3, 16, split=True, memory_limit=3)
     assert len(problem.ops) > 60
     monkeypatch.setattr(synth, "EXACT_OPS", 60)
     got = synth.synthesize(problem, time_limit=10)
-    assert got.method.startswith("decomposed")
+    assert got.method.startswith("decomposed: solved 6 micro-batches")
     assert got.step <= got.warm.step and got.bound <= got.step
     verify(got.schedule)
     assert EXACT_OPS > 60
+    ten = make_problem(HETERO, 3, 10, split=True, memory_limit=3)
+    assert not synth.synthesize(ten, time_limit=2).method.startswith("decomposed")
 
 
 def test_above_full_ops_the_full_model_gets_its_large_share(monkeypatch: pytest.MonkeyPatch
@@ -887,8 +892,9 @@ def test_the_library_search_and_the_bounds_stay_within_the_time(
         monkeypatch: pytest.MonkeyPatch, cli, tmp_path: Path) -> None:
     """tune's search gets a deadline of a third of the time limit; shapes whose bound is not
     reached by half of it are left out, and the output says so (a shape's bound took 5 s at
-    p = 64, m = 256; simulated here by a slow bound). Both wait for `FLOOR` seconds at least,
-    so small problems do not depend on the machine's speed."""
+    p = 64, m = 256; simulated here by a slow bound). tune's best shape is bounded first, so
+    its answer is never lost. Both wait for `FLOOR` seconds at least, so small problems do
+    not depend on the machine's speed."""
     import pipeir.synth as synth
     import pipeir.tune
 
@@ -908,16 +914,18 @@ def test_the_library_search_and_the_bounds_stay_within_the_time(
     monkeypatch.setattr(synth, "FLOOR", 0.0)  # (2 s, which small problems never reach)
     got = synth.synth(HETERO, 2, 4, split=True, time_limit=0.8)
     assert len(deadlines) == 1 and 0.2 < deadlines[0] <= 0.8 / 3
-    assert got.shapes == ("v=1 loop",) and got.bound <= got.step
-    assert got.unsearched == ("v=2 loop", "v=2 vshape", "v=4 loop", "v=4 vshape")
+    tuned = real_search(HETERO, 2, [4], comms=("overlapped",), dp=1).best
+    own = f"v={tuned.v} {tuned.schedule.config.placement_name or 'loop'}"
+    assert got.shapes == (own,) and got.bound <= got.step <= tuned.step_time
+    every = ("v=1 loop", "v=2 loop", "v=2 vshape", "v=4 loop", "v=4 vshape")
+    assert got.unsearched == tuple(x for x in every if x != own)
     costs = tmp_path / "costs.toml"
     costs.write_text("F = 1.0\nI = 1.5\nW = 0.5\nlatency = 0.25\n")
     code, out, err = cli("synth", "--costs", costs, "--ranks", 2, "--microbatches", 4,
                          "--split-backward", "--time-limit", 0.8)
     assert code == 0, err
-    assert re.search(r"\nshapes searched: v=1 loop; not reached within --time-limit 0\.8: "
-                     r"v=2 loop, v=2 vshape, v=4 loop, v=4 vshape \(the bound does not cover "
-                     r"them\)\n", out), out
+    assert re.search(r"\nshapes searched: v=\d \w+; not reached within --time-limit 0\.8: "
+                     r"v=\d \w+(, v=\d \w+){3} \(the bound does not cover them\)\n", out), out
     assert "(optimal)" not in out  # at most "optimal in the shapes searched"
 
 # ---- the pass --------------------------------------------------------------------------------
@@ -1007,6 +1015,55 @@ def test_cli_writes_a_schedule_that_simulates_to_the_reported_step(cli, tmp_path
     verify(elab.schedule)
     v = elab.schedule.config.stages // 3
     assert max(verify(elab.schedule).peak_activations) <= 3 * v  # the default budget: 1F1B's
+
+
+def test_tune_and_synth_infer_ranks_alike(cli, tmp_path: Path) -> None:
+    """Without --ranks both read P off the highest stage with its own costs, and both refuse
+    a file whose few named stages lie far apart (a typo such as [stage.99])."""
+    sparse = tmp_path / "sparse.toml"
+    sparse.write_text("F = 1.0\nB = 2.0\n[stage.0]\nF = 2.0\n[stage.7]\nB = 3.0\n")
+    message = (f"error: {sparse}: per-stage costs for stages 0, 7 only, yet the highest, "
+               "stage.7, would make the search cover 8 ranks; a typo? give --ranks P to "
+               "search P ranks\n")
+    assert cli("tune", "--costs", sparse)[1:] == ("", message)
+    assert cli("synth", "--costs", sparse, "--microbatches", 8)[1:] == ("", message)
+    code, out, err = cli("synth", "--costs", sparse, "--ranks", 8, "--microbatches", 8,
+                         "--v", 1, "--time-limit", 1)
+    assert code == 0 and out.startswith("synth: 8 ranks"), err
+
+
+def test_large_shapes_start_from_the_list_scheduler_while_time_allows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above EXACT_OPS the list scheduler runs only with a deadline, its variants until then
+    (at 8,192 ops it took one micro-batch at a time, 1,536, for the list scheduler's 256)."""
+    import pipeir.synth.warmstart as warmstart
+
+    problem = make_problem(HETERO, 3, 8, split=True, memory_limit=3)
+    monkeypatch.setattr(warmstart, "EXACT_OPS", 10)
+    labels = [st.label for st in starts(problem)]
+    assert not any(x.startswith("list scheduler") for x in labels)
+    now = [st.label for st in starts(problem, deadline=time.perf_counter())]
+    assert [x for x in now if x.startswith("list scheduler")] == ["list scheduler (IFW)"]
+    later = starts(problem, deadline=time.perf_counter() + 60)
+    assert len([x for x in later if x.label.startswith("list scheduler")]) > 1
+    assert later[0].step < min(st.step for st in later if st.label.startswith("one micro"))
+
+
+def test_cli_says_what_optimal_covers(cli, tmp_path: Path) -> None:
+    """Optimal is over the shapes searched: one shape names it; the default search (1, 2, 4
+    chunks and tune's v) does not claim every v, since more chunks per rank can be faster
+    within the same budget."""
+    costs = tmp_path / "uniform.toml"
+    costs.write_text("F = 1.0\nB = 2.0\n")
+    code, out, err = cli("synth", "--costs", costs, "--ranks", 2, "--microbatches", 4, "--v",
+                         1, "--time-limit", 5)
+    assert code == 0, err
+    assert "lower bound: 15; gap 0.0% (optimal for v=1 loop);" in out, out
+    code, out, err = cli("synth", "--costs", costs, "--ranks", 2, "--microbatches", 4,
+                         "--time-limit", 5)
+    assert code == 0, err
+    assert "(optimal in the shapes searched)" in out and "(optimal)" not in out, out
+    assert re.search(r"\nshapes searched: v=\d \w+(, v=\d \w+)+\n", out), out
 
 
 @pytest.mark.parametrize(("args", "message"), [

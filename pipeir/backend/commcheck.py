@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 from pipeir import limits
+from pipeir.backend.jsonspans import instruction_spans
 from pipeir.backend.lower import (
     COMPUTE,
     Backward,
@@ -62,8 +63,10 @@ from pipeir.backend.lower import (
     Load,
     Loss,
     Lowered,
+    Offload,
     Recompute,
     Recv,
+    Reload,
     Send,
     WaitRecv,
     WaitSend,
@@ -142,12 +145,15 @@ def what(key: Key) -> str:
 
 # ---- rule 1: local ------------------------------------------------------------------------------
 
-#: What `rule_compute` counts, by kind: F (a checkpointed forward too), L (the loss), B, I, W.
-_COMPUTE_KIND: dict[type[Instr], str] = {Forward: "F", ForwardCheckpoint: "F", Loss: "L",
-                                         Backward: "B", BackwardInput: "I",
-                                         BackwardWeight: "W"}
+#: What `rule_compute` counts, by kind: F, FC (checkpointed), RC, OFF, RELOAD, L (the loss),
+#: B, I, W.
+_COMPUTE_KIND: dict[type[Instr], str] = {
+    Forward: "F", ForwardCheckpoint: "FC", Recompute: "RC", Offload: "OFF", Reload: "RELOAD",
+    Loss: "L", Backward: "B", BackwardInput: "I", BackwardWeight: "W"}
+_STAGED = (Forward, Recompute, Offload, Reload, Loss, Backward, BackwardInput, BackwardWeight)
 _WHY = "every stage runs one forward and one backward (B, or I then W) per micro-batch"
-_NOUNS = {"F": "forward", "L": "loss", "B": "backward", "I": "input gradient (I)",
+_NOUNS = {"F": "forward", "FC": "checkpointed forward", "RC": "recompute", "OFF": "offload",
+          "RELOAD": "reload", "L": "loss", "B": "backward", "I": "input gradient (I)",
           "W": "weight gradient (W)"}
 
 
@@ -418,18 +424,23 @@ class _Rules:
     # -- rule 2b: every op computed --
 
     def rule_compute(self) -> Iterator[_Finding]:
-        """Each stage runs, for every micro-batch of every round, one forward (a checkpointed
-        one counts), the loss after it on the last stage, and one backward after it: B, or
-        I then W. Without this a compute whose output no other rank receives (stage 0's
-        backward, any W) could be left out, or run twice, and still pass."""
+        """Each stage runs, for every micro-batch of every round, one forward (or one
+        checkpointed forward and its recompute), the loss after it on the last stage only,
+        scaled by 1/(m x rounds), and one backward after it: B, or I then W; an offload comes
+        after a plain forward, its reload after it and before the backward; stage 0 loads
+        its input and the last stage its target first, once. Without this a compute whose
+        output no other rank receives (stage 0's backward, any W, a recompute, a reload)
+        could be left out, or run twice, and still pass."""
         runs: dict[tuple[int, int], dict[str, list[Site]]] = {}
+        loads: dict[tuple[str, int], list[Site]] = {}
         for rank, prog in enumerate(self.low.programs):
             for pc, ins in enumerate(prog):
                 kind = _COMPUTE_KIND.get(type(ins))
-                if kind is not None and isinstance(ins, (Forward, Loss, Backward,
-                                                         BackwardInput, BackwardWeight)):
+                if kind is not None and isinstance(ins, _STAGED):
                     runs.setdefault((ins.stage, ins.mb), {}).setdefault(kind, []).append(
                         Site(rank, pc, ins))
+                elif isinstance(ins, Load):
+                    loads.setdefault((ins.part, ins.mb), []).append(Site(rank, pc, ins))
         for s in range(self.last + 1):
             rank = self.low.placement[s]
             if not self.low.programs[rank]:
@@ -437,44 +448,99 @@ class _Rules:
                                f"{s} there: {_WHY}", None)
                 continue
             for mb in range(self.mbs):
-                got = runs.get((s, mb), {})
-                yield from self._one_op(s, mb, rank, got)
+                found = list(self._one_op(s, mb, rank, runs.get((s, mb), {}), loads))
+                yield from found[:1]  # the first thing wrong with this op
+        for (part, mb), sites in sorted(loads.items()):
+            stage = 0 if part == "input" else self.last
+            if not 0 <= mb < self.mbs or sites[0].rank != self.low.placement[stage]:
+                yield _Finding(f"loads the {part} of micro-batch {mb}, which only stage "
+                               f"{stage}'s forward of a micro-batch in 0..{self.mbs - 1} uses"
+                               f" (on rank {self.low.placement[stage]})", sites[0])
 
-    def _one_op(self, s: int, mb: int, rank: int, got: dict[str, list[Site]]
-                ) -> Iterator[_Finding]:
+    def _one_op(self, s: int, mb: int, rank: int, got: dict[str, list[Site]],
+                loads: dict[tuple[str, int], list[Site]]) -> Iterator[_Finding]:
         name = f"stage {s}, micro-batch {mb}"
         for kind, sites in got.items():
             if len(sites) > 1:
                 yield _Finding(f"runs the {_NOUNS[kind]} of {name} a second time: each runs "
                                "once", sites[1], (("the first", sites[0]),))
-                return
-        fwd, loss = got.get("F", [None])[0], got.get("L", [None])[0]
-        back = [got[k][0] for k in ("B", "I", "W") if k in got]
+        one = {k: sites[0] for k, sites in got.items()}
+        fwd = one.get("F") or one.get("FC")
+        back = [one[k] for k in ("B", "I", "W") if k in one]
         prog = self.low.programs[rank]  # (not empty: see `rule_compute`)
         anchor = fwd or (back[0] if back else None) or Site(rank, len(prog) - 1, prog[-1])
-        why = _WHY
         if fwd is None:
-            yield _Finding(f"comes with no forward of {name} on rank {rank}: {why}", anchor)
-        elif not back:
+            yield _Finding(f"comes with no forward of {name} on rank {rank}: {_WHY}", anchor)
+            return
+        if "F" in one and "FC" in one:
+            yield _Finding(f"runs both a forward and a checkpointed forward of {name}: {_WHY}",
+                           one["FC"])
+        if not back:
             yield _Finding(f"has no backward: rank {rank} never runs B, or I and W, of {name}; "
-                           f"{why}", fwd)
-        elif "B" in got and ("I" in got or "W" in got):
-            yield _Finding(f"runs both B and I/W of {name}: {why}", back[-1])
-        elif "B" not in got and not ("I" in got and "W" in got):
-            have, lack = ("I", "W") if "I" in got else ("W", "I")
-            yield _Finding(f"runs {have} of {name} without its {lack}: {why}",
-                           got[have][0])
-        elif s == self.last and loss is None:
+                           f"{_WHY}", fwd)
+            return
+        if "B" in one and ("I" in one or "W" in one):
+            yield _Finding(f"runs both B and I/W of {name}: {_WHY}", back[-1])
+        elif "B" not in one and not ("I" in one and "W" in one):
+            have, lack = ("I", "W") if "I" in one else ("W", "I")
+            yield _Finding(f"runs {have} of {name} without its {lack}: {_WHY}", one[have])
+        yield from self._memory_ops(s, name, one, fwd, back[0])
+        yield from self._loss(s, mb, name, one, fwd, back[0], loads)
+        order = [one[k] for k in ("F", "FC", "L", "OFF", "RELOAD", "RC", "B", "I", "W")
+                 if k in one]
+        for a, b in itertools.pairwise(order):
+            if a.pc > b.pc:
+                yield _Finding(f"runs after `{b.ins.mnemonic}` of {name}, which needs it "
+                               "first (forward, loss, offload, reload, recompute, then B, or "
+                               "I then W)", a, (("the one that needs it", b),))
+                return
+
+    def _memory_ops(self, s: int, name: str, one: dict[str, Site], fwd: Site, back: Site
+                    ) -> Iterator[_Finding]:
+        """A checkpointed forward with its recompute (never on the last stage, whose output
+        feeds the loss); an offload of a plain forward with its reload."""
+        if "FC" in one and s == self.last:
+            yield _Finding(f"checkpoints the last stage's forward ({name}), whose output feeds "
+                           "the loss", one["FC"])
+        for first, then, lacks_then, lacks_first in (
+                ("FC", "RC", f"keeps only its input, but {name} is never recomputed before its "
+                 "backward", f"recomputes {name}, whose forward was not checkpointed"),
+                ("OFF", "RELOAD", f"moves {name}'s activations to host memory, but nothing "
+                 "reloads them for the backward", f"reloads {name}'s activations, which no "
+                 "offload moved")):
+            if first in one and then not in one:
+                yield _Finding(lacks_then, one[first])
+            elif then in one and first not in one:
+                yield _Finding(lacks_first, one[then], (("its forward", fwd),))
+        if "OFF" in one and "F" not in one:
+            yield _Finding(f"offloads {name}, whose forward keeps nothing to offload (a "
+                           "checkpointed forward)", one["OFF"])
+
+    def _loss(self, s: int, mb: int, name: str, one: dict[str, Site], fwd: Site, back: Site,
+              loads: dict[tuple[str, int], list[Site]]) -> Iterator[_Finding]:
+        """The loss (and the target it needs) on the last stage only, scaled by 1/(m x
+        rounds); stage 0's forward after its input's load."""
+        loss = one.get("L")
+        if s == self.last and loss is None:
             yield _Finding(f"has no loss: the last stage computes the loss of {name} after "
                            "its forward and before its backward", fwd)
-        else:
-            order = [x for x in (fwd, loss, *back) if x is not None]
-            for a, b in itertools.pairwise(order):
-                if (a.rank, a.pc) > (b.rank, b.pc):
-                    yield _Finding(f"runs after `{b.ins.mnemonic}` of {name}, which needs it "
-                                   "first (forward, loss, then B, or I then W)", a,
-                                   (("the one that needs it", b),))
-                    return
+        if s != self.last and loss is not None:
+            yield _Finding(f"computes a loss on stage {s}, which is not the last stage "
+                           f"({self.last})", loss)
+        if s == self.last and loss is not None:
+            scale = loss.ins.scale  # type: ignore[attr-defined]
+            if abs(scale * self.mbs - 1) > 1e-9:
+                yield _Finding(f"scales the loss by {scale:g}, but the gradients of one "
+                               f"big batch need 1/{self.mbs} (micro-batches x rounds)", loss)
+        for part, stage, user in (("input", 0, fwd), ("target", self.last, loss)):
+            if s != stage or user is None:
+                continue
+            sites = loads.get((part, mb), [])
+            if len(sites) != 1 or sites[0].rank != user.rank or sites[0].pc > user.pc:
+                how = "loads twice" if len(sites) > 1 else "loads only after it" \
+                    if sites and sites[0].rank == user.rank else "never loads"
+                yield _Finding(f"needs the {part} of micro-batch {mb}, which rank {user.rank} "
+                               f"{how}: it is loaded once, before", user)
 
     # -- rule 3: order --
 
@@ -600,6 +666,10 @@ def _diagnostic(f: _Finding, loc: Locator) -> Diagnostic:
     return Diagnostic(f"{loc.name(f.site)} {f.message}", loc.span(f.site), notes)
 
 
+#: The most findings of one rule reported: past them the rest say the same thing again.
+MAX_FINDINGS = 50
+
+
 def check_comm(lowered: Lowered, locator: Locator | None = None) -> CommReport:
     """Prove that `lowered` obeys the communication rules (module NOTE) and cannot deadlock;
     raise VerifyError(check="comm") with one diagnostic per finding of the first rule that
@@ -608,9 +678,13 @@ def check_comm(lowered: Lowered, locator: Locator | None = None) -> CommReport:
     rules = _Rules(lowered)
     for rule in (rules.rule_local, rules.rule_matching, rules.rule_compute,
                  rules.rule_order):
-        found = list(rule())
+        found = list(itertools.islice(rule(), MAX_FINDINGS + 1))
         if found:
-            raise VerifyError([_diagnostic(f, loc) for f in found], check="comm")
+            shown = [_diagnostic(f, loc) for f in found[:MAX_FINDINGS]]
+            if len(found) > MAX_FINDINGS:
+                shown.append(Diagnostic(f"... and more like these (the first {MAX_FINDINGS} "
+                                        "are shown)", None, ()))
+            raise VerifyError(shown, check="comm")
     pc, waits_on = _run(lowered)
     stuck = [r for r in range(len(lowered.programs)) if pc[r] < len(lowered.programs[r])]
     if stuck:
@@ -656,70 +730,21 @@ def check_json(path: str) -> str:
     except RecursionError:
         raise UsageError(f"{path}: not a readable JSON file: nested too deeply") from None
     lowered = from_json(data, path)
-    return f"{path}: {summary(lowered, check_comm(lowered, JsonLocator(_json_spans(text, path))))}"
+    return f"{path}: {summary(lowered, check_comm(lowered, JsonLocator(Source(path, text))))}"
 
 
-@dataclass(frozen=True)
+@dataclass
 class JsonLocator:
-    """Points findings in a lowered JSON file at the instruction's `"i"` member."""
+    """Names an instruction as `describe` does; points at its `"i"` member in `source`, a
+    lowered JSON file (`jsonspans`), found only when a finding needs it."""
 
-    spans: dict[tuple[int, int], Span]
+    source: Source
+    _spans: dict[tuple[int, int], Span] | None = field(default=None, init=False)
 
     def name(self, site: Site) -> str:
         return describe(site)
 
     def span(self, site: Site) -> Span | None:
-        return self.spans.get((site.rank, site.pc))
-
-
-def _json_spans(text: str, path: str) -> dict[tuple[int, int], Span]:
-    """(rank, position) -> the span of that instruction's `"i": ...` member in `text`, a
-    lowered JSON file already read whole (`json` keeps no positions, so the file is walked
-    again value by value; `raw_decode` gives each value's end)."""
-    dec = json.JSONDecoder()
-    source = Source(path, text)
-    out: dict[tuple[int, int], Span] = {}
-
-    def skip(i: int, chars: str = " \t\r\n") -> int:
-        while i < len(text) and text[i] in chars:
-            i += 1
-        return i
-
-    i = skip(0)
-    if not text.startswith("{", i):
-        return out
-    i = skip(i + 1)
-    while i < len(text) and text[i] != "}":
-        key, i = dec.raw_decode(text, i)
-        i = skip(skip(i), ":")
-        i = skip(i)
-        if key != "programs" or not text.startswith("[", i):
-            _, i = dec.raw_decode(text, i)
-            i = skip(i, " \t\r\n,")
-            continue
-        i = skip(i + 1)
-        for rank in itertools.count():
-            if i >= len(text) or text[i] != "[":
-                break
-            i = skip(i + 1)
-            for pc in itertools.count():
-                if i >= len(text) or text[i] != "{":
-                    break
-                start = i
-                _, i = dec.raw_decode(text, i)
-                at = text.find('"i"', start, i)  # the member's line, else the whole value
-                line_end = text.find("\n", at, i) if at >= 0 else -1
-                out[rank, pc] = _span_at(source, max(at, start), line_end if line_end >= 0
-                                         else i)
-                i = skip(i, " \t\r\n,")
-            i = skip(skip(i, "]"), " \t\r\n,")
-        break
-    return out
-
-
-def _span_at(source: Source, start: int, end: int) -> Span:
-    line = source.text.count("\n", 0, start) + 1
-    col = start - (source.text.rfind("\n", 0, start) + 1) + 1
-    end_line = source.text.count("\n", 0, end) + 1
-    end_col = end - (source.text.rfind("\n", 0, end) + 1) + 1
-    return Span(source, line, col, end_line, end_col)
+        if self._spans is None:
+            self._spans = instruction_spans(self.source)
+        return self._spans.get((site.rank, site.pc))

@@ -611,7 +611,9 @@ def _header(data: object, where: str) -> dict[str, Any]:
     if type(data) is not dict or data.get("format") != "pipeir-lowered":
         raise UsageError(f"{where}: not a pipeir lowered-program JSON file "
                          "(format != pipeir-lowered)")
-    if data.get("version", 1) != 1 or type(data.get("version", 1)) is not int:
+    if "version" not in data:
+        raise UsageError(f"{where}: missing field \"version\"")
+    if data["version"] != 1 or type(data["version"]) is not int:
         raise UsageError(f"{where}: \"version\" {_shown(data['version'])} is not one this "
                          "pipeir reads (1)")
     for key in ("name", *_SIZES, "placement", "programs"):
@@ -650,6 +652,14 @@ def _header(data: object, where: str) -> dict[str, Any]:
         if type(prog) is not list:
             raise UsageError(f"{where}: the program of rank {r} must be a list of "
                              f"instructions, got {_shown(prog)}")
+    # NOTE: the checks run over every (stage, micro-batch): a header that claims far more
+    # than its programs hold would make them loop for hours over what cannot be there
+    mbs, have = data["microbatches"] * data["accumulate"], sum(map(len, programs))
+    if 2 * stages * mbs > have:
+        raise UsageError(f"{where}: \"stages\" {stages} x \"microbatches\" "
+                         f"{data['microbatches']} x \"accumulate\" {data['accumulate']} need "
+                         f"{2 * stages * mbs:,} computes at least (a forward and a backward "
+                         f"each), but the programs hold {have:,} instructions in all")
     return data
 
 

@@ -8,12 +8,15 @@ import math
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pipeir import library, limits
 from pipeir.api import load
 from pipeir.diagnostics import UsageError
 from pipeir.frontend.elaborate import Elaborated, Value
+
+if TYPE_CHECKING:
+    from pipeir.passes.base import PassBase
 
 
 def add_schedule_args(p: argparse.ArgumentParser, *, many: bool = False) -> None:
@@ -83,7 +86,9 @@ def positive_ints(flag: str, text: str) -> list[int]:
         except ValueError as e:
             raise UsageError(f"{flag}: {e}") from None
         if value < 1:
-            raise UsageError(f"{flag} {text}: expected positive integers separated by commas, "
+            raise UsageError(f"{flag} {text!r}: expected positive integers separated by "
+                             f"commas, got '{part}'" if not text.strip() else
+                             f"{flag} {text}: expected positive integers separated by commas, "
                              f"got '{part}'")
         out.append(value)
     return out
@@ -150,13 +155,13 @@ def warn_shadowed(names: Iterable[str]) -> None:
             print(f"warning: {registry.shadow_warning(name, shadowed[name])}", file=sys.stderr)
 
 
-def warn_costless(passes: Iterable[Any], costs: Mapping[str, object]) -> None:
+def warn_costless(passes: Iterable[PassBase], costs: Mapping[str, object]) -> None:
     """Warn (stderr) when a pass that decides by cost runs with no costs at all (no --costs,
     no costs block, no cost in --set): it then plans for the default unit costs, which is
     rarely what was meant."""
     if costs:
         return
-    for name in dict.fromkeys(p.name for p in passes if getattr(p, "costed", False)):
+    for name in dict.fromkeys(p.name for p in passes if p.costed):
         print(f"warning: {name} plans by cost, and there are no costs (give --costs FILE or a "
               "costs block): it plans for the defaults, F = 1, B = 2 and free links",
               file=sys.stderr)

@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.sim import CostModel
     from pipeir.sim.costs import read_cost_file
     from pipeir.synth import BudgetError, synth
-    from pipeir.tune import infer_ranks
+    from pipeir.tune import check_inferred, infer_ranks
     from pipeir.verify import verify
 
     if args.output is not None:
@@ -64,6 +64,8 @@ def run(args: argparse.Namespace) -> int:
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
     costs = CostModel.from_settings(settings)
     ranks = args.ranks if args.ranks is not None else infer_ranks(costs)
+    if args.ranks is None and ranks is not None:
+        check_inferred(args.costs, costs, ranks)
     _check(args, costs, ranks, settings)
     assert ranks is not None
     limit = args.memory_limit if args.memory_bytes is None and args.memory_limit is not None \
@@ -115,9 +117,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _optimal(result: Any) -> str:
+    """What "optimal" covers: the one shape searched, or the shapes searched (never every
+    v: more chunks per rank can be faster within the same budget)."""
     if not result.optimal:
         return ""
-    return " (optimal in the shapes searched)" if result.unsearched else " (optimal)"
+    if len(result.shapes) == 1 and not result.unsearched:
+        return f" (optimal for {result.shapes[0]})"
+    return " (optimal in the shapes searched)" if result.shapes else " (optimal)"
 
 
 def _at_least(x: float) -> str:

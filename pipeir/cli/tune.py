@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.sim import CostModel
     from pipeir.sim.costs import read_cost_file
     from pipeir.sim.lengths import check_count, parse_lengths, split_length_settings
-    from pipeir.tune import infer_ranks, search, table
+    from pipeir.tune import check_inferred, infer_ranks, search, table
     from pipeir.verify import verify
 
     if args.output is not None:
@@ -62,10 +62,10 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError(f"{args.costs} has no per-stage costs to tell the number of stages; "
                          "give --ranks P")
     if args.ranks is None:
-        _check_inferred(args.costs, costs, ranks)
+        check_inferred(args.costs, costs, ranks)
     if args.top is not None and args.top < 1:
         raise UsageError(f"--top {args.top}: need at least 1")
-    if args.microbatches:
+    if args.microbatches is not None:
         mbs = positive_ints("--microbatches", args.microbatches)
     elif spec is not None:
         mbs = [len(spec.lengths)]
@@ -94,15 +94,3 @@ def run(args: argparse.Namespace) -> int:
         hint = "" if best.overlap else " --comm blocking"
         print(f"wrote {args.output} (pipeirc simulate {args.output}{hint})")
     return 0
-
-
-def _check_inferred(where: str, costs: Any, ranks: int) -> None:
-    """Stop before the search when the number of ranks, read off the highest stage with its
-    own costs, rests on a few far-apart stages: `[stage.99]` for `[stage.9]` would otherwise
-    search 100 ranks for minutes without a word."""
-    named = sorted({*costs.stage, *(s for s, _ in costs.stage_mb)})
-    if ranks > 2 * len(named) + 2:
-        shown = ", ".join(map(str, named[:6])) + (", ..." if len(named) > 6 else "")
-        raise UsageError(f"{where}: per-stage costs for stages {shown} only, yet the highest, "
-                         f"stage.{ranks - 1}, would make tune search {ranks} ranks; a typo? "
-                         "give --ranks P to search P ranks")

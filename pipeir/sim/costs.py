@@ -600,8 +600,4 @@ def _find_key(src: Source, name: str) -> Span | None:
                    ).search(src.text, pos)
     if m is None:
         return None
-    start = m.start()
-    line = src.text.count("\n", 0, start) + 1
-    col = start - (src.text.rfind("\n", 0, start) + 1) + 1
-    key_len = len(m.group(0).rstrip(":= \t"))
-    return Span(src, line, col, line, col + key_len)
+    return src.span(m.start(), m.start() + len(m.group(0).rstrip(":= \t")))

@@ -113,7 +113,7 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
     check_settings(seed, workers)
     deadline = t0 + max(time_limit * LIBRARY_SHARE, FLOOR)
     warm = warm if warm is not None else \
-        prepare(problem, _library(problem, tune_costs, deadline), given)
+        prepare(problem, _library(problem, tune_costs, deadline), given, t0 + time_limit / 2)
     left = time_limit - (time.perf_counter() - t0)
     best, optimal, method = warm.schedule, False, "the warm start"
     bound = max(problem.lower_bound(), bound if bound is not None else -math.inf)
@@ -174,10 +174,11 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
 
 
 def prepare(problem: Problem, candidates: Sequence[Candidate] = (),
-            given: Schedule | None = None) -> Start:
-    """Check the budget and choose the warm start (the fastest candidate that fits)."""
+            given: Schedule | None = None, deadline: float | None = None) -> Start:
+    """Check the budget and choose the warm start (the fastest candidate that fits; see
+    `starts` for the `deadline`)."""
     check_budget(problem)
-    return starts(problem, candidates, given)[0]
+    return starts(problem, candidates, given, deadline)[0]
 
 
 def check_budget(problem: Problem) -> None:
@@ -207,13 +208,19 @@ def _decompose(problem: Problem, tune_costs: CostModel | None, time_limit: float
                workers: int, seed: int, work_limit: float | None
                ) -> tuple[Start, str] | None:
     c = problem.config
+    t0 = time.perf_counter()
     per_mb = len(problem.ops) // c.microbatches
     m0 = min(c.microbatches - 1, max(2 * c.stages, EXACT_OPS // per_mb))
+    if 2 * m0 > c.microbatches:
+        return None  # not shorter enough to be worth solving apart (many chunks per rank)
     small = short_problem(problem, m0)
-    warm = starts(small, _library(small, tune_costs, time.perf_counter() +
-                                  max(time_limit * LIBRARY_SHARE, FLOOR)))[0]
-    solved = solve(small, hint=warm.schedule, upper=warm.step, time_limit=time_limit,
-                   workers=workers, seed=seed, work_limit=work_limit)
+    warm = starts(small, _library(small, tune_costs, t0 + time_limit * LIBRARY_SHARE),
+                  deadline=t0 + time_limit * LIBRARY_SHARE)[0]
+    # NOTE: half of what is left, since growing it back (`extend`) takes seconds at
+    # thousands of ops (2.7 s at 8,192)
+    solved = solve(small, hint=warm.schedule, upper=warm.step,
+                   time_limit=(time_limit - (time.perf_counter() - t0)) / 2, workers=workers,
+                   seed=seed, work_limit=work_limit)
     short = solved.schedule if solved.schedule is not None and solved.step is not None \
         and solved.step < warm.step else warm.schedule
     grown = extend(problem, short)
@@ -267,6 +274,9 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     # NOTE: bounding a shape costs seconds on large problems (5 s for the 98,304 ops of p =
     # 64, m = 256, two chunks): once half the time (and `FLOOR`) is spent, the shapes not yet
     # bounded are not searched (and the bound reported is over those that are)
+    # tune's best shape first: its warm start is tune's answer, which synth must not lose
+    tunes = _tunes_shape(candidates, memory_limit if memory_bytes is None else None)
+    problems.sort(key=lambda p: (p.config.stages // ranks, p.config.placement_name) != tunes)
     bounds: list[float] = []
     unsearched: list[Problem] = []
     for n, problem in enumerate(problems):
@@ -280,7 +290,7 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     warms: dict[int, Start] = {}
     for i in sorted(range(len(problems)), key=lambda i: bounds[i]):
         if not warms or bounds[i] < min(w.step for w in warms.values()) * (1 - 1e-9):
-            warms[i] = prepare(problems[i], candidates)
+            warms[i] = prepare(problems[i], candidates, deadline=t0 + time_limit / 2)
     first = min(warms.values(), key=lambda w: w.step)
     # the fastest warm start's shape is searched even when that start meets its own bound
     # (closed at once), or a shape with a lower bound but a slower start could be returned
@@ -389,16 +399,24 @@ def _shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
         out.extend((2, shape) for shape in both)
         if 4 * ops_per_chunk <= EXACT_OPS:
             out.extend((4, shape) for shape in both)
-        fits = [c for c in candidates
-                if memory_limit is None or c.peak_memory <= memory_limit + 1e-9]
-        if fits:
-            best = min(fits, key=lambda c: c.sort_key())
-            own = "vshape" if best.schedule.config.placement_name == "vshape" else "loop"
-            small = best.v * ops_per_chunk <= EXACT_OPS
-            out.extend((best.v, shape) for shape in both  # (one chunk: V is the loop)
-                       if (small or shape == own) and (best.v, shape) not in out
-                       and (best.v > 1 or shape == "loop"))
+        best = _tunes_shape(candidates, memory_limit)
+        if best is not None:
+            v_best, own = best
+            small = v_best * ops_per_chunk <= EXACT_OPS
+            out.extend((v_best, shape) for shape in both  # (one chunk: V is the loop)
+                       if (small or shape == own) and (v_best, shape) not in out
+                       and (v_best > 1 or shape == "loop"))
     return out
+
+
+def _tunes_shape(candidates: Sequence[Candidate], memory_limit: float | None
+                 ) -> tuple[int, Literal["loop", "vshape"]] | None:
+    """The chunks per rank and placement of tune's fastest candidate within the budget."""
+    fits = [c for c in candidates if memory_limit is None or c.peak_memory <= memory_limit + 1e-9]
+    if not fits:
+        return None
+    best = min(fits, key=lambda c: c.sort_key())
+    return best.v, "vshape" if best.schedule.config.placement_name == "vshape" else "loop"
 
 
 __all__ = ["EXACT_OPS", "BudgetError", "Problem", "Solved", "SynthResult", "make_problem",

@@ -29,6 +29,7 @@ solver from the latter reached 101.075 in 40 s in three seeds of three, from the
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Sequence
 
 from pipeir.ops import Op
@@ -45,16 +46,21 @@ MOST_EXTRA = 3
 Caps = tuple[float, ...]
 
 
-def greedy(problem: Problem, seed: int = 0, work: int = 400_000) -> list[Schedule]:
+def greedy(problem: Problem, seed: int = 0, work: int = 400_000,
+           deadline: float | None = None) -> list[Schedule]:
     """The valid schedules of every variant (needs equal micro-batch costs): each priority
     with each of `waves`' caps, and randomised ones (caps drawn from them, kind priorities
     jittered at every choice) as many as about `work` candidate looks allow (a GRASP-style
-    restart; cheap next to the solver, and the solver starts from whichever is fastest)."""
+    restart; cheap next to the solver, and the solver starts from whichever is fastest).
+    With a `deadline` (a `time.perf_counter()` value), the variants that start before it, in
+    that order, and at least until one is valid (0.5 s each at 8,192 ops)."""
     if not problem.mb_uniform:
         return []
     graph = _Graph(problem)
-    out = []
+    out: list[Schedule] = []
     for prio, caps, jitter in variants(problem, seed, work):
+        if out and deadline is not None and time.perf_counter() > deadline:
+            break
         progs = _run(problem, graph, prio, caps, jitter)
         if progs is None:
             continue

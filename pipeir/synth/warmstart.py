@@ -33,7 +33,8 @@ if TYPE_CHECKING:
     from pipeir.tune import Candidate
 
 #: Above this many ops the exact model is not expected to close; synthesis decomposes, and
-#: the list scheduler (slow in Python at that size) is left out.
+#: the list scheduler (slow in Python at that size: 6 s for its twelve variants at 8,192 ops)
+#: runs only as long as synth's time allows (`starts(deadline=...)`).
 EXACT_OPS: Final = 1600
 
 #: Above this many ops synthesis does not build the full model (it would take longer to load
@@ -117,9 +118,10 @@ def library_starts(problem: Problem, candidates: Sequence[Candidate]) -> list[St
 
 
 def starts(problem: Problem, candidates: Sequence[Candidate] = (),
-           given: Schedule | None = None) -> list[Start]:
+           given: Schedule | None = None, deadline: float | None = None) -> list[Start]:
     """Every warm start within the budget, fastest first (never empty when the budget is at
-    least `problem.least_memory`). `candidates`: tune's (see `library`)."""
+    least `problem.least_memory`). `candidates`: tune's (see `library`). Above `EXACT_OPS`
+    the list scheduler runs only with a `deadline`, and its variants only until then."""
     out = library_starts(problem, candidates)
     zb = zb_greedy(problem)
     if zb is not None and problem.fits(zb):
@@ -128,8 +130,8 @@ def starts(problem: Problem, candidates: Sequence[Candidate] = (),
         s = conform(problem, given)
         if s is not None and problem.fits(s):
             out.append(Start(f"input {given.name}", s, problem.step_time(s)))
-    if len(problem.ops) <= EXACT_OPS:
-        for g in greedy(problem):
+    if len(problem.ops) <= EXACT_OPS or deadline is not None:
+        for g in greedy(problem, deadline=None if len(problem.ops) <= EXACT_OPS else deadline):
             name = g.name[7:].upper().replace("_RANDOM", ", randomised")
             out.append(Start(f"list scheduler ({name})", g, problem.step_time(g)))
     seq = sequential(problem)
