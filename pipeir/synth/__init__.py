@@ -50,6 +50,10 @@ FULL_SHARE = 0.4
 #: depend on the machine's speed there.
 LIBRARY_SHARE, FLOOR = 1 / 3, 2.0
 
+#: Above `EXACT_OPS` the list scheduler's variants start until this share of the time limit
+#: (0.5 s each at 8,192 ops, several at 32,768: a warm start there is worth most of the time).
+LIST_SHARE = 3 / 4
+
 #: When the warm start is within this fraction of the bound, the full model's turn begins by
 #: asking for a schedule at the bound outright (`model.probe`), with this share of the time.
 PROBE_GAP, PROBE_SHARE = 0.01, 0.5
@@ -113,7 +117,8 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
     check_settings(seed, workers)
     deadline = t0 + max(time_limit * LIBRARY_SHARE, FLOOR)
     warm = warm if warm is not None else \
-        prepare(problem, _library(problem, tune_costs, deadline), given, t0 + time_limit / 2)
+        prepare(problem, _library(problem, tune_costs, deadline), given,
+                t0 + time_limit * LIST_SHARE)
     left = time_limit - (time.perf_counter() - t0)
     best, optimal, method = warm.schedule, False, "the warm start"
     bound = max(problem.lower_bound(), bound if bound is not None else -math.inf)
@@ -290,7 +295,7 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     warms: dict[int, Start] = {}
     for i in sorted(range(len(problems)), key=lambda i: bounds[i]):
         if not warms or bounds[i] < min(w.step for w in warms.values()) * (1 - 1e-9):
-            warms[i] = prepare(problems[i], candidates, deadline=t0 + time_limit / 2)
+            warms[i] = prepare(problems[i], candidates, deadline=t0 + time_limit * LIST_SHARE)
     first = min(warms.values(), key=lambda w: w.step)
     # the fastest warm start's shape is searched even when that start meets its own bound
     # (closed at once), or a shape with a lower bound but a slower start could be returned

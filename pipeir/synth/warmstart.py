@@ -16,6 +16,7 @@ The fastest under the simulator is the warm start; synth never returns anything 
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
@@ -121,7 +122,7 @@ def starts(problem: Problem, candidates: Sequence[Candidate] = (),
            given: Schedule | None = None, deadline: float | None = None) -> list[Start]:
     """Every warm start within the budget, fastest first (never empty when the budget is at
     least `problem.least_memory`). `candidates`: tune's (see `library`). Above `EXACT_OPS`
-    the list scheduler runs only with a `deadline`, and its variants only until then."""
+    the list scheduler runs only before a `deadline`, and its variants only until then."""
     out = library_starts(problem, candidates)
     zb = zb_greedy(problem)
     if zb is not None and problem.fits(zb):
@@ -130,8 +131,9 @@ def starts(problem: Problem, candidates: Sequence[Candidate] = (),
         s = conform(problem, given)
         if s is not None and problem.fits(s):
             out.append(Start(f"input {given.name}", s, problem.step_time(s)))
-    if len(problem.ops) <= EXACT_OPS or deadline is not None:
-        for g in greedy(problem, deadline=None if len(problem.ops) <= EXACT_OPS else deadline):
+    small = len(problem.ops) <= EXACT_OPS
+    if small or (deadline is not None and time.perf_counter() < deadline):
+        for g in greedy(problem, deadline=None if small else deadline):
             name = g.name[7:].upper().replace("_RANDOM", ", randomised")
             out.append(Start(f"list scheduler ({name})", g, problem.step_time(g)))
     seq = sequential(problem)
