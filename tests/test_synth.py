@@ -1029,7 +1029,15 @@ def test_tune_and_synth_infer_ranks_alike(cli, tmp_path: Path) -> None:
     assert cli("synth", "--costs", sparse, "--microbatches", 8)[1:] == ("", message)
     code, out, err = cli("synth", "--costs", sparse, "--ranks", 8, "--microbatches", 8,
                          "--v", 1, "--time-limit", 1)
-    assert code == 0 and out.startswith("synth: 8 ranks"), err
+    assert code == 0 and out.startswith("synth: 8 ranks") and err == "", err
+    # more ranks than the file describes: its last stage (often the LM head) becomes a middle
+    # one, which both commands say
+    warn = (f"warning: {sparse} describes 8 stages (stage.7.* is the last set) but --ranks is "
+            "10: stages 8..9 take the file's defaults\n")
+    assert cli("synth", "--costs", sparse, "--ranks", 10, "--microbatches", 10, "--v", 1,
+               "--time-limit", 1)[2] == warn
+    assert cli("tune", "--costs", sparse, "--ranks", 10, "--microbatches", 20, "--max-v", 1,
+               "--top", 1)[2] == warn
 
 
 def test_large_shapes_start_from_the_list_scheduler_while_time_allows(

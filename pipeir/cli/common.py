@@ -155,6 +155,16 @@ def warn_shadowed(names: Iterable[str]) -> None:
             print(f"warning: {registry.shadow_warning(name, shadowed[name])}", file=sys.stderr)
 
 
+def warn_fewer_stages(where: str, known: int | None, ranks: int) -> None:
+    """Warn (stderr) when --ranks asks for more stages than the cost file describes: the
+    stages past its last `[stage.K]` take the file's defaults, and its last stage (often the
+    LM head and loss) becomes a middle one."""
+    if known is not None and ranks > known:
+        print(f"warning: {where} describes {known} stages (stage.{known - 1}.* is the last "
+              f"set) but --ranks is {ranks}: stages {known}..{ranks - 1} take the file's "
+              "defaults", file=sys.stderr)
+
+
 def warn_costless(passes: Iterable[PassBase], costs: Mapping[str, object]) -> None:
     """Warn (stderr) when a pass that decides by cost runs with no costs at all (no --costs,
     no costs block, no cost in --set): it then plans for the default unit costs, which is

@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from pipeir.cli.common import positive_float, positive_int
+from pipeir.cli.common import positive_float, positive_int, warn_fewer_stages
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
 
@@ -66,6 +66,8 @@ def run(args: argparse.Namespace) -> int:
     ranks = args.ranks if args.ranks is not None else infer_ranks(costs)
     if args.ranks is None and ranks is not None:
         check_inferred(args.costs, costs, ranks)
+    elif ranks is not None:
+        warn_fewer_stages(args.costs, infer_ranks(costs), ranks)
     _check(args, costs, ranks, settings)
     assert ranks is not None
     limit = args.memory_limit if args.memory_bytes is None and args.memory_limit is not None \

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeir.cli.common import positive_float, positive_ints
+from pipeir.cli.common import positive_float, positive_ints, warn_fewer_stages
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
 from pipeir.progress import Progress
@@ -63,6 +63,8 @@ def run(args: argparse.Namespace) -> int:
                          "give --ranks P")
     if args.ranks is None:
         check_inferred(args.costs, costs, ranks)
+    else:
+        warn_fewer_stages(args.costs, infer_ranks(costs), ranks)
     if args.top is not None and args.top < 1:
         raise UsageError(f"--top {args.top}: need at least 1")
     if args.microbatches is not None:
