@@ -228,7 +228,7 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
             refused.append(e.diagnostics[0].message)  # its rounds; or a size limit
             continue
         backwards = sum(op.kind == "B" for op in base)
-        own = [(split, comm, len(base) + backwards if split else len(base) if passes else 0)
+        own = [(split, comm, _own_ops(len(base), backwards, split, passes))
                for split, comm in _variants(family, splits, comms)]
         if deadline is not None:  # what fits (the first library schedule always does)
             if held + len(base) > limits.max_ops():
@@ -281,8 +281,13 @@ def _planned(ranks: int, family: str, v: int, m: int,
     """The ops one library schedule and its candidates hold (see `search`'s NOTE), before
     building it: F and B (or F, I and W) for every chunk and micro-batch."""
     ops = ranks * v * m * (3 if family in PRESPLIT else 2)
-    return ops + sum(ops + ranks * v * m if split else ops if passes else 0
-                     for split, _ in variants)
+    return ops + sum(_own_ops(ops, ranks * v * m, split, passes) for split, _ in variants)
+
+
+def _own_ops(ops: int, backwards: int, split: str | None, passes: bool) -> int:
+    """The ops a candidate holds besides its library schedule of `ops` ops: its own copy,
+    with an I and a W for each of the `backwards` Bs when split, where passes made one."""
+    return ops + backwards if split else ops if passes else 0
 
 
 def _variants(family: str, splits: Sequence[str | None], comms: Sequence[str]
