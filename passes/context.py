@@ -8,12 +8,17 @@ two pipelines with different costs can run side by side.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 from pipeir.sim.costs import CostModel
 
 CommModel = Literal["overlapped", "blocking"]
+
+#: The costs of a context no one gave costs to. `PassManager` tells it apart by identity
+#: (not by value: a costs block may spell out the defaults on purpose) to warn about passes
+#: that plan by cost.
+UNIT_COSTS = CostModel()
 
 
 @dataclass(frozen=True)
@@ -22,9 +27,16 @@ class PassContext:
     F = 1, B = 2, free and overlapped communication, under which every micro-batch costs the
     same and cost-driven passes have nothing to gain)."""
 
-    costs: CostModel = field(default_factory=CostModel)
+    costs: CostModel = UNIT_COSTS
     comm: CommModel = "overlapped"
 
 
 #: The context of a pass run without one (`Interleave(v=2).run(s)`).
 DEFAULT_CONTEXT: PassContext = PassContext()
+
+
+def costless_message(name: str, remedy: str) -> str:
+    """Why a pass that decides by cost (`PassBase.costed`) should not run with no costs: one
+    wording for the CLI's stderr line and the Python API's warning, each with its `remedy`."""
+    return (f"{name} plans by cost, and there are no costs ({remedy}): it plans for the "
+            "defaults, F = 1, B = 2 and free links")

@@ -11,6 +11,7 @@ the manager, never through a global.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, TextIO
 from pipeir.diagnostics import Diagnostic, Note, PipeirError, UsageError, VerifyError
 from pipeir.files import make_dir, write_atomic
 from pipeir.passes.base import LoweredPass, Pass, PassBase
-from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
+from pipeir.passes.context import DEFAULT_CONTEXT, UNIT_COSTS, PassContext, costless_message
 from pipeir.passes.pipeline import Pipeline
 from pipeir.printer import print_schedule
 from pipeir.schedule import Schedule
@@ -135,6 +136,9 @@ class PassManager:
                  instruments: Sequence[Instrument] = ()):
         self.pipeline = pipeline if isinstance(pipeline, Pipeline) else Pipeline.of(pipeline)
         self.context = context
+        if context.costs is UNIT_COSTS:
+            for name in dict.fromkeys(p.name for p in self.pipeline.passes if p.costed):
+                warnings.warn(costless_message(name, "give the context costs"), stacklevel=2)
         self.verify_each = verify_each
         self.instruments = tuple(instruments)
 

@@ -3,7 +3,8 @@
 The input fixes the shape: ranks, micro-batches, stages and their placement, and whether
 backwards are split (I + W) or not. The costs and the communication model come from the pass
 context (`pipeirc opt --costs`, `pipeir.compile(..., costs=...)`), so the pass optimises for
-the model it will run. See `pipeir.synth` for the model, its bound and its warm starts.
+the model it will run (a context without costs plans for unit costs, and `PassManager` warns).
+See `pipeir.synth` for the model, its bound and its warm starts.
 
 NOTE (guarantees). The input is one of the warm starts, so the result is never slower than
 the input under the context's costs, and never holds more activations per rank than

@@ -55,7 +55,7 @@ def compile(schedule: Schedule, passes: str | Pipeline | Sequence[PassBase] | No
     defaults to the model the pipeline runs under (overlapped with `overlap`, else blocking).
     """
     from pipeir.passes import PassContext, PassManager, Pipeline, parse_pipeline
-    from pipeir.sim.costs import CostModel
+    from pipeir.passes.context import UNIT_COSTS
 
     if passes is None or (isinstance(passes, str) and not passes.strip()):
         pipeline = Pipeline.of(())
@@ -63,6 +63,7 @@ def compile(schedule: Schedule, passes: str | Pipeline | Sequence[PassBase] | No
         pipeline = parse_pipeline(passes)
     else:
         pipeline = passes if isinstance(passes, Pipeline) else Pipeline.of(passes)
-    ctx = PassContext(costs if costs is not None else CostModel(),
+    # UNIT_COSTS, the very object: PassManager warns that reorder and synth have no costs
+    ctx = PassContext(costs if costs is not None else UNIT_COSTS,
                       comm if comm is not None else pipeline.comm)
     return PassManager(pipeline, context=ctx).compile(schedule)

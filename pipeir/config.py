@@ -27,11 +27,11 @@ PIPELINE_KEYS: Final[dict[str, str]] = {
 
 class ConfigError(ValueError):
     """A bad configuration value; `key` names the setting so a caller can point at it, and
-    `fallback` the one to point at instead when `key` was left at its default."""
+    `also` the others that share the blame (a size is a product of several)."""
 
-    def __init__(self, key: str, message: str, fallback: str | None = None):
+    def __init__(self, key: str, message: str, also: tuple[str, ...] = ()):
         self.key = key
-        self.fallback = fallback
+        self.also = also
         super().__init__(message)
 
 
@@ -60,7 +60,9 @@ def _check_sizes(ranks: int, stages: int, microbatches: int) -> None:
                           2 * max(stages, ranks) * microbatches, "ops (F and B)",
                           limits.BYTES_PER_OP)
     if too_big is not None:
-        raise ConfigError("stages", too_big, fallback="microbatches")
+        sizes = {"stages": stages, "microbatches": microbatches, "ranks": ranks}
+        first, *rest = sorted(sizes, key=lambda k: -sizes[k])  # blame the largest first
+        raise ConfigError(first, too_big, also=tuple(rest))
 
 
 def loop_placement(stages: int, ranks: int) -> tuple[int, ...]:

@@ -328,3 +328,19 @@ def test_empty_programs_are_reported_at_the_schedule() -> None:
 def test_verify_rejects_a_nonsense_memory_limit() -> None:
     with pytest.raises(pipeir.UsageError, match="memory_limit must be a positive integer"):
         pipeir.verify(pipeir.library.get("1f1b", 2, 2), memory_limit=0)
+
+
+@pytest.mark.parametrize(("text", "overrides", "where"), [
+    ("pipeline {\n  ranks = 100000000\n  microbatches = 100\n}\n", {}, (2, 3)),
+    ("pipeline {\n  ranks = 4\n  stages = ranks\n  microbatches = 100000000\n}\n", {}, (4, 3)),
+    ("pipeline {\n  ranks = 4\n  stages = ranks\n  microbatches = 8\n}\n",
+     {"microbatches": 100000000}, None),
+])
+def test_a_size_error_points_at_the_largest_setting_or_at_set(
+        text: str, overrides: dict[str, int], where: tuple[int, int] | None) -> None:
+    """The size is a product; the caret goes to the factor that made it large, and to no line
+    of the file when that factor came from --set."""
+    with pytest.raises(pipeir.UsageError, match="too large") as e:
+        pipeir.parse(text + "schedule = 1f1b", overrides=overrides)
+    span = e.value.diagnostics[0].span
+    assert (None if span is None else (span.line, span.col)) == where

@@ -11,6 +11,7 @@ import math
 import random
 import re
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -994,6 +995,18 @@ def test_pass_refuses_memory_ops_and_reductions(before: str, message: str) -> No
     out = pipeir.compile(pipeir.library.get("1f1b", 2, 4),
                          f"synth{{time_limit=1}},{before}").schedule
     assert any(op.kind in ("FC", "R") for op in out)
+
+
+def test_the_python_api_warns_when_synth_has_no_costs() -> None:
+    """Without costs the pass plans for unit costs; the CLI says so on stderr, and the Python
+    API with a UserWarning. Costs given (even the defaults, spelt out) silence it."""
+    s = pipeir.library.get("1f1b", 2, 4)
+    with pytest.warns(UserWarning, match=r"^synth plans by cost, and there are no costs"):
+        pipeir.compile(s, "synth{time_limit=1}")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        pipeir.compile(s, "synth{time_limit=1}", costs=CostModel())
+        pipeir.compile(s, "split-backward")
 
 
 # ---- the command line ------------------------------------------------------------------------

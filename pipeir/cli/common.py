@@ -14,6 +14,7 @@ from pipeir import library, limits
 from pipeir.api import load
 from pipeir.diagnostics import UsageError
 from pipeir.frontend.elaborate import Elaborated, Value
+from pipeir.passes.context import costless_message
 
 if TYPE_CHECKING:
     from pipeir.passes.base import PassBase
@@ -172,8 +173,7 @@ def warn_costless(passes: Iterable[PassBase], costs: Mapping[str, object]) -> No
     if costs:
         return
     for name in dict.fromkeys(p.name for p in passes if p.costed):
-        print(f"warning: {name} plans by cost, and there are no costs (give --costs FILE or a "
-              "costs block): it plans for the defaults, F = 1, B = 2 and free links",
+        print(f"warning: {costless_message(name, 'give --costs FILE or a costs block')}",
               file=sys.stderr)
 
 

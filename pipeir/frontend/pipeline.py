@@ -64,11 +64,19 @@ def make_config(env: Env, spans: Spans, overrides: Mapping[str, Value]) -> Pipel
                                    env.get("placement", "loop"), env.get("memory_limit"),
                                    env.get("accumulate", 1))
     except ConfigError as e:
-        key = e.key if e.key in spans or e.fallback is None else e.fallback
+        key = _blame((e.key, *e.also), spans, overrides)
         span = spans.get(key)
         notes = () if span is not None or key in overrides else \
             (Note(f"'{key}' was not set, so it took its default"),)
         raise UsageError(str(e), span, notes) from None
+
+
+def _blame(keys: tuple[str, ...], spans: Spans, overrides: Mapping[str, Value]) -> str:
+    """Which of the settings an error names to point at: one given with --set (what the user
+    just changed; the message then has no caret in the file), else one the file writes, else
+    the first (which took its default)."""
+    return next((k for k in keys if k in overrides),
+                next((k for k in keys if spans.get(k) is not None), keys[0]))
 
 
 def _check_key(st: ast.Setting) -> None:
