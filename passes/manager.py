@@ -10,11 +10,13 @@ the manager, never through a global.
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
 from pipeir.diagnostics import Diagnostic, Note, PipeirError, UsageError, VerifyError
@@ -124,6 +126,20 @@ class Compiled:
     context: PassContext
 
 
+def _callers_level() -> int:
+    """The `stacklevel` of the first frame outside pipeir (its `pipeir/` and `passes/`
+    folders), so a warning names the user's line, whichever API entry they called (3.11
+    has no `skip_file_prefixes`)."""
+    import pipeir
+
+    ours = (str(Path(pipeir.__file__).parent), str(Path(__file__).parent))
+    level = 1
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(ours):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 class PassManager:
     """Run passes in order. With `verify_each` (the default) the input is verified first and
     the output of every pass after it, so a failure names the pass that caused it.
@@ -138,7 +154,9 @@ class PassManager:
         self.context = context
         if context.costs is UNIT_COSTS:
             for name in dict.fromkeys(p.name for p in self.pipeline.passes if p.costed):
-                warnings.warn(costless_message(name, "give the context costs"), stacklevel=2)
+                warnings.warn(costless_message(name, "give pipeir.compile costs=..., or "
+                                                     "PassManager a PassContext with costs"),
+                              stacklevel=_callers_level())
         self.verify_each = verify_each
         self.instruments = tuple(instruments)
 

@@ -38,9 +38,13 @@ from pipeir.backend.lower import (
     ISend,
     Loss,
     Lowered,
+    OptimizerStep,
+    ReduceGrad,
     Send,
     WaitRecv,
+    WaitReduce,
     WaitSend,
+    ZeroGrad,
     lower,
 )
 from pipeir.diagnostics import PipeirError, VerifyError
@@ -407,6 +411,52 @@ def test_compute_findings_say_what_is_missing_or_out_of_order() -> None:
     assert e.value.message == ("rank 0's program is empty, but the placement runs stage 0 "
                                "there: every stage runs one forward and one backward (B, or I "
                                "then W) per micro-batch")
+
+
+def _dropped(prog: list[Instr], kind: type) -> list[Instr]:
+    return [i for i in prog if not isinstance(i, kind)]
+
+
+def _moved(prog: list[Instr], kind: type, to: int) -> list[Instr]:
+    """`prog` with its first `kind` instruction moved to index `to` (of the shortened list)."""
+    k = next(k for k, i in enumerate(prog) if isinstance(i, kind))
+    rest = prog[:k] + prog[k + 1:]
+    return [*rest[:to], prog[k], *rest[to:]]
+
+
+# each fault is a mutation of rank 0's program (1F1B, 2 ranks, I + W, dp-reduce), and the
+# finding it must produce; the fault is known from the mutation, not from the checker
+STEP_FAULTS = [
+    (lambda p: _dropped(p, ZeroGrad), "rank 0's program has no `zero-grad`: each program is "
+     "one optimizer step, `zero-grad` first and `step` last"),
+    (lambda p: _dropped(p, OptimizerStep), "rank 0's program has no `step`"),
+    (lambda p: _moved(p, ZeroGrad, 4), r"`zero-grad` clears the gradients after a compute of "
+     r"the same step"),
+    (lambda p: [*p, OptimizerStep()], r"`step` steps a second time: each program is one "
+     r"optimizer step"),
+    (lambda p: _moved(p, OptimizerStep, 12), r"`step` steps before a compute of the same step"),
+    (lambda p: _dropped(p, ReduceGrad), "stage 0 has no `reduce-grad` on rank 0: with data "
+     "parallelism every stage all-reduces its gradients once"),
+    (lambda p: _moved(p, ReduceGrad, 12), r"`reduce-grad stage=0` .*reduces stage 0 before its "
+     r"last weight gradient"),
+    (lambda p: _dropped(p, WaitReduce), r"`reduce-grad stage=0` .*is never waited for"),
+    (lambda p: _moved(p, WaitReduce, len(p) - 1), r"`wait-reduce stage=0` .*waits for stage "
+     r"0's reduction outside its place: after `reduce-grad` and before `step`"),
+    (lambda p: [replace(i, stage=1) if isinstance(i, ReduceGrad) else i for i in p],
+     r"`reduce-grad stage=1` .*names stage 1, which rank 0 does not run"),
+]
+
+
+@pytest.mark.parametrize(("mutate", "message"), STEP_FAULTS)
+def test_a_program_is_one_optimizer_step_with_every_stage_reduced(mutate, message: str
+                                                                   ) -> None:
+    """A dropped `zero-grad`, `step` or `reduce-grad` runs and trains wrongly without a word
+    (gradients add up across steps, nothing trains, replicas drift apart); all are named."""
+    s = pipeir.compile(pipeir.library.get("1f1b", 2, 2), "split-backward,dp-reduce").schedule
+    low = lower(s)
+    check_comm(low)
+    with pytest.raises(VerifyError, match=message):
+        check_comm(_with(low, 0, mutate(list(low.programs[0]))))
 
 
 def test_check_lowered_points_at_the_instruction_in_the_json_file(cli, tmp_path: Path

@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,7 +18,7 @@ import pipeir
 from pipeir import R
 from pipeir.diagnostics import UsageError, VerifyError
 from pipeir.ops import NO_MB, Op
-from pipeir.passes import PassManager, parse_pipeline
+from pipeir.passes import PassContext, PassManager, parse_pipeline
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, simulate
 
@@ -34,7 +35,7 @@ schedule s {
 
 
 def _opt(schedule: Schedule, spec: str) -> Schedule:
-    return PassManager(parse_pipeline(spec)).run(schedule)
+    return PassManager(parse_pipeline(spec), context=PassContext(CostModel())).run(schedule)
 
 
 # ---- IR, language, verifier ----------------------------------------------------------------
@@ -480,3 +481,30 @@ def test_torch_csv_carries_reduce_grad(cli, tmp_path: Path) -> None:
     assert rows[0].rstrip(",").endswith("0W3,3REDUCE_GRAD,0REDUCE_GRAD")
     code, printed, _ = cli("import-torch", csv)
     assert code == 0 and pipeir.parse(printed).programs == s.programs
+
+
+def test_replicas_of_a_program_without_reductions_are_refused(tmp_path: Path) -> None:
+    """A program compiled without --dp, started on P x 2 processes, used to train two
+    replicas apart without a word (each on its shard, never all-reduced). main.py refuses it
+    before the process group starts; `Job` refuses it for the Python API."""
+    from pipeir.cli import main
+    from pipeir.runtime.worker import Job
+
+    gen = tmp_path / "gen"
+    assert main(["compile", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "4",
+                 "-o", str(gen)]) == 0
+    e = {**os.environ, "RANK": "1", "WORLD_SIZE": "4", "LOCAL_RANK": "1",
+         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"}  # no process group is started
+    p = subprocess.run([sys.executable, str(gen / "main.py")], capture_output=True, text=True,
+                       env=e, timeout=120)
+    assert p.returncode == 2
+    assert p.stderr == ("main.py: rank 1: 2 data-parallel replicas, but the program never "
+                        "all-reduces the gradients of any stage (no `reduce-grad`): the "
+                        "replicas would train apart; compile with --dp 2 (it adds dp-reduce),"
+                        " or start 2 processes\n")
+    half = pipeir.compile(pipeir.library.get("1f1b", 2, 4), "dp-reduce").lowered
+    progs = (tuple(i for i in half.programs[0] if type(i).__name__ != "ReduceGrad"),
+             half.programs[1])
+    with pytest.raises(ValueError, match=r"never all-reduces the gradients of stage 0 "):
+        Job(replace(half, programs=progs), ("", ""), "mlp", 1, dp=3)
+    Job(half, ("", ""), "mlp", 1, dp=3)

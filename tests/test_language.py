@@ -335,6 +335,7 @@ def test_verify_rejects_a_nonsense_memory_limit() -> None:
     ("pipeline {\n  ranks = 4\n  stages = ranks\n  microbatches = 100000000\n}\n", {}, (4, 3)),
     ("pipeline {\n  ranks = 4\n  stages = ranks\n  microbatches = 8\n}\n",
      {"microbatches": 100000000}, None),
+    ("pipeline {\n  ranks = 4\n  microbatches = 100000000\n}\n", {"ranks": 2}, (3, 3)),
 ])
 def test_a_size_error_points_at_the_largest_setting_or_at_set(
         text: str, overrides: dict[str, int], where: tuple[int, int] | None) -> None:

@@ -991,9 +991,9 @@ def test_pass_refuses_memory_ops_and_reductions(before: str, message: str) -> No
     """The model orders F/B/I/W; memory ops and R ops are placed after it, never dropped."""
     s = pipeir.compile(pipeir.library.get("1f1b", 2, 4), before).schedule
     with pytest.raises(pipeir.UsageError, match=re.escape(message)):
-        pipeir.compile(s, "synth{time_limit=1}")
+        pipeir.compile(s, "synth{time_limit=1}", costs=CostModel())
     out = pipeir.compile(pipeir.library.get("1f1b", 2, 4),
-                         f"synth{{time_limit=1}},{before}").schedule
+                         f"synth{{time_limit=1}},{before}", costs=CostModel()).schedule
     assert any(op.kind in ("FC", "R") for op in out)
 
 

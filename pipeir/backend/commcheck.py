@@ -23,6 +23,9 @@ NOTE (the rules, in the order they are checked; each later rule assumes the earl
    exactly once. *Computing*: every stage runs, per micro-batch, one forward, the loss on
    the last stage, and one backward (B, or I then W), in that order: a compute whose output
    no rank receives (stage 0's backward, a W) is otherwise unobserved by the other rules.
+   *Stepping*: each program clears the gradients once before its computes and steps once
+   after them; with gradient reductions, every stage reduces once after its last weight
+   gradient and waits for it before the step.
 3. *Order*: between each sender and receiver, sends and receives are posted in the same
    order. Two transfers posted in opposite orders either deadlock (blocking) or deliver each
    other's tensors (asynchronous): with equal shapes training silently goes wrong.
@@ -64,12 +67,16 @@ from pipeir.backend.lower import (
     Loss,
     Lowered,
     Offload,
+    OptimizerStep,
     Recompute,
     Recv,
+    ReduceGrad,
     Reload,
     Send,
     WaitRecv,
+    WaitReduce,
     WaitSend,
+    ZeroGrad,
     from_json,
     lower,
 )
@@ -119,7 +126,8 @@ def describe(site: Site) -> str:
     """The instruction as the lowered text form shows it, with its origin."""
     ins = site.ins
     where = f" ({ins.op}, {ins.at})" if ins.at else (f" ({ins.op})" if ins.op else "")
-    return f"rank {site.rank} at #{site.pc} `{ins.mnemonic} {ins.operands()}`{where}"
+    text = f"{ins.mnemonic} {ins.operands()}".rstrip()
+    return f"rank {site.rank} at #{site.pc} `{text}`{where}"
 
 
 @dataclass(frozen=True)
@@ -174,6 +182,7 @@ class _Finding:
     message: str
     site: Site | None  # None: about no instruction (a rank's program is empty)
     notes: tuple[tuple[str, Site | None], ...] = ()
+    near: Site | None = None  # with no site: where the missing instruction belongs
 
 
 class _Rules:
@@ -542,6 +551,82 @@ class _Rules:
                 yield _Finding(f"needs the {part} of micro-batch {mb}, which rank {user.rank} "
                                f"{how}: it is loaded once, before", user)
 
+    # -- rule 2c: one optimizer step --
+
+    def rule_step(self) -> Iterator[_Finding]:
+        """Each program is one optimizer step: `zero-grad` once, before its first compute,
+        and `step` once, after its last compute. With gradient reductions (data
+        parallelism: any `reduce-grad` at all) every stage reduces once, on its rank, after
+        its last weight gradient (B or W), and waits for it once, after that and before the
+        step. Otherwise, silently: a missing `zero-grad` adds gradients up across steps, a
+        missing `step` never trains, a compute after it uses the new weights, and a stage
+        left unreduced lets the replicas drift apart."""
+        for rank, prog in enumerate(self.low.programs):
+            computes = [Site(rank, pc, i) for pc, i in enumerate(prog) if isinstance(i, COMPUTE)]
+            for kind, verb in ((ZeroGrad, "clears the gradients"), (OptimizerStep, "steps")):
+                sites = [Site(rank, pc, i) for pc, i in enumerate(prog) if isinstance(i, kind)]
+                name = "zero-grad" if kind is ZeroGrad else "step"
+                if not sites:
+                    near = Site(rank, 0, prog[0]) if kind is ZeroGrad and prog else \
+                        Site(rank, len(prog) - 1, prog[-1]) if prog else None
+                    yield _Finding(f"rank {rank}'s program has no `{name}`: each program is "
+                                   "one optimizer step, `zero-grad` first and `step` last", None,
+                                   near=near)
+                    continue
+                if len(sites) > 1:
+                    yield _Finding(f"{verb} a second time: each program is one optimizer "
+                                   "step", sites[1], (("the first", sites[0]),))
+                first = sites[0]
+                wrong = next((c for c in computes if c.pc < first.pc), None) \
+                    if kind is ZeroGrad else next((c for c in computes if c.pc > first.pc), None)
+                if wrong is not None:
+                    where = "after" if kind is ZeroGrad else "before"
+                    yield _Finding(f"{verb} {where} a compute of the same step: `zero-grad` "
+                                   "comes before every compute and `step` after", first,
+                                   (("the compute", wrong),))
+        if any(isinstance(i, ReduceGrad) for prog in self.low.programs for i in prog):
+            yield from self._reductions()
+
+    def _reductions(self) -> Iterator[_Finding]:
+        """`rule_step`'s gradient reductions, stage by stage."""
+        found: dict[tuple[type, int], list[Site]] = {}
+        for rank, prog in enumerate(self.low.programs):
+            for pc, ins in enumerate(prog):
+                if isinstance(ins, (ReduceGrad, WaitReduce)):
+                    if 0 <= ins.stage <= self.last and self.low.placement[ins.stage] == rank:
+                        found.setdefault((type(ins), ins.stage), []).append(Site(rank, pc, ins))
+                    else:
+                        yield _Finding(f"names stage {ins.stage}, which rank {rank} does not "
+                                       f"run (stages are 0..{self.last})", Site(rank, pc, ins))
+        for s in range(self.last + 1):
+            rank = self.low.placement[s]
+            prog = self.low.programs[rank]
+            reduce, wait = found.get((ReduceGrad, s), []), found.get((WaitReduce, s), [])
+            grads = [Site(rank, pc, i) for pc, i in enumerate(prog)
+                     if isinstance(i, (Backward, BackwardWeight)) and i.stage == s]
+            if not reduce:
+                yield _Finding(f"stage {s} has no `reduce-grad` on rank {rank}: with data "
+                               "parallelism every stage all-reduces its gradients once, "
+                               "or the replicas drift apart", None,
+                               near=grads[-1] if grads else None)
+                continue
+            for what, sites in (("reduces", reduce), ("waits for the reduction of", wait)):
+                if len(sites) > 1:
+                    yield _Finding(f"{what} stage {s} a second time: once per step", sites[1],
+                                   (("the first", sites[0]),))
+            if grads and grads[-1].pc > reduce[0].pc:
+                yield _Finding(f"reduces stage {s} before its last weight gradient, which "
+                               "the all-reduce would miss", reduce[0],
+                               (("the last weight gradient", grads[-1]),))
+            step = next((pc for pc, i in enumerate(prog) if isinstance(i, OptimizerStep)), None)
+            if not wait:
+                yield _Finding(f"is never waited for (`wait-reduce {s}` before `step`): the "
+                               "step could use gradients still being reduced", reduce[0])
+            elif not reduce[0].pc < wait[0].pc < (len(prog) if step is None else step):
+                yield _Finding(f"waits for stage {s}'s reduction outside its place: after "
+                               "`reduce-grad` and before `step`", wait[0],
+                               (("the reduce-grad", reduce[0]),))
+
     # -- rule 3: order --
 
     def rule_order(self) -> Iterator[_Finding]:
@@ -662,7 +747,7 @@ def _diagnostic(f: _Finding, loc: Locator) -> Diagnostic:
     notes = tuple(Note(f"{text}: {loc.name(s)}" if s is not None else text,
                        loc.span(s) if s is not None else None) for text, s in f.notes)
     if f.site is None:
-        return Diagnostic(f.message, None, notes)
+        return Diagnostic(f.message, loc.span(f.near) if f.near is not None else None, notes)
     return Diagnostic(f"{loc.name(f.site)} {f.message}", loc.span(f.site), notes)
 
 
@@ -677,7 +762,7 @@ def check_comm(lowered: Lowered, locator: Locator | None = None) -> CommReport:
     loc: Locator = locator if locator is not None else PlainLocator()
     rules = _Rules(lowered)
     for rule in (rules.rule_local, rules.rule_matching, rules.rule_compute,
-                 rules.rule_order):
+                 rules.rule_step, rules.rule_order):
         found = list(itertools.islice(rule(), MAX_FINDINGS + 1))
         if found:
             shown = [_diagnostic(f, loc) for f in found[:MAX_FINDINGS]]

@@ -72,11 +72,10 @@ def make_config(env: Env, spans: Spans, overrides: Mapping[str, Value]) -> Pipel
 
 
 def _blame(keys: tuple[str, ...], spans: Spans, overrides: Mapping[str, Value]) -> str:
-    """Which of the settings an error names to point at: one given with --set (what the user
-    just changed; the message then has no caret in the file), else one the file writes, else
-    the first (which took its default)."""
-    return next((k for k in keys if k in overrides),
-                next((k for k in keys if spans.get(k) is not None), keys[0]))
+    """Which of the settings an error names (most to blame first) to point at: the first that
+    was given, with --set (the message then has no caret in the file) or in the file; else
+    the first, which took its default."""
+    return next((k for k in keys if k in overrides or spans.get(k) is not None), keys[0])
 
 
 def _check_key(st: ast.Setting) -> None:

@@ -65,10 +65,10 @@ def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     try:
         shape = check_world(world, job.lowered.ranks, dp)
+        job = replace(job, dp=shape.dp)  # (Job refuses replicas that never all-reduce)
     except ValueError as e:
         sys.stderr.write(f"main.py: rank {rank}: {e}\n")
         return 2
-    job = replace(job, dp=shape.dp)
     pp, replica = shape.coords(rank)
     sys.stdout.write(f"rank {rank}/{world} = pp {pp} of {shape.pp}, dp {replica} of {shape.dp} "
                      f"(host {socket.gethostname()}, local rank "

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from pipeir.backend.lower import Lowered
+from pipeir.backend.lower import Lowered, ReduceGrad
 from pipeir.models.spec import build_stage, resolve
 from pipeir.runtime import checkpoint, shapes
 from pipeir.runtime import dist as pdist
@@ -54,6 +54,22 @@ class Job:
     dp: int = 1
     #: a NaN or infinite loss only warns instead of stopping the run (runtime/guards.py)
     allow_nonfinite: bool = False
+
+    def __post_init__(self) -> None:
+        """Replicas whose program never all-reduces a stage's gradients train apart without
+        a word (each on its shard); refuse that before any process starts."""
+        if self.dp > 1:
+            done = {i.stage for prog in self.lowered.programs for i in prog
+                    if isinstance(i, ReduceGrad)}
+            missing = [s for s in range(self.lowered.stages) if s not in done]
+            if missing:
+                which = "any stage" if len(missing) == self.lowered.stages else \
+                    "stage" + "s" * (len(missing) > 1) + " " + ", ".join(map(str, missing))
+                raise ValueError(f"{self.dp} data-parallel replicas, but the program never "
+                                 f"all-reduces the gradients of {which} (no `reduce-grad`): "
+                                 f"the replicas would train apart; compile with --dp "
+                                 f"{self.dp} (it adds dp-reduce), or start "
+                                 f"{self.lowered.ranks} processes")
 
 
 def load_program(source: str, name: str) -> Callable[[Context], None]:
