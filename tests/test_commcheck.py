@@ -459,6 +459,24 @@ def test_a_program_is_one_optimizer_step_with_every_stage_reduced(mutate, messag
         check_comm(_with(low, 0, mutate(list(low.programs[0]))))
 
 
+def test_a_send_and_its_receive_carry_the_same_tag() -> None:
+    """gloo pairs a receive with the send of its tag: a send with another tag leaves both
+    waiting (a gloo timeout, tried by hand), which the order rules, blind to tags, passed."""
+    low = lower(pipeir.library.get("1f1b", 2, 2))
+    prog = list(low.programs[0])
+    k = next(k for k, i in enumerate(prog) if isinstance(i, Send))
+    prog[k] = replace(prog[k], tag=99)  # type: ignore[call-arg]
+    with pytest.raises(VerifyError) as e:
+        check_comm(_with(low, 0, prog))
+    d = e.value.diagnostics[0]
+    assert d.message.startswith("rank 1 at #1 `irecv tensor=act stage=0 mb=0 peer=0 tag=0` ")
+    assert d.message.endswith(
+        " receives the activation of stage 0, micro-batch 0 with tag 0, but rank 0 sends it "
+        "with tag 99: gloo matches a receive to the send of the same tag, so it would wait "
+        "forever (NCCL ignores tags)")
+    assert d.notes[0].message.startswith(f"the send: rank 0 at #{k} `send tensor=act stage=0 ")
+
+
 def test_check_lowered_points_at_the_instruction_in_the_json_file(cli, tmp_path: Path
                                                                   ) -> None:
     out = tmp_path / "gen"

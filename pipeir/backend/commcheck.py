@@ -20,9 +20,10 @@ NOTE (the rules, in the order they are checked; each later rule assumes the earl
    micro-batch and peer agree with the placement; inside an overlapped pair there is only
    the pair's compute.
 2. *Matching*: every transfer the placement implies is sent exactly once and received
-   exactly once. *Computing*: every stage runs, per micro-batch, one forward, the loss on
-   the last stage, and one backward (B, or I then W), in that order: a compute whose output
-   no rank receives (stage 0's backward, a W) is otherwise unobserved by the other rules.
+   exactly once, with the same tag on both sides (gloo matches by tag). *Computing*: every
+   stage runs, per micro-batch, one forward, the loss on the last stage, and one backward
+   (B, or I then W), in that order: a compute whose output no rank receives (stage 0's
+   backward, a W) is otherwise unobserved by the other rules.
    *Stepping*: each program clears the gradients once before its computes and steps once
    after them; with gradient reductions, every stage reduces once after its last weight
    gradient and waits for it before the step.
@@ -429,6 +430,14 @@ class _Rules:
                     yield _Finding(f"{'sends' if noun == 'receive' else 'receives'} "
                                    f"{what(key)}, but rank {side} never {verb} it: every "
                                    f"{other} needs exactly one matching {noun}", theirs[0])
+            if len(sends) == 1 and len(recvs) == 1:
+                tx, rx = sends[0].ins, recvs[0].ins
+                assert isinstance(tx, Comm) and isinstance(rx, Comm)
+                if tx.tag != rx.tag:
+                    yield _Finding(f"receives {what(key)} with tag {rx.tag}, but rank {ch[0]} "
+                                   f"sends it with tag {tx.tag}: gloo matches a receive to the "
+                                   "send of the same tag, so it would wait forever (NCCL "
+                                   "ignores tags)", recvs[0], (("the send", sends[0]),))
 
     # -- rule 2b: every op computed --
 
