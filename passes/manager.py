@@ -10,6 +10,7 @@ the manager, never through a global.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 import warnings
@@ -132,7 +133,7 @@ def _callers_level() -> int:
     has no `skip_file_prefixes`)."""
     import pipeir
 
-    ours = (str(Path(pipeir.__file__).parent), str(Path(__file__).parent))
+    ours = tuple(str(Path(f).parent) + os.sep for f in (pipeir.__file__, __file__))
     level = 1
     frame: FrameType | None = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(ours):

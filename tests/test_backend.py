@@ -231,7 +231,7 @@ def test_fifo_mismatch_is_rejected() -> None:
     prog = list(low.program(1))
     k = next(i for i, x in enumerate(prog) if isinstance(x, Batch))  # both receives, posted
     a, b = prog[k].posts  # type: ignore[attr-defined]
-    prog[k] = replace(prog[k], posts=(replace(a, mb=b.mb), replace(b, mb=a.mb)))
+    prog[k] = replace(prog[k], posts=(b, a))  # each with its own tag: only the order is wrong
     bad = replace(low, programs=(low.program(0), tuple(prog)))
     with pytest.raises(VerifyError, match="transfer #0 is sent as act of stage 0 mb 0 but "
                                           "received as act of stage 0 mb 1"):

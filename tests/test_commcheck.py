@@ -427,23 +427,26 @@ def _moved(prog: list[Instr], kind: type, to: int) -> list[Instr]:
 # each fault is a mutation of rank 0's program (1F1B, 2 ranks, I + W, dp-reduce), and the
 # finding it must produce; the fault is known from the mutation, not from the checker
 STEP_FAULTS = [
-    (lambda p: _dropped(p, ZeroGrad), "rank 0's program has no `zero-grad`: each program is "
-     "one optimizer step, `zero-grad` first and `step` last"),
+    (lambda p: _dropped(p, ZeroGrad), r"rank 0's program has no `zero-grad` \(before its first "
+     r"instruction, shown\): each program is one optimizer step, and starts by clearing"),
     (lambda p: _dropped(p, OptimizerStep), "rank 0's program has no `step`"),
     (lambda p: _moved(p, ZeroGrad, 4), r"`zero-grad` clears the gradients after a compute of "
      r"the same step"),
     (lambda p: [*p, OptimizerStep()], r"`step` steps a second time: each program is one "
      r"optimizer step"),
     (lambda p: _moved(p, OptimizerStep, 12), r"`step` steps before a compute of the same step"),
-    (lambda p: _dropped(p, ReduceGrad), "stage 0 has no `reduce-grad` on rank 0: with data "
-     "parallelism every stage all-reduces its gradients once"),
+    (lambda p: _dropped(p, ReduceGrad), r"stage 0 has no `reduce-grad` on rank 0 \(after its "
+     r"last weight gradient, shown\): with data parallelism every stage all-reduces its "
+     r"gradients once"),
     (lambda p: _moved(p, ReduceGrad, 12), r"`reduce-grad stage=0` .*reduces stage 0 before its "
      r"last weight gradient"),
     (lambda p: _dropped(p, WaitReduce), r"`reduce-grad stage=0` .*is never waited for"),
     (lambda p: _moved(p, WaitReduce, len(p) - 1), r"`wait-reduce stage=0` .*waits for stage "
      r"0's reduction outside its place: after `reduce-grad` and before `step`"),
     (lambda p: [replace(i, stage=1) if isinstance(i, ReduceGrad) else i for i in p],
-     r"`reduce-grad stage=1` .*names stage 1, which rank 0 does not run"),
+     r"`reduce-grad stage=1` .*names stage 1, which runs on rank 1, not on rank 0"),
+    (lambda p: [replace(i, stage=7) if isinstance(i, WaitReduce) else i for i in p],
+     r"`wait-reduce stage=7` .*names stage 7, but there is no stage 7 \(stages are 0..1\)"),
 ]
 
 
@@ -457,6 +460,18 @@ def test_a_program_is_one_optimizer_step_with_every_stage_reduced(mutate, messag
     check_comm(low)
     with pytest.raises(VerifyError, match=message):
         check_comm(_with(low, 0, mutate(list(low.programs[0]))))
+
+
+
+def test_waits_for_reductions_that_no_program_starts_are_rejected() -> None:
+    s = pipeir.compile(pipeir.library.get("1f1b", 2, 2), "dp-reduce").schedule
+    low = lower(s)
+    bare = replace(low, programs=tuple(tuple(_dropped(list(p), ReduceGrad))
+                                       for p in low.programs))
+    with pytest.raises(VerifyError) as e:
+        check_comm(bare)
+    assert [d.message.split(" (")[0] for d in e.value.diagnostics] == [
+        "stage 0 has no `reduce-grad` on rank 0", "stage 1 has no `reduce-grad` on rank 1"]
 
 
 def test_a_send_and_its_receive_carry_the_same_tag() -> None:

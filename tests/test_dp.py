@@ -500,8 +500,8 @@ def test_replicas_of_a_program_without_reductions_are_refused(tmp_path: Path) ->
     assert p.returncode == 2
     assert p.stderr == ("main.py: rank 1: 2 data-parallel replicas, but the program never "
                         "all-reduces the gradients of any stage (no `reduce-grad`): the "
-                        "replicas would train apart; compile with --dp 2 (it adds dp-reduce),"
-                        " or start 2 processes\n")
+                        "replicas would train apart; lower a schedule with R ops (`pipeirc "
+                        "compile --dp 2` adds them with dp-reduce), or run 2 processes\n")
     half = pipeir.compile(pipeir.library.get("1f1b", 2, 4), "dp-reduce").lowered
     progs = (tuple(i for i in half.programs[0] if type(i).__name__ != "ReduceGrad"),
              half.programs[1])

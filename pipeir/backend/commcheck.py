@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -565,76 +565,98 @@ class _Rules:
     def rule_step(self) -> Iterator[_Finding]:
         """Each program is one optimizer step: `zero-grad` once, before its first compute,
         and `step` once, after its last compute. With gradient reductions (data
-        parallelism: any `reduce-grad` at all) every stage reduces once, on its rank, after
-        its last weight gradient (B or W), and waits for it once, after that and before the
-        step. Otherwise, silently: a missing `zero-grad` adds gradients up across steps, a
-        missing `step` never trains, a compute after it uses the new weights, and a stage
-        left unreduced lets the replicas drift apart."""
+        parallelism: any `reduce-grad` or `wait-reduce` at all) every stage reduces once, on
+        its rank, after its last weight gradient (B or W), and waits for it once, after that
+        and before the step. Otherwise, silently: a missing `zero-grad` adds gradients up
+        across steps, a missing `step` never trains, a compute after it uses the new weights,
+        and a stage left unreduced lets the replicas drift apart."""
         for rank, prog in enumerate(self.low.programs):
-            computes = [Site(rank, pc, i) for pc, i in enumerate(prog) if isinstance(i, COMPUTE)]
-            for kind, verb in ((ZeroGrad, "clears the gradients"), (OptimizerStep, "steps")):
-                sites = [Site(rank, pc, i) for pc, i in enumerate(prog) if isinstance(i, kind)]
-                name = "zero-grad" if kind is ZeroGrad else "step"
-                if not sites:
-                    near = Site(rank, 0, prog[0]) if kind is ZeroGrad and prog else \
-                        Site(rank, len(prog) - 1, prog[-1]) if prog else None
-                    yield _Finding(f"rank {rank}'s program has no `{name}`: each program is "
-                                   "one optimizer step, `zero-grad` first and `step` last", None,
-                                   near=near)
-                    continue
-                if len(sites) > 1:
-                    yield _Finding(f"{verb} a second time: each program is one optimizer "
-                                   "step", sites[1], (("the first", sites[0]),))
-                first = sites[0]
-                wrong = next((c for c in computes if c.pc < first.pc), None) \
-                    if kind is ZeroGrad else next((c for c in computes if c.pc > first.pc), None)
-                if wrong is not None:
-                    where = "after" if kind is ZeroGrad else "before"
-                    yield _Finding(f"{verb} {where} a compute of the same step: `zero-grad` "
-                                   "comes before every compute and `step` after", first,
-                                   (("the compute", wrong),))
-        if any(isinstance(i, ReduceGrad) for prog in self.low.programs for i in prog):
+            if prog:  # (an empty program is `rule_compute`'s finding)
+                yield from self._one_step(rank, prog)
+        if any(isinstance(i, (ReduceGrad, WaitReduce)) for p in self.low.programs for i in p):
             yield from self._reductions()
 
+    def _one_step(self, rank: int, prog: Sequence[Instr]) -> Iterator[_Finding]:
+        """`rule_step` for one program: its `zero-grad` and its `step`."""
+        def at(pc: int) -> Site:
+            return Site(rank, pc, prog[pc])
+
+        computes = [pc for pc, i in enumerate(prog) if isinstance(i, COMPUTE)]
+        zeros = [pc for pc, i in enumerate(prog) if isinstance(i, ZeroGrad)]
+        steps = [pc for pc, i in enumerate(prog) if isinstance(i, OptimizerStep)]
+        if not zeros:
+            yield _Finding(f"rank {rank}'s program has no `zero-grad` (before its first "
+                           "instruction, shown): each program is one optimizer step, and "
+                           "starts by clearing the gradients", None, near=at(0))
+        else:
+            if len(zeros) > 1:
+                yield _Finding("clears the gradients a second time: each program is one "
+                               "optimizer step", at(zeros[1]), (("the first", at(zeros[0])),))
+            if computes and computes[0] < zeros[0]:
+                yield _Finding("clears the gradients after a compute of the same step: "
+                               "`zero-grad` comes before every compute", at(zeros[0]),
+                               (("the compute", at(computes[0])),))
+        if not steps:
+            yield _Finding(f"rank {rank}'s program has no `step` (after its last instruction, "
+                           "shown): each program is one optimizer step, and ends by applying "
+                           "it", None, near=at(len(prog) - 1))
+        else:
+            if len(steps) > 1:
+                yield _Finding("steps a second time: each program is one optimizer step",
+                               at(steps[1]), (("the first", at(steps[0])),))
+            if computes and computes[-1] > steps[0]:
+                yield _Finding("steps before a compute of the same step: `step` comes after "
+                               "every compute", at(steps[0]), (("the compute", at(computes[-1])),))
+
     def _reductions(self) -> Iterator[_Finding]:
-        """`rule_step`'s gradient reductions, stage by stage."""
-        found: dict[tuple[type, int], list[Site]] = {}
+        """`rule_step`'s gradient reductions: one pass over the programs, then per stage."""
+        place, last = self.low.placement, self.last
+        reduce: dict[int, list[Site]] = {}
+        wait: dict[int, list[Site]] = {}
+        grad: dict[int, Site] = {}  # stage -> its last weight gradient
+        step: dict[int, int] = {}  # rank -> its first `step`
         for rank, prog in enumerate(self.low.programs):
             for pc, ins in enumerate(prog):
-                if isinstance(ins, (ReduceGrad, WaitReduce)):
-                    if 0 <= ins.stage <= self.last and self.low.placement[ins.stage] == rank:
-                        found.setdefault((type(ins), ins.stage), []).append(Site(rank, pc, ins))
+                site = Site(rank, pc, ins)
+                if isinstance(ins, (Backward, BackwardWeight)):
+                    grad[ins.stage] = site
+                elif isinstance(ins, OptimizerStep):
+                    step.setdefault(rank, pc)
+                elif isinstance(ins, (ReduceGrad, WaitReduce)):
+                    if not 0 <= ins.stage <= last:
+                        yield _Finding(f"names stage {ins.stage}, but there is no stage "
+                                       f"{ins.stage} (stages are 0..{last})", site)
+                    elif place[ins.stage] != rank:
+                        yield _Finding(f"names stage {ins.stage}, which runs on rank "
+                                       f"{place[ins.stage]}, not on rank {rank}", site)
                     else:
-                        yield _Finding(f"names stage {ins.stage}, which rank {rank} does not "
-                                       f"run (stages are 0..{self.last})", Site(rank, pc, ins))
-        for s in range(self.last + 1):
-            rank = self.low.placement[s]
-            prog = self.low.programs[rank]
-            reduce, wait = found.get((ReduceGrad, s), []), found.get((WaitReduce, s), [])
-            grads = [Site(rank, pc, i) for pc, i in enumerate(prog)
-                     if isinstance(i, (Backward, BackwardWeight)) and i.stage == s]
-            if not reduce:
-                yield _Finding(f"stage {s} has no `reduce-grad` on rank {rank}: with data "
-                               "parallelism every stage all-reduces its gradients once, "
-                               "or the replicas drift apart", None,
-                               near=grads[-1] if grads else None)
+                        (reduce if isinstance(ins, ReduceGrad) else wait).setdefault(
+                            ins.stage, []).append(site)
+        for s in range(last + 1):
+            r, w = reduce.get(s, []), wait.get(s, [])
+            if not r:
+                yield _Finding(f"stage {s} has no `reduce-grad` on rank {place[s]}"
+                               + (" (after its last weight gradient, shown)" if s in grad else "")
+                               + ": with data parallelism every stage all-reduces its "
+                               "gradients once, or the replicas drift apart", None,
+                               near=grad.get(s))
                 continue
-            for what, sites in (("reduces", reduce), ("waits for the reduction of", wait)):
+            for verb, sites in (("reduces", r), ("waits for the reduction of", w)):
                 if len(sites) > 1:
-                    yield _Finding(f"{what} stage {s} a second time: once per step", sites[1],
+                    yield _Finding(f"{verb} stage {s} a second time: once per step", sites[1],
                                    (("the first", sites[0]),))
-            if grads and grads[-1].pc > reduce[0].pc:
+            if s in grad and grad[s].pc > r[0].pc:
                 yield _Finding(f"reduces stage {s} before its last weight gradient, which "
-                               "the all-reduce would miss", reduce[0],
-                               (("the last weight gradient", grads[-1]),))
-            step = next((pc for pc, i in enumerate(prog) if isinstance(i, OptimizerStep)), None)
-            if not wait:
-                yield _Finding(f"is never waited for (`wait-reduce {s}` before `step`): the "
-                               "step could use gradients still being reduced", reduce[0])
-            elif not reduce[0].pc < wait[0].pc < (len(prog) if step is None else step):
+                               "the all-reduce would miss", r[0],
+                               (("the last weight gradient", grad[s]),))
+            end = step.get(place[s], len(self.low.programs[place[s]]))
+            if not w:
+                yield _Finding(f"is never waited for (`wait-reduce stage={s}` belongs before "
+                               "`step`): the step could use gradients still being reduced", r[0])
+            elif not r[0].pc < w[0].pc < end:
                 yield _Finding(f"waits for stage {s}'s reduction outside its place: after "
-                               "`reduce-grad` and before `step`", wait[0],
-                               (("the reduce-grad", reduce[0]),))
+                               "`reduce-grad` and before `step`", w[0],
+                               (("the reduce-grad", r[0]),))
 
     # -- rule 3: order --
 

@@ -283,6 +283,11 @@ class Lowered:
     def program(self, rank: int) -> tuple[Instr, ...]:
         return self.programs[rank]
 
+    def reduced_stages(self) -> set[int]:
+        """The stages some `reduce-grad` all-reduces: every stage where the programs are for
+        data parallelism (`commcheck` proves it), none where they are not."""
+        return {i.stage for prog in self.programs for i in prog if isinstance(i, ReduceGrad)}
+
     def with_programs(self, programs: Sequence[Sequence[Instr]], overlap: bool) -> Lowered:
         return Lowered(self.name, self.ranks, self.stages, self.microbatches, self.accumulate,
                        self.placement, tuple(tuple(p) for p in programs), overlap)

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from pipeir.backend.lower import Lowered, ReduceGrad
+from pipeir.backend.lower import Lowered
 from pipeir.models.spec import build_stage, resolve
 from pipeir.runtime import checkpoint, shapes
 from pipeir.runtime import dist as pdist
@@ -57,19 +57,17 @@ class Job:
 
     def __post_init__(self) -> None:
         """Replicas whose program never all-reduces a stage's gradients train apart without
-        a word (each on its shard); refuse that before any process starts."""
-        if self.dp > 1:
-            done = {i.stage for prog in self.lowered.programs for i in prog
-                    if isinstance(i, ReduceGrad)}
-            missing = [s for s in range(self.lowered.stages) if s not in done]
-            if missing:
-                which = "any stage" if len(missing) == self.lowered.stages else \
-                    "stage" + "s" * (len(missing) > 1) + " " + ", ".join(map(str, missing))
-                raise ValueError(f"{self.dp} data-parallel replicas, but the program never "
-                                 f"all-reduces the gradients of {which} (no `reduce-grad`): "
-                                 f"the replicas would train apart; compile with --dp "
-                                 f"{self.dp} (it adds dp-reduce), or start "
-                                 f"{self.lowered.ranks} processes")
+        a word (each on its shard); refuse that before any process starts. (Where programs
+        reduce at all, `commcheck` proved at compile time that they reduce every stage.)"""
+        missing = sorted(set(range(self.lowered.stages)) - self.lowered.reduced_stages())
+        if self.dp > 1 and missing:
+            which = "any stage" if len(missing) == self.lowered.stages else \
+                "stage" + "s" * (len(missing) > 1) + " " + ", ".join(map(str, missing))
+            raise ValueError(f"{self.dp} data-parallel replicas, but the program never "
+                             f"all-reduces the gradients of {which} (no `reduce-grad`): the "
+                             f"replicas would train apart; lower a schedule with R ops "
+                             f"(`pipeirc compile --dp {self.dp}` adds them with dp-reduce), "
+                             f"or run {self.lowered.ranks} processes")
 
 
 def load_program(source: str, name: str) -> Callable[[Context], None]:
