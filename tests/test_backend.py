@@ -32,6 +32,7 @@ from pipeir.backend.lower import (
 )
 from pipeir.diagnostics import VerifyError
 from pipeir.passes.overlap import Overlap
+from pipeir.sim import CostModel
 from pipeir.testing import configs, schedules
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
@@ -110,12 +111,19 @@ def _transfers(low: Lowered, kind: tuple[type, ...]) -> list[tuple[int, Comm]]:
     return out
 
 
-@settings(max_examples=30, deadline=None)
+#: costs that place communication: zero costs put several events at one time (a zero-cost
+#: op starts and ends together), which once put an op's send before its own compute
+COSTS = st.builds(CostModel, F=st.sampled_from([0.0, 1.0, 2.5]),
+                  B=st.sampled_from([0.0, 2.0, 0.5]), I=st.sampled_from([0.0, 1.0]),
+                  W=st.sampled_from([0.0, 1.0]), latency=st.sampled_from([0.0, 0.5]))
+
+
+@settings(max_examples=40, deadline=None)
 @given(schedules(configs(max_ranks=4, max_microbatches=5, max_chunks=2)), st.integers(0, 3),
-       st.booleans())
+       st.booleans(), COSTS | st.just(CostModel()))
 def test_lowering_keeps_program_order_and_is_proved(schedule, max_posted: int,
-                                                    overlap: bool) -> None:
-    low = lower(schedule)
+                                                    overlap: bool, costs: CostModel) -> None:
+    low = lower(schedule, costs)
     if overlap:
         low = Overlap(max_posted=max_posted).run(low)
     report = check_comm(low)

@@ -308,8 +308,8 @@ def lower(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
     limits.check_lowering(f"lowering '{schedule.name}'" + (
         f" ({cfg.accumulate} rounds: accumulate)" if cfg.accumulate > 1 else ""),
         len(schedule.graph), cfg.accumulate)
-    times = _times(schedule, costs if costs is not None else CostModel())
-    rounds = [_lower_round(schedule, times, r) for r in range(cfg.accumulate)]
+    times, topo = _times(schedule, costs if costs is not None else CostModel())
+    rounds = [_lower_round(schedule, times, topo, r) for r in range(cfg.accumulate)]
     programs = []
     for rank in range(cfg.ranks):
         prog: list[Instr] = [ZeroGrad()]
@@ -346,10 +346,12 @@ def _post_early(prog: list[Instr]) -> list[Instr]:
     return [prog[k[2]] for k in sorted(key)]
 
 
-def _times(schedule: Schedule, costs: CostModel) -> dict[Op, tuple[float, float]]:
+def _times(schedule: Schedule, costs: CostModel
+           ) -> tuple[dict[Op, tuple[float, float]], dict[Op, int]]:
     """Start and end of every op as the simulator times it (overlapped communication). The
     two ops of an overlapped pair run as one unit: both get the pair's start and end (their
-    outputs leave when the pair is done)."""
+    outputs leave when the pair is done). Also each op's place in a topological order, which
+    breaks ties between events at one time (`_lower_round`)."""
     timing = Timing(schedule, costs)
     if not timing.complete:  # pragma: no cover - verify() rejected deadlocks already
         raise AssertionError("schedule deadlocks after verification")
@@ -365,7 +367,7 @@ def _times(schedule: Schedule, costs: CostModel) -> dict[Op, tuple[float, float]
                 reached = times[op][1]
     for first, second in schedule.pairs:
         times[first] = times[second] = (times[first][0], times[second][1])
-    return times
+    return times, {timing.ops[i]: k for k, i in enumerate(timing.order)}
 
 
 def _unit(schedule: Schedule, op: Op) -> tuple[Op, ...]:
@@ -382,22 +384,29 @@ def _in_progress(spans: list[tuple[float, float]], t: float) -> float:
     return t
 
 
-def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]], rnd: int
-                 ) -> list[list[Instr]]:
+def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
+                 topo: Mapping[Op, int], rnd: int) -> list[list[Instr]]:
     """One round's instructions per rank, in the global event order (see the module NOTE).
 
     NOTE (blocking placement): a blocking send at time t waits for its receiver to post the
     matching receive; a receiver busy with an op at t would make the sender idle until that op
     ends, which the simulator's blocking model does not charge. So the receive is posted
     (`irecv`) before the op the receiver is running at t (`_post_early` then moves it earlier
-    still) and waited for (`wait-recv`) right before the op that consumes it."""
+    still) and waited for (`wait-recv`) right before the op that consumes it.
+
+    NOTE (ties): events are sorted by time, then posts first, then by the op's place in a
+    topological order, its compute before its sends. Sorting all sends at a time before all
+    computes at it put a zero-cost op's send (at its end) before its own compute (at its
+    start, the same time): `--set B=0` failed the check. The topological place keeps every
+    send after its producer and before its consumer, and a rank's ops in program order."""
     cfg = schedule.config
     last = cfg.stages - 1
     offset = rnd * cfg.microbatches
     scale = 1.0 / (cfg.microbatches * cfg.accumulate)
     busy = [sorted(times[op] for op in prog if op.kind != "R") for prog in schedule.programs]
     final = rnd == cfg.accumulate - 1  # reductions run once per step, after the last round
-    events: list[tuple[tuple[Any, ...], list[tuple[int, Instr]]]] = []
+    # (sort key, the op whose receives are waited for first, or None; the instructions)
+    events: list[tuple[tuple[Any, ...], Op | None, list[tuple[int, Instr]]]] = []
     waits: dict[Op, list[Instr]] = {}
 
     def origin(op: Op) -> dict[str, Any]:
@@ -410,7 +419,7 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]], rn
                 continue  # lowered with the first op of its pair
             if op.kind == "R":
                 if final:
-                    events.append(((times[op][0], 2, rank, pos),
+                    events.append(((times[op][0], 0, topo[op], 0, rank, pos), None,
                                    [(rank, ReduceGrad(op.stage, **origin(op)))]))
                 continue
             unit = _unit(schedule, op)
@@ -429,29 +438,25 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]], rn
                     consumer = consumer_of(schedule, tensor, dst, o.mb)
                     co = origin(consumer)
                     post = _in_progress(busy[peer], end)
-                    events.append(((end, 1, rank, pos, k, dst), [
+                    events.append(((end, 0, topo[op], 1, rank, pos, k, dst), None, [
                         (rank, Send(tensor, s, mb, peer, tag, **oo))]))
-                    events.append(((post, 0, end, rank, pos, k, dst), [
+                    events.append(((post, -1, end, rank, pos, k, dst), None, [
                         (peer, IRecv(tensor, s, mb, rank, tag, **co))]))
                     waits.setdefault(_first_of(schedule, consumer), []).append(
                         WaitRecv(tensor, s, mb, rank, tag, **co))
             if len(unit) > 1:  # a pair: nothing may come between its instructions
                 body = body[:1] + [replace(b, paired=True) for b in body[1:]]
-            events.append(((start, 2, rank, pos), [(rank, b) for b in body]))
+            events.append(((start, 0, topo[op], 0, rank, pos), op, [(rank, b) for b in body]))
             if after:
-                events.append(((end, 1, rank, pos, -1), [(rank, b) for b in after]))
+                events.append(((end, 0, topo[op], 1, rank, pos, -1), None,
+                               [(rank, b) for b in after]))
     out: list[list[Instr]] = [[] for _ in range(cfg.ranks)]
-    for key, items in sorted(events, key=lambda e: e[0]):
-        if key[1] == 2:  # compute: its waits first (in the order their sends happen)
-            first = _first_of(schedule, _op_at(schedule, items[0][0], key[3]))
-            out[items[0][0]].extend(waits.pop(first, []))
+    for _, op, items in sorted(events, key=lambda e: e[0]):
+        if op is not None:  # compute: its waits first (in the order their sends happen)
+            out[items[0][0]].extend(waits.pop(op, []))
         for r, ins in items:
             out[r].append(ins)
     return out
-
-
-def _op_at(schedule: Schedule, rank: int, pos: int) -> Op:
-    return schedule.programs[rank][pos]
 
 
 def _first_of(schedule: Schedule, op: Op) -> Op:
