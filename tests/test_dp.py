@@ -308,7 +308,9 @@ def test_lowering_posts_reductions_in_the_last_round_and_waits_before_the_step()
 MLP = "pipeir.models.mlp:small"
 
 
-def test_pp2_x_dp2_trains_like_single_process_on_the_global_batch() -> None:
+def test_pp2_x_dp2_trains_like_single_process_on_the_global_batch(tmp_path: Path) -> None:
+    """... and saves a complete checkpoint (replica 0 writes it: its barrier once waited for
+    replicas that never came, and `run --dp --save` always failed with a half-written one)."""
     import torch
 
     from pipeir.backend.codegen import rank_source
@@ -317,17 +319,19 @@ def test_pp2_x_dp2_trains_like_single_process_on_the_global_batch() -> None:
     from pipeir.runtime.reference import train_reference
     from pipeir.runtime.worker import Job
 
-    def job(s: Schedule, passes: str, steps: int = 2, model: str = MLP) -> Job:
+    def job(s: Schedule, passes: str, steps: int = 2, model: str = MLP,
+            save: str | None = None) -> Job:
         low = pipeir.compile(s, passes).lowered
         return Job(low, tuple(rank_source(low, r) for r in range(low.ranks)), model, steps,
-                   collect=True, dp=2)
+                   collect=True, dp=2, save=save, save_every=1 if save else 0)
 
     one = pipeir.library.get("1f1b", 2, 4)
     inter = pipeir.library.get("interleaved-1f1b", 2, 4, v=2)
     split = pipeir.parse(EXAMPLES / "defer-w.sched", overrides={"ranks": 2, "microbatches": 4})
     acc = pipeir.parse(EXAMPLES / "1f1b.sched", overrides={"ranks": 2, "microbatches": 2,
                                                            "accumulate": 2})
-    jobs = [job(one, "dp-reduce"), job(one, "dp-reduce,overlap"),
+    saved = tmp_path / "ck"
+    jobs = [job(one, "dp-reduce", save=str(saved)), job(one, "dp-reduce,overlap"),
             job(inter, "dp-reduce"), job(inter, "dp-reduce,overlap{max_posted=1}"),
             job(split, "dp-reduce"), job(split, "dp-reduce,overlap"),
             job(one, "split-backward,dp-reduce{at=end},overlap"),
@@ -356,6 +360,9 @@ def test_pp2_x_dp2_trains_like_single_process_on_the_global_batch() -> None:
                             torch.from_numpy(mine[k]), r, rtol=1e-5, atol=max(1e-8, 1e-5 * scale),
                             msg=lambda m, w=f"{what} rank {rank} stage {s} {k}": f"{w}: {m}")
         assert result.steps[(j, 0)].loss is not None
+    assert sorted(p.name for p in saved.iterdir()) == ["latest", "step-2"]  # step-1 replaced
+    assert sorted(p.name for p in (saved / "step-2").iterdir()) == [
+        "manifest.json", "stage-0.pt", "stage-1.pt"]
 
 
 DYING_MODEL = '''

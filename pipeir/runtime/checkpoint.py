@@ -101,9 +101,11 @@ def check_target(save: str, resume: str | None) -> None:
 
 
 def save(root: str, step: int, spec: ModelSpec, model: str, stages: int,
-         modules: dict[int, torch.nn.Module], optim: Optim, rank: int) -> None:
-    """Write this rank's stages; rank 0 completes the checkpoint (collective: every rank calls
-    it at the same step)."""
+         modules: dict[int, torch.nn.Module], optim: Optim, rank: int, group: Any = None) -> None:
+    """Write this rank's stages; rank 0 completes the checkpoint (collective over `group`, the
+    ranks of one pipeline, default all: each calls it at the same step). With data
+    parallelism only replica 0's pipeline saves (the replicas hold the same state), so the
+    barrier is over its group: one over the world waited for replicas that never came."""
     base = Path(root)
     tmp = base / f".step-{step}.tmp"
     tmp.mkdir(parents=True, exist_ok=True)
@@ -112,7 +114,7 @@ def save(root: str, step: int, spec: ModelSpec, model: str, stages: int,
         part = tmp / f"stage-{s}.pt.part"
         torch.save(state, part)
         os.replace(part, tmp / f"stage-{s}.pt")
-    dist.barrier()
+    dist.barrier(group=group)
     if rank != 0:
         return
     manifest = {"format": FORMAT, "model": model, "stages": stages, "step": step,

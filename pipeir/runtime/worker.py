@@ -169,7 +169,8 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
         saver = mesh is None or mesh.replica == 0  # replicas hold the same state
         if job.save is not None and saver and (
                 done == job.steps or (job.save_every and done % job.save_every == 0)):
-            checkpoint.save(job.save, done, spec, job.model, low.stages, modules, optim, rank)
+            checkpoint.save(job.save, done, spec, job.model, low.stages, modules, optim, rank,
+                            None if mesh is None else mesh.pp_group)
     if job.collect:
         emit(("params", index, rank if mesh is None else mesh.rank,
               {s: {k: _numpy(v) for k, v in m.state_dict().items()}
