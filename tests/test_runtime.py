@@ -523,6 +523,15 @@ def test_run_check_and_metrics(cli, tmp_path: Path) -> None:
                          f"{ZOO}:noisy", "--steps", "1", "--check")
     assert code == 1 and "--check: stage " in err and "differs from single-process" in err
     assert "Traceback" not in err
+    # NaN gradients in the pipelined run only: NaN compares false, so this used to pass
+    code, out, err = cli("run", EXAMPLES / "1f1b.sched", "--set", "ranks=2", "--model",
+                         f"{ZOO}:nan_grads_when_pipelined", "--steps", "1", "--check")
+    assert code == 1, out + err
+    assert ("--check: stage 0 differs from single-process training by inf (a NaN or an "
+            "infinity, or a tensor on one side only) in '") in err
+    for bad in ("nan", "inf", "-1"):
+        code, _, err = cli("run", EXAMPLES / "1f1b.sched", "--check", "--tolerance", bad)
+        assert code == 2 and f"--tolerance: expected a positive number, got {bad}" in err
 
 
 KILLED_AT_STEP_3 = '''

@@ -107,6 +107,31 @@ def noisy() -> ModelSpec:
     return ModelSpec(stage=stage, loss=nn.functional.mse_loss, batch=_batch)
 
 
+def nan_grads_when_pipelined() -> ModelSpec:
+    """`noisy` without dropout whose input gradients turn NaN in a process group only: the
+    loss stays finite and the pipelined run's gradients are NaN, which --check must fail."""
+    def stage(s: int, n: int) -> nn.Module:
+        return nn.Sequential(*([] if s else [_Pick()]), _NaNBackward(), nn.Linear(D, D))
+    return ModelSpec(stage=stage, loss=nn.functional.mse_loss, batch=_batch)
+
+
+class _NaNGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx: Any, g: torch.Tensor) -> torch.Tensor:
+        import torch.distributed as dist
+
+        return g * float("nan") if dist.is_initialized() else g
+
+
+class _NaNBackward(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _NaNGrad.apply(x)  # type: ignore[no-any-return]
+
+
 class _Pick(nn.Module):
     def forward(self, x: dict[str, torch.Tensor]) -> torch.Tensor:
         return x["x"]

@@ -9,7 +9,7 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from pipeir.cli.common import add_schedule_args, timeout_seconds
+from pipeir.cli.common import add_schedule_args, positive_float, timeout_seconds
 from pipeir.cli.compile import add_backend_args, compile_args
 from pipeir.diagnostics import EXIT_OK, UsageError
 from pipeir.passes import Compiled
@@ -50,7 +50,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also train single-process on the same data and report per stage the "
                         "largest relative difference of parameters and gradients; exit 1 "
                         "beyond --tolerance")
-    p.add_argument("--tolerance", type=float, metavar="T",
+    p.add_argument("--tolerance", type=positive_float, metavar="T",
                    help="for --check (default 1e-5, 2e-2 under autocast)")
     p.add_argument("--metrics", metavar="FILE",
                    help="write per-step metrics (loss, samples/s, tokens/s, lr, grad norm) "

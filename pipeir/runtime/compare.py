@@ -19,8 +19,12 @@ RTOL, RTOL_AUTOCAST = 1e-5, 2e-2
 
 
 def rel_diff(got: Any, want: Any) -> float:
-    """max |got - want| / max |want| over one tensor (0 for an all-zero pair)."""
+    """max |got - want| / max |want| over one tensor (0 for an all-zero pair); infinite
+    where either side holds a NaN or an infinity: NaN compares false with everything, so a
+    NaN difference used to be skipped and a run with NaN gradients passed --check."""
     a, b = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
+    if not (np.isfinite(a).all() and np.isfinite(b).all()):
+        return float("inf")
     scale = float(np.abs(b).max()) if b.size else 0.0
     err = float(np.abs(a - b).max()) if b.size else 0.0
     return err / scale if scale > 0 else err
@@ -63,7 +67,8 @@ def check(spec: ModelSpec, job: Job, result: RunResult, tolerance: float | None)
     bad = [r for r in rows if max(r[1], r[2]) > tol]
     if bad:
         s, p, g, name = max(bad, key=lambda r: max(r[1], r[2]))
-        raise RunError(f"--check: stage {s} differs from single-process training by "
-                       f"{max(p, g):.2e} in '{name}' ({'parameter' if p >= g else 'gradient'}; "
-                       f"tolerance {tol:.0e})")
+        by = f"{max(p, g):.2e}" if max(p, g) < float("inf") else \
+            "inf (a NaN or an infinity, or a tensor on one side only)"
+        raise RunError(f"--check: stage {s} differs from single-process training by {by} in "
+                       f"'{name}' ({'parameter' if p >= g else 'gradient'}; tolerance {tol:.0e})")
     print(f"all stages within {tol:.0e} of single-process training")
