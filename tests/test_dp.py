@@ -515,3 +515,32 @@ def test_replicas_of_a_program_without_reductions_are_refused(tmp_path: Path) ->
     with pytest.raises(ValueError, match=r"never all-reduces the gradients of stage 0 "):
         Job(replace(half, programs=progs), ("", ""), "mlp", 1, dp=3)
     Job(half, ("", ""), "mlp", 1, dp=3)
+
+
+@pytest.mark.parametrize(("env", "args", "message"), [
+    ({"RANK": "0", "WORLD_SIZE": "0"}, [], "RANK=0 is not a rank of a world of WORLD_SIZE=0"),
+    ({"RANK": "abc", "WORLD_SIZE": "2"}, [], "RANK='abc' and WORLD_SIZE='2' must be integers"),
+    ({"RANK": "5", "WORLD_SIZE": "4"}, [], "RANK=5 is not a rank of a world of WORLD_SIZE=4"),
+    ({"RANK": "0", "WORLD_SIZE": "4"}, ["--timeout", "nan"],
+     "argument --timeout: expected a positive number, got nan"),
+    ({"RANK": "0", "WORLD_SIZE": "4"}, ["--steps", "0"],
+     "argument --steps: expected a positive integer, got '0'"),
+])
+def test_main_py_refuses_a_bad_environment_before_any_rendezvous(
+        tmp_path: Path, env: dict[str, str], args: list[str], message: str) -> None:
+    """A rank outside the world waited out the rendezvous, then died in torch's C++; a
+    non-integer RANK or WORLD_SIZE=0 was a Python traceback. One line and exit 2 now."""
+    from pipeir.cli import main
+
+    gen = tmp_path / "gen"
+    assert main(["compile", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                 "--dp", "2", "-o", str(gen)]) == 0
+    e = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1", **env}
+    p = subprocess.run([sys.executable, str(gen / "main.py"), *args], capture_output=True,
+                       text=True, env=e, timeout=60)
+    assert p.returncode == 2 and message in p.stderr and "Traceback" not in p.stderr
+    if env["WORLD_SIZE"] == "0":  # once: an unreadable lowered.json is one line too
+        (gen / "lowered.json").write_text('{"format":')
+        p = subprocess.run([sys.executable, str(gen / "main.py")], capture_output=True,
+                           text=True, env={**e, "RANK": "0", "WORLD_SIZE": "2"}, timeout=60)
+        assert p.returncode == 2 and "lowered.json:1:11: not JSON" in p.stderr

@@ -115,9 +115,9 @@ def _literal(value: object) -> str:
     return f'"{value}"' if isinstance(value, str) else repr(value)
 
 
-MAIN = '''{header}"""Run schedule {name} on {ranks} processes:
+MAIN = '''{header}"""Run schedule {name} on {world} processes:
 
-    torchrun --nproc-per-node {ranks} DIR/main.py [--model mlp] [--steps 20]
+    torchrun --nproc-per-node {nproc} DIR/main.py [--model mlp] [--steps 20]
 """
 
 import sys
@@ -133,6 +133,10 @@ if __name__ == "__main__":
 def generate(lowered: Lowered) -> dict[str, str]:
     """Every file of the generated program, by name."""
     out = {f"rank{r}.py": rank_source(lowered, r) for r in range(lowered.ranks)}
-    out["main.py"] = MAIN.format(header=HEADER, name=lowered.name, ranks=lowered.ranks)
+    p = lowered.ranks
+    # with gradient reductions any number of replicas D runs it: P x D processes
+    world, nproc = ((f"{p} x D (D data-parallel replicas)", f"{p}*D")
+                    if lowered.reduced_stages() else (str(p), str(p)))
+    out["main.py"] = MAIN.format(header=HEADER, name=lowered.name, world=world, nproc=nproc)
     out["lowered.json"] = dumps(lowered)
     return out

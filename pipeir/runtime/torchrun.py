@@ -22,12 +22,14 @@ import os
 import socket
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from pipeir.backend.lower import from_json
-from pipeir.diagnostics import PipeirError
+from pipeir.cli.common import timeout_seconds
+from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.models.spec import resolve
 from pipeir.runtime.mesh import MeshShape, check_world
 from pipeir.runtime.worker import Job, run_rank
@@ -36,33 +38,80 @@ from pipeir.runtime.worker import Job, run_rank
 def main(directory: Path, argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="main.py", description="run a compiled pipeir program")
     p.add_argument("--model", default="mlp")
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--timeout", type=float, default=60.0)
-    p.add_argument("--dp", type=int, default=None,
+    p.add_argument("--steps", type=positive_int, default=20)
+    p.add_argument("--timeout", type=timeout_seconds, default=60.0)
+    p.add_argument("--dp", type=positive_int, default=None,
                    help="data-parallel replicas (default: world size / pipeline ranks)")
     args = p.parse_args(argv)
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        sys.stderr.write("main.py: start me with torchrun --nproc-per-node P main.py\n")
+    place = _place(os.environ)
+    if isinstance(place, str):
+        sys.stderr.write(f"main.py: {place}\n")
         return 2
     try:  # once, before the process group: a bad --model is one line for the whole world
         resolve(args.model)
+        lowered = from_json(_read_json(directory / "lowered.json"), str(directory / "lowered.json"))
+        sources = tuple(_read(directory / f"rank{r}.py") for r in range(lowered.ranks))
     except PipeirError as e:
-        if os.environ["RANK"] == "0":
+        if place[0] == 0:
             sys.stderr.write(f"main.py: {e.render()}\n(every rank stops; torchrun reports "
                              "their exit codes below)\n")
         else:  # torchrun stops the others at the first exit: let rank 0 say why first
             time.sleep(1.0)
         return 2
-    lowered = from_json(json.loads((directory / "lowered.json").read_text()))
-    sources = tuple((directory / f"rank{r}.py").read_text() for r in range(lowered.ranks))
     job = Job(lowered, sources, args.model, args.steps)
     return run_env(job, args.timeout, args.dp)
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (--steps, --dp)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _place(env: Mapping[str, str]) -> tuple[int, int] | str:
+    """(RANK, WORLD_SIZE) from the environment torchrun sets, or why they are unusable: a
+    rank outside the world would wait out the rendezvous and then fail in torch's C++."""
+    if "RANK" not in env or "WORLD_SIZE" not in env:
+        return "start me with torchrun --nproc-per-node P main.py (RANK and WORLD_SIZE unset)"
+    try:
+        rank, world = int(env["RANK"]), int(env["WORLD_SIZE"])
+    except ValueError:
+        return (f"RANK={env['RANK']!r} and WORLD_SIZE={env['WORLD_SIZE']!r} must be integers "
+                "(torchrun sets them)")
+    if world < 1 or not 0 <= rank < world:
+        return (f"RANK={rank} is not a rank of a world of WORLD_SIZE={world} (0 <= RANK < "
+                "WORLD_SIZE)")
+    return rank, world
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"{path}: cannot read it ({e.__class__.__name__}: {e}); compile "
+                         "again with `pipeirc compile -o DIR`") from None
+
+
+def _read_json(path: Path) -> object:
+    try:
+        return json.loads(_read(path))
+    except json.JSONDecodeError as e:
+        raise UsageError(f"{path}:{e.lineno}:{e.colno}: not JSON ({e.msg})") from None
 
 
 def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
     """Run `job` as this process's rank of a torchrun / env:// world; 0, or 1 after one
     message on stderr naming the rank and its groups, or 2 for a world of the wrong size."""
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    place = _place(os.environ)
+    if isinstance(place, str):
+        sys.stderr.write(f"main.py: {place}\n")
+        return 2
+    rank, world = place
     try:
         shape = check_world(world, job.lowered.ranks, dp)
         job = replace(job, dp=shape.dp)  # (Job refuses replicas that never all-reduce)
