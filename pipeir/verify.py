@@ -21,6 +21,22 @@ from pipeir.schedule import EdgeKind, Schedule, pair_waits
 
 MAX_LISTED = 8  # diagnostics listed per failing check before "... and N more"
 
+#: The relative slack of every comparison of memory against a limit: sums of byte sizes in
+#: floating point are not exact (about 1e-11 relative after 65k ops), and a budget in bytes
+#: one byte below what a schedule holds must still fail it (1e-9 let 999999999 B pass 1e9).
+MEMORY_SLACK = 1e-10
+
+
+def fits_in(held: float, limit: float) -> bool:
+    """Whether `held` (bytes, or activations) is within `limit`: `check` and `synth` agree."""
+    return held <= limit * (1 + MEMORY_SLACK)
+
+
+def show_bytes(x: float) -> str:
+    """Bytes in full (4,000,000,000): a limit and a peak that differ by one byte must print
+    differently (`%.4g` wrote both as 4e+09)."""
+    return f"{x:,.0f}" if float(x).is_integer() else f"{x:,.3f}"
+
 
 class MemorySizes(Protocol):
     """What a byte count needs per stage (a `pipeir.sim.CostModel` is one)."""
@@ -404,13 +420,13 @@ def check_memory_bytes(schedule: Schedule, activation: Callable[[int], float],
     out = []
     for r, prog in enumerate(schedule.programs):
         lives = list(live_activations(prog, size, input_size))
-        over = next(((op, live) for op, live in lives if live > limit), None)
+        over = next(((op, live) for op, live in lives if not fits_in(live, limit)), None)
         if over is not None:
             peak = max(live for _, live in lives)
             out.append(Diagnostic(
-                f"memory limit exceeded on rank {r}: {over[0]} makes {over[1]:.4g} bytes of "
-                f"activations (memory_limit = {limit:.4g} bytes; this rank peaks at "
-                f"{peak:.4g})", schedule.span_of(over[0])))
+                f"memory limit exceeded on rank {r}: {over[0]} makes {show_bytes(over[1])} "
+                f"bytes of activations (memory_limit = {show_bytes(limit)} bytes; this rank "
+                f"peaks at {show_bytes(peak)})", schedule.span_of(over[0])))
     return out
 
 

@@ -1151,6 +1151,16 @@ def test_cli_bytes_budget_searches_the_shapes_it_fits(cli, tmp_path: Path) -> No
     code, _, err = cli("synth", "--costs", odd, "--microbatches", 4, "--v", 1,
                        "--memory-bytes", 1234561234, "--time-limit", 1)
     assert code == 0, err
+    # one byte short: refused, and printed so that it differs from the least (synth's slack
+    # of 1e-9 let it through, and the schedule it wrote then failed `check`)
+    code, _, err = cli("synth", "--costs", odd, "--microbatches", 4, "--v", 1,
+                       "--memory-bytes", 1234561233, "--time-limit", 1)
+    assert code == 2 and ("--memory-bytes 1234561233: no schedule fits; the smallest feasible "
+                          "limit is --memory-bytes 1234561234") in err, err
+    code, _, err = cli("check", REPO / "examples/1f1b.sched", "--costs", odd, "--memory-limit",
+                       "4938244935B")
+    assert code == 1 and ("makes 4,938,244,936 bytes of activations (memory_limit = "
+                          "4,938,244,935 bytes; this rank peaks at 4,938,244,936)") in err, err
 
 
 def test_cli_lengths_must_match_the_micro_batches(cli, tmp_path: Path) -> None:

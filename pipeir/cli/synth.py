@@ -81,7 +81,7 @@ def run(args: argparse.Namespace) -> int:
                        progress=progress)
     except BudgetError as e:  # `synth` gives e.least in the unit asked for
         if args.memory_bytes is not None:
-            raise UsageError(f"--memory-bytes {args.memory_bytes:g}: no schedule fits; the "
+            raise UsageError(f"--memory-bytes {_exact(args.memory_bytes)}: no schedule fits; the "
                              f"smallest feasible limit is --memory-bytes {_at_least(e.least)}"
                              ) from None
         raise UsageError(f"--memory-limit {limit:g}: no schedule fits; the smallest feasible "
@@ -92,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             progress.done()
     unit = f" {costs.unit}" if costs.unit else ""
     c = result.problem.config
-    budget = f"--memory-bytes {args.memory_bytes:g}" if args.memory_bytes is not None \
+    budget = f"--memory-bytes {_exact(args.memory_bytes)}" if args.memory_bytes is not None \
         else f"--memory-limit {limit:g}"
     print(f"synth: {c.ranks} ranks, {c.microbatches} micro-batches, v={c.stages // c.ranks} "
           f"({c.placement_name or 'explicit'} placement), "
@@ -126,6 +126,12 @@ def _optimal(result: Any) -> str:
     if len(result.shapes) == 1 and not result.unsearched:
         return f" (optimal for {result.shapes[0]})"
     return " (optimal in the shapes searched)" if result.shapes else " (optimal)"
+
+
+def _exact(x: float) -> str:
+    """`x` in the fewest digits that give it back (a limit one byte below another must not
+    print the same)."""
+    return next((t for t in (f"{x:.{d}g}" for d in range(6, 18)) if float(t) == x), repr(x))
 
 
 def _at_least(x: float) -> str:

@@ -33,6 +33,7 @@ from pipeir.synth.lns import improve
 from pipeir.synth.model import Progress, Solved, probe, settings_error, solve
 from pipeir.synth.problem import Problem
 from pipeir.synth.warmstart import EXACT_OPS, MAX_OPS, Start, library, starts
+from pipeir.verify import fits_in
 
 if TYPE_CHECKING:
     from pipeir.tune import Candidate
@@ -189,7 +190,7 @@ def prepare(problem: Problem, candidates: Sequence[Candidate] = (),
 def check_budget(problem: Problem) -> None:
     """Raise `BudgetError` if no schedule fits the problem's memory limit."""
     limit = problem.memory_limit
-    if limit is not None and limit < problem.least_memory * (1 - 1e-9):
+    if limit is not None and not fits_in(problem.least_memory, limit):
         raise BudgetError(limit, problem.least_memory)
 
 

@@ -30,7 +30,7 @@ from pipeir.ops import Op
 from pipeir.passes.context import CommModel
 from pipeir.schedule import Schedule, data_predecessors
 from pipeir.sim import CostModel, simulate
-from pipeir.verify import live_activations
+from pipeir.verify import MEMORY_SLACK, live_activations
 
 T = TypeVar("T", int, float)
 Floats = npt.NDArray[np.float64]
@@ -124,7 +124,8 @@ class Problem:
     def budget(self) -> float:
         """The memory limit with the slack every comparison against it allows (sums of
         activation sizes in bytes are not exact), or infinity without one."""
-        return float("inf") if self.memory_limit is None else self.memory_limit * (1 + 1e-9)
+        return float("inf") if self.memory_limit is None else \
+            self.memory_limit * (1 + MEMORY_SLACK)
 
     def fits(self, schedule: Schedule) -> bool:
         return self.memory_limit is None or self.peak(schedule) <= self.budget
