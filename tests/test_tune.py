@@ -102,6 +102,16 @@ def test_ranks_are_needed_without_per_stage_costs(cli, tmp_path: Path) -> None:
     assert code == 0 and rows(out)
 
 
+def test_per_micro_batch_costs_past_the_micro_batches_are_refused(cli, tmp_path: Path
+                                                                 ) -> None:
+    """Ignored, they made the micro-batches look unequal: every candidate got `reorder`."""
+    f = tmp_path / "mb.toml"
+    f.write_text("F = 1\n[mb.100]\nF = 2\n")
+    code, _, err = cli("tune", "--costs", str(f), "--ranks", "2", "--microbatches", "4,200")
+    assert code == 2 and err.strip() == ("error: the costs give per-micro-batch times for 101 "
+                                         "micro-batches but --microbatches is 4")
+
+
 def test_rescale_cuts_stages_into_chunks() -> None:
     c = CostModel.from_settings({"F": 2.0, "B": 4.0, "stage.1.F": 6.0, "memory_bytes": 8.0,
                                  "activation_bytes": 10.0})

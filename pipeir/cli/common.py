@@ -18,6 +18,7 @@ from pipeir.passes.context import costless_message
 
 if TYPE_CHECKING:
     from pipeir.passes.base import PassBase
+    from pipeir.sim.costs import CostModel
 
 
 def add_schedule_args(p: argparse.ArgumentParser, *, many: bool = False) -> None:
@@ -164,6 +165,17 @@ def warn_fewer_stages(where: str, known: int | None, ranks: int) -> None:
         print(f"warning: {where} describes {known} stages (stage.{known - 1}.* is the last "
               f"set) but --ranks is {ranks}: stages {known}..{ranks - 1} take the file's "
               "defaults", file=sys.stderr)
+
+
+def check_mb_costs(costs: CostModel, microbatches: int) -> None:
+    """Per-micro-batch costs (`[mb.K]`) for more micro-batches than `--microbatches`: a
+    UsageError (tune and synth; simulate, with a schedule of its own, warns). Ignored, they
+    made every micro-batch look unequal, and tune put `reorder` on every candidate."""
+    if costs.mb or costs.stage_mb:
+        given = max([*costs.mb, *(m for _, m in costs.stage_mb)]) + 1
+        if given > microbatches:
+            raise UsageError(f"the costs give per-micro-batch times for {given} micro-batches "
+                             f"but --microbatches is {microbatches}")
 
 
 def warn_costless(passes: Iterable[PassBase], costs: Mapping[str, object]) -> None:

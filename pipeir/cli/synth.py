@@ -7,7 +7,7 @@ import argparse
 import sys
 from typing import Any
 
-from pipeir.cli.common import positive_float, positive_int, warn_fewer_stages
+from pipeir.cli.common import check_mb_costs, positive_float, positive_int, warn_fewer_stages
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
 
@@ -163,11 +163,7 @@ def _check(args: argparse.Namespace, costs: Any, ranks: int | None,
     _, spec = split_length_settings(settings, where=args.costs)
     if spec is not None:
         check_count(spec, args.microbatches, settings["lengths"][1], args.costs)
-    if costs.mb or costs.stage_mb:
-        given = max([*costs.mb, *(m for _, m in costs.stage_mb)]) + 1
-        if given > args.microbatches:
-            raise UsageError(f"the costs give per-micro-batch times for {given} micro-batches "
-                             f"but --microbatches is {args.microbatches}")
+    check_mb_costs(costs, args.microbatches)
 
 
 class _Line:

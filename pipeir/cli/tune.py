@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeir.cli.common import positive_float, positive_ints, warn_fewer_stages
+from pipeir.cli.common import check_mb_costs, positive_float, positive_ints, warn_fewer_stages
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
 from pipeir.progress import Progress
@@ -75,6 +75,7 @@ def run(args: argparse.Namespace) -> int:
         mbs = [2 * ranks, 4 * ranks]
     for m in mbs:
         check_count(spec, m)
+        check_mb_costs(costs, m)
     comms = ("overlapped", "blocking") if args.comm == "both" else (args.comm,)
     with Progress("tune") as progress:
         result = search(costs, ranks, mbs, memory_limit=args.memory_limit, max_v=args.max_v,
