@@ -399,7 +399,10 @@ def test_bad_dp_input_is_one_clear_message(cli) -> None:
     assert "a batch of 64 samples does not split over 3 data-parallel replicas" in err
     code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
                        "--dp", "2", "--nproc", "2")
-    assert code == 2 and "use --nproc 4" in err
+    assert code == 2 and err.strip().endswith("; use --nproc 4 or --set ranks=1")  # 1 x 2
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                       "--dp", "2", "--nproc", "3")
+    assert code == 2 and err.strip().endswith("; use --nproc 4")  # no ranks give 3 = P x 2
 
 
 def test_a_world_past_32_bit_ranks_is_refused_before_anything_is_written(cli, tmp_path: Path

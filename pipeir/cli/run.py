@@ -74,9 +74,11 @@ def run(args: argparse.Namespace) -> int:
     schedule, lowered = compiled.schedule, compiled.lowered
     world = lowered.ranks * args.dp
     if args.nproc is not None and args.nproc != world:
+        fits = args.nproc > 0 and args.nproc % args.dp == 0  # ranks that would make it fit
         raise UsageError(f"--nproc {args.nproc}: the schedule runs on {lowered.ranks} ranks"
                          + (f" x {args.dp} replicas" if args.dp > 1 else "")
-                         + f"; use --nproc {world} or --set ranks={args.nproc}")
+                         + f"; use --nproc {world}"
+                         + (f" or --set ranks={args.nproc // args.dp}" if fits else ""))
     from pipeir.backend.codegen import rank_source
     from pipeir.models import resolve
 
