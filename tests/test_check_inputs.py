@@ -166,6 +166,7 @@ BAD_HEADERS: list[tuple[str, Edit, str]] = [
     ("version", _header(version=2), '"version" 2 is not one this pipeir reads (1)'),
     ("missing", lambda d: d.pop("stages") and None, 'missing field "stages"'),
     ("missing-version", lambda d: d.pop("version") and None, 'missing field "version"'),
+    ("unknown-field", _header(dp=2), 'unknown field "dp" (the header has format, version, '),
     # the checks run over every (stage, micro-batch): 10^6 of them hung, 10^12 for hours
     ("more-than-the-programs-hold", _header(microbatches=10**6),
      '"stages" 2 x "microbatches" 1000000 x "accumulate" 1 need 4,000,000 computes at least '

@@ -641,6 +641,11 @@ def _header(data: object, where: str) -> dict[str, Any]:
     for key in ("name", *_SIZES, "placement", "programs"):
         if key not in data:
             raise UsageError(f"{where}: missing field \"{key}\"")
+    known = ("format", "version", *(f.name for f in fields(Lowered)))
+    extra = [k for k in data if k not in known]
+    if extra:  # a "dp": 2 here reads as if it meant something; nothing reads it
+        raise UsageError(f"{where}: unknown field {_shown(extra[0])} (the header has "
+                         f"{', '.join(known)})")
     for key, hint in (("name", str), ("overlap", bool)):
         want = _wanted(data[key], hint) if key in data else None
         if want is not None:
