@@ -302,6 +302,9 @@ def test_set_memory_bytes_gives_the_byte_limit_its_sizes(cli: Cli) -> None:
     code, _, err = cli("check", *LIBRARY, "--set", "memory_bytes=100", "--memory-limit", "350B")
     assert code == 1 and "Traceback" not in err
     assert "memory limit exceeded on rank 0" in err and "memory_limit = 350 bytes" in err
+    for bad in ("infB", "1e400B", "nanB", "0B"):  # infB was an infinite budget
+        code, _, err = cli("check", *LIBRARY, "--set", "memory_bytes=100", "--memory-limit", bad)
+        assert code == 2 and f"expected a positive, finite size, got '{bad}'" in err, err
 
 
 def test_set_cost_names_in_a_sched_file(cli: Cli) -> None:

@@ -547,3 +547,17 @@ def test_main_py_refuses_a_bad_environment_before_any_rendezvous(
         p = subprocess.run([sys.executable, str(gen / "main.py")], capture_output=True,
                            text=True, env={**e, "RANK": "0", "WORLD_SIZE": "2"}, timeout=60)
         assert p.returncode == 2 and "lowered.json:1:11: not JSON" in p.stderr
+
+
+def test_compile_takes_its_replicas_from_the_costs_dp(cli, tmp_path: Path) -> None:
+    """`dp = 2` in the costs (or --set dp=2) built one replica without reductions, without a
+    word; compile now reads it as tune does, and --dp still decides when given."""
+    code, out, err = cli("compile", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                         "--set", "dp=2", "-o", tmp_path / "a")
+    assert code == 0, err
+    assert "torchrun --nproc-per-node 4 " in out and "(pipeline x 2 data-parallel replicas)" in out
+    assert '"reduce-grad"' in (tmp_path / "a" / "lowered.json").read_text()
+    code, out, err = cli("compile", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                         "--set", "dp=2", "--dp", "1", "-o", tmp_path / "b")
+    assert code == 0 and "torchrun --nproc-per-node 2 " in out, err
+    assert '"reduce-grad"' not in (tmp_path / "b" / "lowered.json").read_text()

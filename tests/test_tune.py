@@ -87,6 +87,7 @@ def test_lengths_turn_on_reorder_and_fix_the_microbatch_count(cli, tmp_path: Pat
     (["--max-v", "99999999999"], "--max-v 99999999999: expected a power of 2"),
     (["--lengths", "5,-1"], "lengths must be positive"),
     (["--microbatches", ""], "--microbatches '': expected positive integers"),  # not 2P,4P
+    (["--dp", "3000000000"], "processes; torch.distributed numbers them with 32-bit integers"),
 ])
 def test_bad_usage(cli, extra: list[str], message: str) -> None:
     code, _, err = cli("tune", "--costs", str(COMPUTE), *extra)

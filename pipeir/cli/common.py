@@ -46,8 +46,8 @@ def memory_limit(text: str) -> int | float:
         raise argparse.ArgumentTypeError(
             f"expected a count or bytes with a unit ({', '.join(limits.BYTE_UNITS)}), got "
             f"{text!r}") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a positive size, got {text!r}")
+    if not 0 < value < math.inf:  # (infB was an infinite budget; nanB is refused too)
+        raise argparse.ArgumentTypeError(f"expected a positive, finite size, got {text!r}")
     return value
 
 
@@ -165,6 +165,21 @@ def warn_fewer_stages(where: str, known: int | None, ranks: int) -> None:
         print(f"warning: {where} describes {known} stages (stage.{known - 1}.* is the last "
               f"set) but --ranks is {ranks}: stages {known}..{ranks - 1} take the file's "
               "defaults", file=sys.stderr)
+
+
+#: The most processes: torch.distributed numbers ranks with 32-bit integers.
+MAX_WORLD = 2**31 - 1
+
+
+def check_replicas(ranks: int, dp: int) -> None:
+    """--dp D for a P-rank pipeline: at least one replica, and P x D processes that
+    torch.distributed can number (compile, run and tune)."""
+    if dp < 1:
+        raise UsageError(f"--dp {dp}: need at least 1 replica")
+    if ranks * dp > MAX_WORLD:
+        raise UsageError(f"--dp {dp}: {ranks} ranks x {dp:,} replicas is {ranks * dp:,} "
+                         "processes; torch.distributed numbers them with 32-bit integers (at "
+                         f"most {MAX_WORLD:,})")
 
 
 def check_mb_costs(costs: CostModel, microbatches: int) -> None:

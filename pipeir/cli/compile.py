@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from pipeir.cli.common import add_schedule_args, warn_costless, warn_shadowed
+from pipeir.cli.common import add_schedule_args, check_replicas, warn_costless, warn_shadowed
 from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.diagnostics import EXIT_OK, UsageError
 from pipeir.files import check_tree, write_tree
@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from pipeir.schedule import Schedule
 
 #: The most processes a run may have: torch.distributed keeps ranks in 32-bit integers.
-MAX_WORLD = 2**31 - 1
 
 ORDER = 90
 NAME = "compile"
@@ -41,9 +40,10 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
                    help="asynchronous communication (same as --passes overlap)")
     p.add_argument("--max-posted", type=int, metavar="K",
                    help="with overlap: at most K receives posted ahead (0 = no bound)")
-    p.add_argument("--dp", type=int, default=1, metavar="D",
-                   help="data-parallel replicas of the pipeline (P x D processes); with D > 1 "
-                        "a schedule without gradient reductions gets the dp-reduce pass")
+    p.add_argument("--dp", type=int, metavar="D",
+                   help="data-parallel replicas of the pipeline (P x D processes; default: "
+                        "the costs' dp, else 1); with D > 1 a schedule without gradient "
+                        "reductions gets the dp-reduce pass")
     add_costs_arg(p)
 
 
@@ -64,13 +64,9 @@ def compile_args(args: argparse.Namespace, progress: Callable[[str], None] | Non
         pipeline = pipeline.then(Overlap(max_posted=args.max_posted or 0))
     elab, costs = load_with_costs(args)
     warn_costless(pipeline.passes, elab.costs)
-    if args.dp < 1:
-        raise UsageError(f"--dp {args.dp}: need at least 1 replica")
-    ranks = elab.schedule.config.ranks
-    if ranks * args.dp > MAX_WORLD:
-        raise UsageError(f"--dp {args.dp}: {ranks} ranks x {args.dp:,} replicas is "
-                         f"{ranks * args.dp:,} processes; torch.distributed numbers them with "
-                         f"32-bit integers (at most {MAX_WORLD:,})")
+    if args.dp is None:  # the costs' replicas, as tune reads them (a dp = 2 in the costs
+        args.dp = costs.dp  # built one replica without reductions, without a word)
+    check_replicas(elab.schedule.config.ranks, args.dp)
     if args.dp > 1:
         costs = replace(costs, dp=args.dp)
         pipeline = _with_reductions(pipeline, elab.schedule)

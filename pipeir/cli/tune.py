@@ -6,7 +6,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeir.cli.common import check_mb_costs, positive_float, positive_ints, warn_fewer_stages
+from pipeir.cli.common import (
+    check_mb_costs,
+    check_replicas,
+    positive_float,
+    positive_ints,
+    warn_fewer_stages,
+)
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
 from pipeir.progress import Progress
@@ -65,6 +71,8 @@ def run(args: argparse.Namespace) -> int:
         check_inferred(args.costs, costs, ranks)
     else:
         warn_fewer_stages(args.costs, infer_ranks(costs), ranks)
+    if args.dp is not None:
+        check_replicas(ranks, args.dp)
     if args.top is not None and args.top < 1:
         raise UsageError(f"--top {args.top}: need at least 1")
     if args.microbatches is not None:

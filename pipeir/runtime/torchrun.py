@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeir.backend.lower import from_json
-from pipeir.cli.common import timeout_seconds
+from pipeir.cli.common import positive_int, timeout_seconds
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.models.spec import resolve
 from pipeir.runtime.mesh import MeshShape, check_world
@@ -60,17 +60,6 @@ def main(directory: Path, argv: list[str]) -> int:
         return 2
     job = Job(lowered, sources, args.model, args.steps)
     return run_env(job, args.timeout, args.dp)
-
-
-def positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (--steps, --dp)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def _place(env: Mapping[str, str]) -> tuple[int, int] | str:
