@@ -153,6 +153,8 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
     ("c.json", '{"F": 1,\n "Bee": 2}', "c.json:2:2: error: unknown cost 'Bee'"),
     ("c.json", '{"F": 1,\n "B": -2}', "c.json:2:2: error: cost 'B' must be non-negative"),
     ("c.json", '{"F": 1,\n "B": }', "c.json:2:7: error: malformed JSON cost file"),
+    ("c.json", '{"F": 1,\n "F": 2}', "c.json:2:2: error: cost 'F' is given twice in one "
+     "object (JSON would keep the last without a word)"),
     ("c.json", "[1, 2]", "c.json:1:1: error: a cost file must be a JSON object"),
     ("c.toml", "F = 1\nB = \n", "c.toml:2:5: error: malformed TOML cost file"),
     ("c.toml", "F = 1\n[stage.1]\nFF = 2\n", "c.toml:3:1: error: unknown cost 'stage.1.FF'"),

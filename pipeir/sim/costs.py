@@ -540,9 +540,32 @@ def read_cost_file(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Span | 
     return {k: (v, _find_key(src, k)) for k, v in flat.items()}
 
 
+class _Duplicate(ValueError):
+    def __init__(self, key: str):
+        self.key = key
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys differ: `json` keeps the last of two silently (TOML refuses)."""
+    out: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in out:
+            raise _Duplicate(k)
+        out[k] = v
+    return out
+
+
 def _parse_json(src: Source) -> Any:
     try:
-        return json.loads(src.text)
+        return json.loads(src.text, object_pairs_hook=_unique)
+    except _Duplicate as e:
+        found = list(re.finditer(re.escape(json.dumps(e.key)) + r"\s*:", src.text))
+        at = found[1].start() if len(found) > 1 else 0
+        line = src.text.count("\n", 0, at) + 1
+        col = at - (src.text.rfind("\n", 0, at) + 1) + 1
+        raise UsageError(f"cost '{e.key}' is given twice in one object (JSON would keep the "
+                         "last without a word)", Span(src, line, col, line,
+                                                      col + len(json.dumps(e.key)))) from None
     except json.JSONDecodeError as e:
         raise UsageError(f"malformed JSON cost file: {e.msg}",
                          Span(src, e.lineno, e.colno, e.lineno, e.colno + 1)) from None
