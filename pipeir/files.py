@@ -165,6 +165,9 @@ def check_dir(path: str | os.PathLike[str], flag: str) -> Path:
     _refuse_pseudo_dir(p, flag)
     if p.exists() and not p.is_dir():
         raise UsageError(f"{flag} {p}: exists and is not a directory")
+    if p.is_symlink() and not p.exists():  # mkdir says only "File exists"
+        raise UsageError(f"{flag} {p}: a symbolic link to {os.readlink(p)}, which does not "
+                         "exist; create that directory first, or give another path")
     there = p.absolute()
     while not there.exists():
         there = there.parent

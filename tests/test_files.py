@@ -174,6 +174,18 @@ def test_compile_owns_only_its_directory(cli: Cli, tmp_path: Path) -> None:
     assert not (user / "rank3.py").exists()
 
 
+def test_an_output_directory_through_a_dangling_symlink_is_named(cli: Cli, tmp_path: Path
+                                                                  ) -> None:
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "gone")
+    for args in (("compile", SCHED, "-o", link), ("run", SCHED, "--save", link)):
+        code, _, err = cli(*args)
+        _one_error(code, err)
+        assert (f"{link}: a symbolic link to {tmp_path / 'gone'}, which does not exist; create "
+                "that directory first") in err  # mkdir said only "File exists"
+    assert not (tmp_path / "gone").exists()
+
+
 def files_marker() -> str:
     from pipeir.cli.compile import MARKER
 
