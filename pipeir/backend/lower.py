@@ -463,9 +463,9 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
                 events.append(((end, 0, topo[op], 1, rank, pos, -1), None,
                                [(rank, b) for b in after]))
     out: list[list[Instr]] = [[] for _ in range(cfg.ranks)]
-    for _, op, items in sorted(events, key=lambda e: e[0]):
-        if op is not None:  # compute: its waits first (in the order their sends happen)
-            out[items[0][0]].extend(waits.pop(op, []))
+    for _, computed, items in sorted(events, key=lambda e: e[0]):
+        if computed is not None:  # compute: its waits first (in the order their sends happen)
+            out[items[0][0]].extend(waits.pop(computed, []))
         for r, ins in items:
             out[r].append(ins)
     return out
