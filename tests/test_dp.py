@@ -527,7 +527,7 @@ def test_replicas_of_a_program_without_reductions_are_refused(tmp_path: Path) ->
     ({"RANK": "0", "WORLD_SIZE": "4"}, ["--timeout", "nan"],
      "argument --timeout: expected a positive number, got nan"),
     ({"RANK": "0", "WORLD_SIZE": "4"}, ["--steps", "0"],
-     "argument --steps: expected a positive integer, got '0'"),
+     "argument --steps: expected a positive integer, got 0"),
 ])
 def test_main_py_refuses_a_bad_environment_before_any_rendezvous(
         tmp_path: Path, env: dict[str, str], args: list[str], message: str) -> None:
