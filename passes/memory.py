@@ -15,7 +15,8 @@ else units of one stage's activations for one micro-batch (as `pipeirc check` co
 
 NOTE (the search): greedy. While some rank is over budget, every candidate move on the rank
 that is furthest over (each forward there that keeps its activations, at each allowed
-position) is simulated (`pipeir.sim.Timing`, under the pass context's costs), and the move with
+position) is simulated (`pipeir.sim.Timing`, under the pass context's costs; largest
+reduction first, stopping at the first move that adds no time), and the move with
 the least added makespan per unit of "overflow" it removes wins (overflow: the sum over the
 rank's program of how far the live activations are above the budget, see
 `pipeir.verify.live_activations`); ties go to the larger reduction. Memory is counted in program
@@ -155,7 +156,7 @@ def fit(schedule: Schedule, ctx: PassContext, budget: float, max_shift: int, mov
             return cur
         r = max(range(len(over)), key=over.__getitem__)
         prog = cur.programs[r]
-        best: tuple[float, float, Schedule] | None = None
+        moves: list[tuple[float, int, list[Op]]] = []  # (overflow removed, order, program)
         for f in prog:
             if f.kind != "F" or (f.stage == last and move is _recompute_at):
                 continue
@@ -166,14 +167,22 @@ def fit(schedule: Schedule, ctx: PassContext, budget: float, max_shift: int, mov
                 if new_prog is None:
                     break
                 gain = over[r] - _overflow(new_prog, budget, size, input_size)
-                if gain <= 0:
-                    continue
-                progs = [list(p) for p in cur.programs]
-                progs[r] = new_prog
-                cand = cur.with_programs(progs)
-                cost = max(0.0, _makespan(cand, ctx) - span) / gain
-                if best is None or (cost, -gain) < (best[0], -best[1]):
-                    best = (cost, gain, cand)
+                if gain > 0:
+                    moves.append((gain, len(moves), new_prog))
+        # NOTE: simulated largest gain first, so that the first move that adds no time ends
+        # the round: every move after it removes less overflow (or as much, found later), so
+        # it could not win. The winner is the one a full scan picks.
+        moves.sort(key=lambda g: (-g[0], g[1]))
+        best: tuple[float, float, Schedule] | None = None
+        for gain, _, new_prog in moves:
+            progs = [list(p) for p in cur.programs]
+            progs[r] = new_prog
+            cand = cur.with_programs(progs)
+            cost = max(0.0, _makespan(cand, ctx) - span) / gain
+            if best is None or (cost, -gain) < (best[0], -best[1]):
+                best = (cost, gain, cand)
+            if cost == 0:
+                break
         if best is None:
             raise UsageError(f"cannot fit rank {r} into the budget of {budget:g}: nothing "
                              "left to recompute or offload lowers its peak further")

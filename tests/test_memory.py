@@ -151,6 +151,73 @@ def test_recompute_fits_the_budget_faster_than_recomputing_everything(name: str)
     assert simulate(s, COSTS).makespan <= simulate(chosen, COSTS).makespan
 
 
+def _full_scan(s: Schedule, costs: CostModel, budget: float, kind: str) -> Schedule:
+    """The memory passes' greedy, written out plainly: every move simulated with
+    `pipeir.simulate`, the least added time per unit of overflow removed wins, ties to the
+    larger removal, then to the first found."""
+    from pipeir.verify import live_activations
+
+    def size(op: Op) -> float:
+        return costs.activation_memory(op.stage) or 0.0
+
+    def over(prog: list[Op] | tuple[Op, ...]) -> float:
+        lives = live_activations(prog, size, lambda op: costs.input_memory(op.stage))
+        return sum(max(0.0, live - budget) for _, live in lives)
+
+    def moved(prog: tuple[Op, ...], f: Op, shift: int) -> list[Op] | None:
+        out = list(prog)
+        if kind == "recompute":
+            out[out.index(f)] = Op("FC", f.stage, f.mb)
+        else:
+            out.insert(out.index(f) + 1, Op("OFF", f.stage, f.mb))
+        at = next(i for i, op in enumerate(out) if (op.stage, op.mb) == (f.stage, f.mb)
+                  and op.kind in ("B", "I")) - shift
+        if at <= out.index(Op("FC" if kind == "recompute" else "OFF", f.stage, f.mb)):
+            return None
+        out.insert(at, Op("RC" if kind == "recompute" else "RELOAD", f.stage, f.mb))
+        return out
+
+    while max(map(over, s.programs)) > 0:
+        r = max(range(len(s.programs)), key=lambda k: over(s.programs[k]))
+        span = simulate(s, costs).makespan
+        best: tuple[float, float] | None = None
+        for f in s.programs[r]:
+            if f.kind != "F" or Op("OFF", f.stage, f.mb) in s or (
+                    kind == "recompute" and f.stage == s.config.stages - 1):
+                continue
+            for shift in range(5):
+                prog = moved(s.programs[r], f, shift)
+                if prog is None:
+                    break
+                gain = over(s.programs[r]) - over(prog)
+                if gain <= 0:
+                    continue
+                cand = s.with_programs([prog if k == r else p
+                                        for k, p in enumerate(s.programs)])
+                cost = max(0.0, simulate(cand, costs).makespan - span) / gain
+                if best is None or (cost, -gain) < best:
+                    best, pick = (cost, -gain), cand
+        assert best is not None
+        s = pick
+    return s
+
+
+@pytest.mark.parametrize("kind", ["recompute", "offload"])
+def test_memory_passes_pick_what_a_full_scan_picks(kind: str) -> None:
+    """The passes stop a round at the first move that adds no time (largest removal first);
+    the schedule must be the one simulating every move gives."""
+    costs = CostModel.from_settings({"F": 1, "B": 2, "memory_bytes": 100,
+                                     "host_bandwidth": 300, "stage.0.F": 1.5,
+                                     "stage.2.B": 3})
+    split = pipeir.compile(_lib("interleaved-1f1b", 3, 6), "split-backward").schedule
+    for s, fractions in ((_lib("1f1b", 3, 6), (0.8, 0.7)),
+                         (_lib("interleaved-1f1b", 3, 6), (0.8, 0.5)), (split, (0.8,))):
+        peak = max(verify(s, sizes=costs).peak_bytes or (0,))
+        for budget in (peak * f for f in fractions):
+            got = pipeir.compile(s, f"{kind}{{budget={budget}}}", costs=costs).schedule
+            assert got.programs == _full_scan(s, costs, budget, kind).programs, (s, budget)
+
+
 def test_offload_fits_the_budget_and_hides_copies_in_compute() -> None:
     s = pipeir.library.get("1f1b", 4, 8)
     fast = CostModel(F=1, B=2, memory_bytes=100, host_bandwidth=1000)  # a copy: 0.1
