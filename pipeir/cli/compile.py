@@ -21,8 +21,6 @@ if TYPE_CHECKING:
     from pipeir.passes import Pipeline
     from pipeir.schedule import Schedule
 
-#: The most processes a run may have: torch.distributed keeps ranks in 32-bit integers.
-
 ORDER = 90
 NAME = "compile"
 HELP = "lower a schedule to per-rank torch.distributed programs (Python) for torchrun"
