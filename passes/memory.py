@@ -156,7 +156,7 @@ def fit(schedule: Schedule, ctx: PassContext, budget: float, max_shift: int, mov
             return cur
         r = max(range(len(over)), key=over.__getitem__)
         prog = cur.programs[r]
-        moves: list[tuple[float, int, list[Op]]] = []  # (overflow removed, order, program)
+        moves: list[tuple[float, list[Op]]] = []  # (overflow removed, program)
         for f in prog:
             if f.kind != "F" or (f.stage == last and move is _recompute_at):
                 continue
@@ -168,13 +168,13 @@ def fit(schedule: Schedule, ctx: PassContext, budget: float, max_shift: int, mov
                     break
                 gain = over[r] - _overflow(new_prog, budget, size, input_size)
                 if gain > 0:
-                    moves.append((gain, len(moves), new_prog))
+                    moves.append((gain, new_prog))
         # NOTE: simulated largest gain first, so that the first move that adds no time ends
         # the round: every move after it removes less overflow (or as much, found later), so
         # it could not win. The winner is the one a full scan picks.
-        moves.sort(key=lambda g: (-g[0], g[1]))
+        moves.sort(key=lambda g: -g[0])  # (stable: equal gains stay in scan order)
         best: tuple[float, float, Schedule] | None = None
-        for gain, _, new_prog in moves:
+        for gain, new_prog in moves:
             progs = [list(p) for p in cur.programs]
             progs[r] = new_prog
             cand = cur.with_programs(progs)
