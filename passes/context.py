@@ -8,6 +8,7 @@ two pipelines with different costs can run side by side.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -40,3 +41,15 @@ def costless_message(name: str, remedy: str) -> str:
     wording for the CLI's stderr line and the Python API's warning, each with its `remedy`."""
     return (f"{name} plans by cost, and there are no costs ({remedy}): it plans for the "
             "defaults, F = 1, B = 2 and free links")
+
+
+def given(ctx: PassContext | None, name: str) -> PassContext:
+    """The context a cost-driven pass plans against: `ctx`, or, when its `run` was called
+    without one (`Reorder().run(s)`), the default with the same warning `PassManager` gives.
+    NOTE: `PassManager` always hands its context over (and warned when it was built), so
+    None means exactly "called directly, with no costs"."""
+    if ctx is not None:
+        return ctx
+    warnings.warn(costless_message(name, "give run() a PassContext with costs, or "
+                                         "pipeir.compile costs=..."), stacklevel=3)
+    return DEFAULT_CONTEXT

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pipeir.ops import NO_MB, Kind, Op
 from pipeir.passes.base import OptionError, Pass
-from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
+from pipeir.passes.context import PassContext, given
 from pipeir.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -66,7 +66,8 @@ class Reorder(Pass):
         if self.evals < 1:
             raise OptionError("evals", f"reorder: evals must be >= 1, got {self.evals}")
 
-    def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
+    def run(self, schedule: Schedule, ctx: PassContext | None = None) -> Schedule:
+        ctx = given(ctx, self.name)
         plan = plan_order(schedule, ctx.costs, comm=ctx.comm, budget_s=self.budget_ms / 1e3,
                           evals=self.evals, seed=self.seed)
         return relabel(schedule, plan.order) if plan.improved else schedule

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pipeir.passes.base import OptionError, Pass
-from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
+from pipeir.passes.context import PassContext, given
 from pipeir.passes.dp_reduce import reject_reductions
 from pipeir.passes.memory import reject_memory_ops
 from pipeir.schedule import Schedule
@@ -56,7 +56,8 @@ class Synth(Pass):
         if error is not None:
             raise OptionError(error[0], f"synth: {error[1]}")
 
-    def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
+    def run(self, schedule: Schedule, ctx: PassContext | None = None) -> Schedule:
+        ctx = given(ctx, self.name)
         from pipeir.synth import Problem, synthesize
         from pipeir.verify import memory_report
 

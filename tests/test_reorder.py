@@ -5,6 +5,7 @@ memory and never lengthens the step."""
 from __future__ import annotations
 
 import json
+import warnings
 from collections import Counter
 from pathlib import Path
 
@@ -198,6 +199,24 @@ def test_reorder_without_costs_or_with_equal_costs_returns_the_input() -> None:
         assert PassManager(parse_pipeline("reorder")).run(s) == s
     assert PassManager(parse_pipeline("reorder{budget_ms=5}"),
                        context=PassContext(CostModel())).run(s) == s
+
+
+def test_reorder_run_directly_without_a_context_warns_at_the_callers_line() -> None:
+    """`Reorder().run(s)` plans for unit costs just as a PassManager without costs does, and
+    says so the same way, pointing at the line that called it; a context with costs (even
+    the defaults spelt out) is silent."""
+    s = pipeir.library.get("1f1b", ranks=3, microbatches=6)
+    with pytest.warns(UserWarning, match=r"^reorder plans by cost, and there are no costs "
+                      r"\(give run\(\) a PassContext with costs") as caught:
+        assert Reorder(budget_ms=5).run(s) == s
+    assert [Path(w.filename).name for w in caught] == [Path(__file__).name]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert Reorder(budget_ms=5).run(s, PassContext(CostModel())) == s
+        with pytest.warns(UserWarning) as once:  # the manager warns once, not per pass run
+            warnings.simplefilter("always")
+            PassManager(parse_pipeline("reorder{budget_ms=5}")).run(s)
+        assert len(once) == 1
 
 
 def test_candidates_include_the_input_order_and_bookend() -> None:

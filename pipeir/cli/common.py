@@ -29,7 +29,8 @@ def add_schedule_args(p: argparse.ArgumentParser, *, many: bool = False) -> None
     lib.add_argument("--schedule", metavar="NAME", help="library schedule, e.g. 1f1b")
     lib.add_argument("--ranks", type=int, metavar="P")
     lib.add_argument("--microbatches", type=int, metavar="M")
-    lib.add_argument("--v", type=int, metavar="V", help="chunks per rank (interleaved)")
+    lib.add_argument("--v", type=positive_int, metavar="V",
+                     help="chunks per rank (interleaved)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    dest="overrides", help="override a pipeline setting or schedule parameter")
 

@@ -87,24 +87,27 @@ def _elaborate(module: ast.Module, library: Library, overrides: dict[str, Value]
     env, spans = file_settings(pipeline, overrides)
     penv = _parameters(sdef, overrides, kwargs, env, use_span)
     body = sdef.body
-    if body and isinstance(body[0], ast.PipelineBlock):
-        schedule_defaults(body[0], env, spans, penv)
-        body = body[1:]
-    config = make_config(env, spans, overrides)
-
-    comp = Compiler(config)
-    ctx = RunContext(ScheduleBuilder(config, sdef.name, sdef.name_span), config)
-    genv: Env = {"ranks": config.ranks, "microbatches": config.microbatches,
-                 "stages": config.stages, **penv}
-    gscope = value_scope(genv)
+    ctx: RunContext | None = None
     try:
+        # (a library schedule's own pipeline block, e.g. stages = ranks * v, is checked here
+        # too: its errors point into the library, so they also name the user's call)
+        if body and isinstance(body[0], ast.PipelineBlock):
+            schedule_defaults(body[0], env, spans, penv)
+            body = body[1:]
+        config = make_config(env, spans, overrides)
+        comp = Compiler(config)
+        ctx = RunContext(ScheduleBuilder(config, sdef.name, sdef.name_span), config)
+        genv: Env = {"ranks": config.ranks, "microbatches": config.microbatches,
+                     "stages": config.stages, **penv}
+        gscope = value_scope(genv)
         _run_items(found.module, genv, gscope, comp, ctx)
         comp.block(body, gscope.child())(genv, ctx)
     except UsageError as e:
         d = e.diagnostics[0]
-        extra = [Note(ctx.rank_note)] if ctx.rank_note else []
-        if found.module is not module and use_span is not None:
-            extra.append(Note(f"in library schedule '{sdef.name}', used here", use_span))
+        extra = [Note(ctx.rank_note)] if ctx is not None and ctx.rank_note else []
+        if found.module is not module and use_span is not None and \
+                (d.span is None or d.span.source is not module.span.source):
+            extra.append(Note(f"in library schedule '{found.name}', used here", use_span))
         if extra:
             raise UsageError(d.message, d.span, (*d.notes, *extra)) from None
         raise
