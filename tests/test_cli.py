@@ -86,6 +86,8 @@ def test_check_library_schedule_and_set(cli: Cli) -> None:
     (("check", "--schedule", "1f1b"), "--schedule needs --ranks P and --microbatches M"),
     (("check", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--v", "2"),
      "has no chunks parameter v"),
+    (("check", "--schedule", "interleaved-1f1b", "--ranks", "4", "--microbatches", "8", "--v",
+      "0"), "argument --v: expected a positive integer, got 0"),  # (not a <library> line)
     (("check", "examples/1f1b.sched", "--ranks", "2"), "--ranks goes with --schedule"),
     (("check", "examples/1f1b.sched", "--set", "rnaks=2"), "did you mean 'ranks'"),
     (("check", "examples/1f1b.sched", "--set", "ranks"), "expected NAME=VALUE"),
