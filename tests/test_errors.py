@@ -82,3 +82,19 @@ def test_memory_limit_names_rank_and_op(cli: Callable[..., tuple[int, str, str]]
     assert code == 1
     assert "memory limit exceeded on rank 0: F(0,2) makes 3 activations in flight" in err
     assert "rank 1: F(1,2)" in err and "rank 2" not in err
+
+
+def test_only_errors_inside_a_library_schedule_name_the_call(
+        cli: Callable[..., tuple[int, str, str]], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library schedule's own pipeline block (stages = ranks * v) is checked with the file's
+    settings; its errors point into the library and name the user's call (the golden
+    library_stages), while a bad --set is the user's alone and names no call."""
+    monkeypatch.chdir(ERRORS.parent.parent)
+    code, out, err = cli("check", "examples/interleaved.sched", "--set", "ranks=0")
+    assert (code, out, err) == (2, "", "error: ranks must be a positive integer, got 0\n")
+    code, _, err = cli("check", "examples/interleaved.sched", "--set", "v=0")
+    assert code == 2
+    assert err.startswith("<library>/interleaved-1f1b.sched:7:9: error: stages must be a "
+                          "positive integer, got 0\n")
+    assert "examples/interleaved.sched:7:1: note: in library schedule 'interleaved-1f1b', " \
+           "used here" in err

@@ -105,8 +105,11 @@ def _elaborate(module: ast.Module, library: Library, overrides: dict[str, Value]
     except UsageError as e:
         d = e.diagnostics[0]
         extra = [Note(ctx.rank_note)] if ctx is not None and ctx.rank_note else []
-        if found.module is not module and use_span is not None and \
-                (d.span is None or d.span.source is not module.span.source):
+        # the call is named for an error inside the library: one pointing there, or one
+        # without a place raised by its body (not a bad --set checked with the settings)
+        inside = d.span.source is not module.span.source if d.span is not None \
+            else ctx is not None
+        if found.module is not module and use_span is not None and inside:
             extra.append(Note(f"in library schedule '{found.name}', used here", use_span))
         if extra:
             raise UsageError(d.message, d.span, (*d.notes, *extra)) from None
