@@ -5,7 +5,9 @@ training with them (gloo) against single-process training.
 
 from __future__ import annotations
 
+import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -120,6 +122,37 @@ def test_copies_run_beside_compute_and_serialise_on_the_copy_channel() -> None:
     r = simulate(two, CostModel(memory_bytes=100, host_bandwidth=50))
     st = {str(op): t for op, t in r.start.items()}
     assert (st["OFF(0,0)"], st["OFF(0,1)"], st["RELOAD(0,0)"]) == (1.0, 3.0, 5.0)
+
+
+@pytest.mark.parametrize("kind,value", [("FC", 3.0), ("RC", 4.0), ("OFF", 5.0),
+                                         ("RELOAD", 0.5)])
+def test_a_memory_op_cost_set_once_means_it_on_every_stage(kind: str, value: float) -> None:
+    # the oracle is the per-stage form, which always worked: `RC = 4` once must time the
+    # schedule exactly as `stage.S.RC = 4` on each stage does (it was once accepted and dropped)
+    base = {"memory_bytes": 100, "host_bandwidth": 50}
+    once = CostModel.from_settings({**base, kind: value})
+    each = CostModel.from_settings({**base, **{f"stage.{s}.{kind}": value for s in (0, 1)}})
+    s = pipeir.parse(MIXED)
+    assert simulate(s, once).start == simulate(s, each).start
+    assert simulate(s, once).makespan != simulate(s, CostModel.from_settings(base)).makespan
+    assert once.cost(Op(kind, 1, 0)) == value and once.settings()[kind] == value
+    assert CostModel.from_settings(once.settings()).settings() == once.settings()
+    assert once.scaled(0.5).cost(Op(kind, 0, 1)) == value / 2
+    # per-micro-batch lengths scale it like any op time the costs give
+    long = CostModel.from_settings({**base, kind: value, "lengths": [1, 3]})
+    assert [long.cost(Op(kind, 0, m)) for m in (0, 1)] == [value / 2, value * 3 / 2]
+
+
+def test_a_memory_op_cost_on_the_command_line_changes_the_step(
+        tmp_path: Path, cli: Callable[..., tuple[int, str, str]]) -> None:
+    f = tmp_path / "m.sched"
+    f.write_text(MIXED)
+    steps = []
+    for extra in ([], ["--set", "RC=10"], ["--set", "stage.0.RC=10", "--set", "stage.1.RC=10"]):
+        code, out, err = cli("simulate", str(f), "--json", *extra)
+        assert code == 0, err
+        steps.append(json.loads(out)["makespan"])
+    assert steps[1] == steps[2] > steps[0]
 
 
 def test_timeline_and_trace_show_the_copy_channel() -> None:

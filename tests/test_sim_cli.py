@@ -160,6 +160,9 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
     ("c.toml", "F = 1\n[stage.1]\nFF = 2\n", "c.toml:3:1: error: unknown cost 'stage.1.FF'"),
     ("c.toml", 'F = "fast"\n', "c.toml:1:1: error: cost 'F' must be a number"),
     ("c.toml", "version = 3\n", "cost file version 3 is not supported"),
+    ("c.toml", "", "c.toml:1:1: error: the cost file sets no costs; leave --costs out"),
+    ("c.json", "{}", "c.json:1:1: error: the cost file sets no costs"),
+    ("c.toml", 'version = 1\n[meta]\nnote = "x"\n', "c.toml:1:1: error: the cost file sets no"),
 ])
 def test_malformed_cost_files(cli: Cli, tmp_path: Path, name: str, text: str,
                               expected: str) -> None:

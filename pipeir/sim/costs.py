@@ -83,6 +83,9 @@ from pipeir.sim.lengths import LENGTH_KEYS, LengthCost, split_length_settings
 #: Settings that hold a time per op, and the settings about transfers and memory.
 OP_KINDS = KINDS
 COMPUTE_KINDS: tuple[Kind, ...] = ("F", "B", "I", "W")  # the kinds with a default time
+#: The kinds whose time follows from another's unless set (FC, RC: an F; OFF, RELOAD: the
+#: copy over the host link).
+DERIVED_KINDS: tuple[Kind, ...] = ("FC", "RC", "OFF", "RELOAD")
 COMM_KEYS = ("latency", "bandwidth", "dp", "dp_latency", "dp_bandwidth", "host_latency",
              "host_bandwidth")
 SIZE_KEYS = ("activation_bytes", "memory_bytes", "param_bytes", "input_bytes")
@@ -116,6 +119,10 @@ class CostModel:
     input_bytes: float | None = None
     host_latency: float = 0.0
     host_bandwidth: float | None = None
+    FC: float | None = None
+    RC: float | None = None
+    OFF: float | None = None
+    RELOAD: float | None = None
     stage: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
     mb: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
     stage_mb: Mapping[tuple[int, int], Mapping[str, float]] = field(default_factory=dict)
@@ -124,10 +131,10 @@ class CostModel:
 
     def __post_init__(self) -> None:
         base: _Level = {"F": self.F}
-        for k in ("B", "I", "W"):
-            v = getattr(self, k)
+        for kind in ("B", "I", "W", *DERIVED_KINDS):
+            v = getattr(self, kind)
             if v is not None:
-                base[k] = v
+                base[kind] = v
         for k, v in base.items():
             _check_time(k, v)
         for k in ("latency", "activation_bytes", "param_bytes", "host_latency"):
@@ -285,10 +292,10 @@ class CostModel:
         def lv(d: Mapping[Any, Mapping[str, float]]) -> dict[Any, dict[str, float]]:
             return {k: {n: x * factor if n in OP_KINDS else x for n, x in v.items()}
                     for k, v in d.items()}
-        b = self._base
-        return replace(self, F=b["F"] * factor, B=b["B"] * factor, I=b["I"] * factor,
-                       W=b["W"] * factor, stage=lv(self.stage), mb=lv(self.mb),
-                       stage_mb=lv(self.stage_mb))
+        b = {k: x * factor for k, x in self._base.items()}
+        return replace(self, F=b["F"], B=b["B"], I=b["I"], W=b["W"], FC=b.get("FC"),
+                       RC=b.get("RC"), OFF=b.get("OFF"), RELOAD=b.get("RELOAD"),
+                       stage=lv(self.stage), mb=lv(self.mb), stage_mb=lv(self.stage_mb))
 
     def with_lengths(self, spec: LengthCost) -> CostModel:
         """This model with per-micro-batch costs derived from `spec` (see
@@ -296,14 +303,17 @@ class CostModel:
         factors = spec.factors()
         mb = {m: dict(level) for m, level in self.mb.items()}
         stage_mb = {k: dict(level) for k, level in self.stage_mb.items()}
+        # the kinds with a time of their own (FC, RC, OFF, RELOAD that are not set follow an
+        # F, scaled here, or a copy of bytes, which like transfers is not)
+        kinds = [*COMPUTE_KINDS, *(k for k in DERIVED_KINDS if k in self._base)]
         for m, f in enumerate(factors):
             level = mb.setdefault(m, {})
-            for k in COMPUTE_KINDS:
+            for k in kinds:
                 level.setdefault(k, self.cost(Op(k, -1, -1)) * f)
             given = self.mb.get(m) or {}
             for s, slevel in self.stage.items():
                 sl = stage_mb.setdefault((s, m), {})
-                for k in COMPUTE_KINDS:
+                for k in OP_KINDS:
                     # NOTE: only what the stage level itself decides (an explicit mb.M.K still
                     # wins, and a B derived from I + W stays derived)
                     if k not in given and _pick(slevel, k) is not None:
@@ -464,6 +474,7 @@ def _build(items: Mapping[str, tuple[Any, Span | None]], where: str | None) -> C
             input_bytes=_top(items, "input_bytes", None),
             host_latency=_top(items, "host_latency", 0.0),
             host_bandwidth=_top(items, "host_bandwidth", None),
+            **{k: _top(items, k, None) for k in DERIVED_KINDS},
             stage=stage, mb=mb, stage_mb=stage_mb, unit=unit)
     except ValueError as e:  # pragma: no cover - every value was checked above
         raise UsageError(f"{where_prefix(where, None)}{e}") from None
@@ -537,6 +548,10 @@ def read_cost_file(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Span | 
                          f"got {_show(data)}", Span(src, 1, 1, 1, 2))
     flat: dict[str, Any] = {}
     _flatten(data, "", flat)
+    if flat.get("version", 1) == 1 and \
+            all(k in ("version", "meta") or k.startswith("meta.") for k in flat):  # wrong file?
+        raise UsageError("the cost file sets no costs; leave --costs out for the defaults "
+                         "(F = 1, B = 2, free links)", Span(src, 1, 1, 1, 2))
     return {k: (v, _find_key(src, k)) for k, v in flat.items()}
 
 
