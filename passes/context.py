@@ -9,9 +9,10 @@ two pipelines with different costs can run side by side.
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
+from pipeir.sim.chunks import rescale
 from pipeir.sim.costs import CostModel
 
 CommModel = Literal["overlapped", "blocking"]
@@ -30,6 +31,18 @@ class PassContext:
 
     costs: CostModel = UNIT_COSTS
     comm: CommModel = "overlapped"
+
+    def for_stages(self, before: int, after: int) -> PassContext:
+        """The context for what a pass made of `before` stages into `after` (`interleave`):
+        the same model cut into `after // before` chunks per stage (`rescale`), so the passes
+        after it plan with each chunk's share of its stage's costs. With a count that is not
+        a multiple, per-stage costs no longer name the same layers and are dropped. Unit
+        costs (none given) stay the unit costs."""
+        if after == before or self.costs is UNIT_COSTS:
+            return self
+        if after % before == 0:
+            return replace(self, costs=rescale(self.costs, before, after // before))
+        return replace(self, costs=replace(self.costs, stage={}, stage_mb={}))
 
 
 #: The context of a pass run without one (`Interleave(v=2).run(s)`).

@@ -117,6 +117,16 @@ class TimePasses(Instrument):
 
 
 @dataclass(frozen=True)
+class Optimized:
+    """A schedule after its passes, and the context its costs are in: the caller's, or, when
+    a pass changed the number of stages, that context cut to the new stages
+    (`PassContext.for_stages`), which the passes after it planned with."""
+
+    schedule: Schedule
+    context: PassContext
+
+
+@dataclass(frozen=True)
 class Compiled:
     """A schedule after its passes, and the per-rank programs it lowered to (after the
     lowered-level passes, proved deadlock-free). Everything downstream (codegen, the runtime,
@@ -163,6 +173,10 @@ class PassManager:
 
     def run(self, schedule: Schedule) -> Schedule:
         """The schedule after every pass of the pipeline (all schedule-level)."""
+        return self.optimize(schedule).schedule
+
+    def optimize(self, schedule: Schedule) -> Optimized:
+        """`run`, with the context the result's costs are in (`PassContext.for_stages`)."""
         for p, span in zip(self.pipeline.passes, self.pipeline.spans):
             if isinstance(p, LoweredPass):
                 raise UsageError(
@@ -183,15 +197,16 @@ class PassManager:
                 raise UsageError(f"pass '{passes[i].name}' works on schedules and cannot follow "
                                  f"'{passes[n].name}', which works on lowered programs; put "
                                  "the schedule passes first", spans[i])
-        schedule = self._run_schedule(schedule, n)
+        done = self._run_schedule(schedule, n)
+        schedule, context = done.schedule, done.context
         self._phase(f"lowering {len(schedule):,} ops")
-        lowered = lower(schedule, self.context.costs)
+        lowered = lower(schedule, context.costs)
         for i in range(n, len(passes)):
             p = passes[i]
             assert isinstance(p, LoweredPass)
             self._phase(f"{self._where(i)}")
             try:
-                out = p.run(lowered, self.context)
+                out = p.run(lowered, context)
             except PipeirError as e:
                 raise self._blame(e, i, during=True) from None
             if self.verify_each:
@@ -202,16 +217,17 @@ class PassManager:
             lowered = out
         self._phase(f"proving {sum(map(len, lowered.programs)):,} instructions deadlock-free")
         check_comm(lowered)
-        return Compiled(schedule, lowered, self.context)
+        return Compiled(schedule, lowered, context)
 
     def _phase(self, text: str) -> None:
         for inst in self.instruments:
             inst.phase(text)
 
-    def _run_schedule(self, schedule: Schedule, n: int) -> Schedule:
+    def _run_schedule(self, schedule: Schedule, n: int) -> Optimized:
         from pipeir.passes.verify import Verify  # the `verify` pass needs no re-check
 
         passes, spans = self.pipeline.passes, self.pipeline.spans
+        context = self.context
         if self.verify_each:
             self._phase(f"verifying {len(schedule):,} ops")
             try:
@@ -226,7 +242,7 @@ class PassManager:
             self._phase(self._where(i))
             t0 = time.perf_counter()
             try:
-                out = p.run(schedule, self.context)
+                out = p.run(schedule, context)
             except PipeirError as e:
                 raise self._blame(e, i, during=True) from None
             except Exception as e:
@@ -245,10 +261,11 @@ class PassManager:
             t2 = time.perf_counter()
             for inst in self.instruments:
                 inst.after_pass(i + 1, p, out, t1 - t0, t2 - t1)
+            context = context.for_stages(schedule.config.stages, out.config.stages)
             schedule = out
         for inst in self.instruments:
             inst.after_pipeline(schedule)
-        return schedule
+        return Optimized(schedule, context)
 
     def _where(self, i: int) -> str:
         passes = self.pipeline.passes

@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
+from pipeir.diagnostics import UsageError
 from pipeir.passes.base import OptionError, Pass
 from pipeir.passes.context import PassContext, given
 from pipeir.passes.dp_reduce import reject_reductions
@@ -69,6 +70,12 @@ class Synth(Pass):
         limit = self.memory_limit or c.memory_limit or \
             max(memory_report(schedule).peak_activations, default=1)
         split = any(op.kind in ("I", "W") for op in schedule)
+        whole = next((op for op in schedule if op.kind == "B"), None) if split else None
+        if whole is not None:  # the model has one kind of backward, and would change the ops
+            raise UsageError(f"{self.name} orders the ops it is given, but this schedule has "
+                             f"both whole backwards ({whole}) and split ones (I, W): run "
+                             "split-backward or merge-backward over all of it first",
+                             schedule.span_of(whole))
         problem = Problem(c, ctx.costs, split, ctx.comm, float(limit))
         result = synthesize(problem, given=schedule,
                             tune_costs=ctx.costs if c.stages == c.ranks else None,

@@ -254,6 +254,32 @@ def test_opt_output_is_accepted_by_check_and_reparses_equal(cli, tmp_path: Path)
     assert code == 0 and "8 stages" in out
 
 
+def test_passes_after_interleave_plan_with_each_chunks_costs(cli, tmp_path: Path) -> None:
+    # heavy-ends: stage 0 embeds, stage 3 has the head. After interleave{v=2} the 8 stages are
+    # halves of those 4 (stage 6 and 7 of the head's), not 8 new stages with stage 0 and 3
+    # heavy; the oracle is the closed form: 1/v of each stage's times on each of its chunks
+    from pipeir.ops import Op
+    from pipeir.sim import CostModel, simulate
+
+    costs = REPO / "examples" / "costs" / "heavy-ends.toml"
+    file_costs = CostModel.load(costs)
+    inter, synth = tmp_path / "inter.sched", tmp_path / "synth.sched"
+    args = ("opt", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "4", "--costs", costs)
+    assert cli(*args, "--passes", "interleave{v=2}", "-o", inter)[0] == 0
+    chunks = CostModel.from_settings(pipeir.load(inter).costs)
+    for s in range(8):
+        for kind in ("F", "W"):
+            assert chunks.cost(Op(kind, s, 0)) == file_costs.cost(Op(kind, s // 2, 0)) / 2
+    # a costed pass after it plans with those costs, and the file simulates as it planned:
+    # synth never returns a slower order than its input
+    code, _, err = cli(*args, "--passes", "interleave{v=2},synth{time_limit=2}", "-o", synth)
+    assert code == 0, err
+    step = simulate(pipeir.load(synth).schedule, chunks).makespan
+    assert step <= simulate(pipeir.load(inter).schedule, chunks).makespan
+    assert step == simulate(pipeir.load(synth).schedule,
+                            CostModel.from_settings(pipeir.load(synth).costs)).makespan
+
+
 def test_dump_dir_writes_numbered_canonical_files(cli, tmp_path: Path) -> None:
     dump = tmp_path / "dump"
     code, final, err = cli("opt", *LIB, "--passes", "interleave{v=2},split-backward,verify",

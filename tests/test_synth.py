@@ -1050,6 +1050,16 @@ def test_pass_refuses_memory_ops_and_reductions(before: str, message: str) -> No
     assert any(op.kind in ("FC", "R") for op in out)
 
 
+def test_pass_refuses_a_mix_of_whole_and_split_backwards() -> None:
+    """Its model has one kind of backward; it once split every B of such an input, changing
+    the ops a pass that reorders must keep."""
+    s = pipeir.compile(pipeir.library.get("1f1b", 2, 4),
+                       "split-backward,merge-backward{adjacent_only=true}").schedule
+    assert {op.kind for op in s} == {"F", "B", "I", "W"}
+    with pytest.raises(pipeir.UsageError, match=r"both whole backwards \(B\(0,0\)\) and split"):
+        pipeir.compile(s, "synth{time_limit=1}", costs=CostModel())
+
+
 def test_the_python_api_warns_when_synth_has_no_costs() -> None:
     """Without costs the pass plans for unit costs; the CLI says so on stderr, and the Python
     API with a UserWarning. Costs given (even the defaults, spelt out) silence it."""
@@ -1081,6 +1091,18 @@ def test_cli_writes_a_schedule_that_simulates_to_the_reported_step(cli, tmp_path
     verify(elab.schedule)
     v = elab.schedule.config.stages // 3
     assert max(verify(elab.schedule).peak_activations) <= 3 * v  # the default budget: 1F1B's
+
+
+def test_one_rank_is_one_shape_and_said_in_the_singular(cli, tmp_path: Path) -> None:
+    """On one rank a V of chunks is the loop: one shape, solved once (it was listed and
+    solved twice)."""
+    costs = tmp_path / "c.toml"
+    costs.write_text("F = 1.0\nB = 2.0\n")
+    code, out, err = cli("synth", "--costs", costs, "--ranks", 1, "--microbatches", 1,
+                         "--v", 4, "--time-limit", 1)
+    assert code == 0, err
+    assert out.startswith("synth: 1 rank, 1 micro-batch, v=4 (loop placement)"), out
+    assert "shapes searched" not in out and "(optimal for v=4 loop)" in out
 
 
 def test_tune_and_synth_infer_ranks_alike(cli, tmp_path: Path) -> None:
@@ -1155,7 +1177,8 @@ def test_cli_says_what_optimal_covers(cli, tmp_path: Path) -> None:
     (("--seed", "2147483648"), "the seed must be a 32-bit integer (at most 2,147,483,647)"),
     (("--workers", "99999999999"), "workers must be 1 to 256, got 99999999999"),
     (("--ranks", "1000000"), "8,000,000 ops (F and B) need 14.9 GiB"),
-    (("--v", "10000000"), "320,000,000 ops (F and B) need"),  # before tune's search, at once
+    (("--v", "10000000"), "--v 10000000: synth cuts a stage into at most 64 chunks"),
+    (("--microbatches", "10000000"), "80,000,000 ops (F and B) need 149 GiB"),  # at once
 ])
 def test_cli_errors_are_clear(cli, args: tuple[str, ...], message: str) -> None:
     code, _out, err = cli("synth", "--costs", REPO / "examples/costs/compute-bound.toml",

@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 import pipeir
 from pipeir.sim import CostModel, simulate
-from pipeir.tune import rescale, search
+from pipeir.sim.chunks import rescale
+from pipeir.tune import search
 from pipeir.verify import verify
 
 REPO = Path(__file__).parent.parent

@@ -71,12 +71,14 @@ def run(args: argparse.Namespace) -> int:
         instruments.append(DumpDir(args.dump_dir, write_atomic))
     if args.time_passes:
         instruments.append(TimePasses(sys.stderr))
-    out = PassManager(pipeline, context=PassContext(costs), verify_each=args.verify_each,
-                      instruments=instruments).run(elab.schedule)
-    settings = {k: v for k, (v, _) in elab.costs.items()}
-    if out.config.stages != elab.schedule.config.stages:
-        # per-stage costs describe the input's stages, which the pipeline changed
-        settings = {k: v for k, v in settings.items() if not k.startswith("stage.")}
+    done = PassManager(pipeline, context=PassContext(costs), verify_each=args.verify_each,
+                       instruments=instruments).optimize(elab.schedule)
+    out = done.schedule
+    settings: dict[str, object] = {k: v for k, (v, _) in elab.costs.items()}
+    if out.config.stages != elab.schedule.config.stages and settings:
+        # the costs the passes after the change planned with: the input's, cut into the new
+        # stages (`PassContext.for_stages`), so the file simulates as they saw it
+        settings = dict(done.context.costs.settings())
     text = print_schedule(out, settings)
     if args.output is not None:
         write_atomic(args.output, text, "-o")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from pipeir.cli.common import timeout_seconds
+from pipeir.argtypes import timeout_seconds
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.files import resolve_output, write_atomic
 from pipeir.progress import Progress

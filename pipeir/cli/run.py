@@ -9,7 +9,8 @@ import os
 import sys
 from typing import TYPE_CHECKING
 
-from pipeir.cli.common import add_schedule_args, positive_float, timeout_seconds
+from pipeir.argtypes import positive_float, timeout_seconds
+from pipeir.cli.common import add_schedule_args
 from pipeir.cli.compile import add_backend_args, compile_args
 from pipeir.diagnostics import EXIT_OK, UsageError
 from pipeir.passes import Compiled

@@ -7,7 +7,8 @@ import argparse
 import sys
 from typing import Any
 
-from pipeir.cli.common import check_mb_costs, positive_float, positive_int, warn_fewer_stages
+from pipeir.argtypes import positive_float, positive_int
+from pipeir.cli.common import check_mb_costs, warn_fewer_stages
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
 
@@ -43,8 +44,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--time-limit", type=positive_float, default=60.0, metavar="S",
                    help="seconds the search may take (default 60)")
     p.add_argument("--work-limit", type=positive_float, metavar="D",
-                   help="also stop after D deterministic seconds of solver work: with one "
-                        "worker the result then no longer depends on machine load")
+                   help="also stop each solver phase after D deterministic seconds of work: "
+                        "with one worker, and a --time-limit long enough that the work limit, "
+                        "not the clock, ends every phase, the result no longer depends on "
+                        "machine load")
     p.add_argument("--seed", type=int, default=0, metavar="N", help="solver seed (default 0)")
     p.add_argument("--workers", type=positive_int, default=2, metavar="N",
                    help="solver threads (default 2; 1 is deterministic)")
@@ -94,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
     c = result.problem.config
     budget = f"--memory-bytes {_exact(args.memory_bytes)}" if args.memory_bytes is not None \
         else f"--memory-limit {limit:g}"
-    print(f"synth: {c.ranks} ranks, {c.microbatches} micro-batches, v={c.stages // c.ranks} "
+    print(f"synth: {c.ranks} rank{'s' if c.ranks != 1 else ''}, {c.microbatches} "
+          f"micro-batch{'es' if c.microbatches != 1 else ''}, v={c.stages // c.ranks} "
           f"({c.placement_name or 'explicit'} placement), "
           f"{'I + W' if args.split_backward else 'B'} backwards, {args.comm} communication, "
           f"{budget}")

@@ -6,13 +6,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeir.cli.common import (
-    check_mb_costs,
-    check_replicas,
-    positive_float,
-    positive_ints,
-    warn_fewer_stages,
-)
+from pipeir.argtypes import positive_float
+from pipeir.cli.common import check_mb_costs, check_replicas, positive_ints, warn_fewer_stages
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
 from pipeir.progress import Progress

@@ -27,8 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from pipeir.argtypes import positive_int, timeout_seconds
 from pipeir.backend.lower import from_json
-from pipeir.cli.common import positive_int, timeout_seconds
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.models.spec import resolve
 from pipeir.runtime.mesh import MeshShape, check_world

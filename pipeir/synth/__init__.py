@@ -28,11 +28,13 @@ from pipeir.diagnostics import UsageError
 from pipeir.passes.context import CommModel
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel
+from pipeir.sim.chunks import rescale
 from pipeir.synth.decompose import extend, short_problem
 from pipeir.synth.lns import improve
 from pipeir.synth.model import Progress, Solved, probe, settings_error, solve
 from pipeir.synth.problem import Problem
 from pipeir.synth.warmstart import EXACT_OPS, MAX_OPS, Start, library, starts
+from pipeir.tune import MAX_V
 from pipeir.verify import fits_in
 
 if TYPE_CHECKING:
@@ -119,7 +121,7 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
     deadline = t0 + max(time_limit * LIBRARY_SHARE, FLOOR)
     warm = warm if warm is not None else \
         prepare(problem, _library(problem, tune_costs, deadline), given,
-                t0 + time_limit * LIST_SHARE)
+                _list_deadline(problem, t0, time_limit, work_limit))
     left = time_limit - (time.perf_counter() - t0)
     best, optimal, method = warm.schedule, False, "the warm start"
     bound = max(problem.lower_bound(), bound if bound is not None else -math.inf)
@@ -170,13 +172,23 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
                             workers=workers, work_limit=work_limit, progress=progress)
             if found.step < step:
                 best, step = found.schedule, found.step
-                method += f", then {found.windows} windows re-solved"
+                method += f", then {found.windows} window{'s' if found.windows != 1 else ''} " \
+                    "re-solved"
             optimal = step <= bound * (1 + 1e-9)
     bound = step if optimal else min(bound, step)  # (not a rounding error below it)
     if best.name != "synth":
         best = problem.build(best.programs, "synth")
     return SynthResult(problem, best, step, bound, warm, method, optimal,
                        time.perf_counter() - t0)
+
+
+def _list_deadline(problem: Problem, t0: float, time_limit: float, work_limit: float | None
+                   ) -> float | None:
+    """When the list scheduler's variants stop: at `LIST_SHARE` of the time limit, or, in a
+    reproducible run (a `work_limit`) on a small problem, once they are all done."""
+    if work_limit is not None and len(problem.ops) <= EXACT_OPS:
+        return None
+    return t0 + time_limit * LIST_SHARE
 
 
 def prepare(problem: Problem, candidates: Sequence[Candidate] = (),
@@ -239,11 +251,9 @@ def make_problem(costs: CostModel, ranks: int, microbatches: int, v: int = 1,
                  placement: Literal["loop", "vshape"] = "loop", split: bool = False,
                  comm: CommModel = "overlapped", memory_limit: float | None = None,
                  memory_bytes: float | None = None) -> Problem:
-    """The problem for `costs` of `ranks` stages cut into `v` chunks each (as `pipeir.tune`
-    cuts them), `memory_limit` in micro-batches of one stage (1F1B needs `ranks`) or
-    `memory_bytes` per rank."""
-    from pipeir.tune import rescale
-
+    """The problem for `costs` of `ranks` stages cut into `v` chunks each (`rescale`),
+    `memory_limit` in micro-batches of one stage (1F1B needs `ranks`) or `memory_bytes` per
+    rank."""
     try:
         config = PipelineConfig.make(ranks, microbatches, stages=ranks * v, placement=placement)
     except ConfigError as e:  # a size past the memory budget (`pipeir.limits`)
@@ -268,6 +278,10 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     others share the time. The bound reported holds for every shape searched."""
     t0 = time.perf_counter()
     check_settings(seed, workers)
+    if v is not None and v > MAX_V:
+        # NOTE: --v 20000 on two ranks took 17 s and 750 MB before the first solver call
+        raise UsageError(f"--v {v}: synth cuts a stage into at most {MAX_V} chunks, as tune "
+                         "does (no model has layers for more)")
     make_problem(costs, ranks, microbatches, v or 1)  # a size error before tune's search
     candidates = library(costs, ranks, microbatches, comm, 8 if v is None else v,
                          t0 + max(time_limit * LIBRARY_SHARE, FLOOR))
@@ -296,7 +310,9 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     warms: dict[int, Start] = {}
     for i in sorted(range(len(problems)), key=lambda i: bounds[i]):
         if not warms or bounds[i] < min(w.step for w in warms.values()) * (1 - 1e-9):
-            warms[i] = prepare(problems[i], candidates, deadline=t0 + time_limit * LIST_SHARE)
+            warms[i] = prepare(problems[i], candidates,
+                               deadline=_list_deadline(problems[i], t0, time_limit,
+                                                        work_limit))
     first = min(warms.values(), key=lambda w: w.step)
     # the fastest warm start's shape is searched even when that start meets its own bound
     # (closed at once), or a shape with a lower bound but a slower start could be returned
@@ -398,8 +414,8 @@ def _shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
     probe finds it in 4 s)."""
     both: list[Literal["loop", "vshape"]] = ["loop", "vshape"] if placement == "search" \
         else [placement]
-    if v is not None:
-        return [(v, "loop")] if v == 1 else [(v, shape) for shape in both]
+    if v is not None:  # (on one rank, or with one chunk, the V is the loop)
+        return [(v, "loop")] if v == 1 or ranks == 1 else [(v, shape) for shape in both]
     out: list[tuple[int, Literal["loop", "vshape"]]] = [(1, "loop")]
     if ranks > 1:
         out.extend((2, shape) for shape in both)

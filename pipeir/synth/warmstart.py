@@ -121,8 +121,9 @@ def library_starts(problem: Problem, candidates: Sequence[Candidate]) -> list[St
 def starts(problem: Problem, candidates: Sequence[Candidate] = (),
            given: Schedule | None = None, deadline: float | None = None) -> list[Start]:
     """Every warm start within the budget, fastest first (never empty when the budget is at
-    least `problem.least_memory`). `candidates`: tune's (see `library`). Above `EXACT_OPS`
-    the list scheduler runs only before a `deadline`, and its variants only until then."""
+    least `problem.least_memory`). `candidates`: tune's (see `library`). The list
+    scheduler's variants run until a `deadline` (with none, all of them); above `EXACT_OPS`
+    it runs only when it is not yet past."""
     out = library_starts(problem, candidates)
     zb = zb_greedy(problem)
     if zb is not None and problem.fits(zb):
@@ -133,7 +134,9 @@ def starts(problem: Problem, candidates: Sequence[Candidate] = (),
             out.append(Start(f"input {given.name}", s, problem.step_time(s)))
     small = len(problem.ops) <= EXACT_OPS
     if small or (deadline is not None and time.perf_counter() < deadline):
-        for g in greedy(problem, deadline=None if small else deadline):
+        # NOTE: a small problem gets the first variant even past the deadline (milliseconds
+        # there), every variant with none: what a reproducible run (`--work-limit`) asks for
+        for g in greedy(problem, deadline=deadline):
             name = g.name[7:].upper().replace("_RANDOM", ", randomised")
             out.append(Start(f"list scheduler ({name})", g, problem.step_time(g)))
     seq = sequential(problem)
