@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pipeir.diagnostics import UsageError
-from pipeir.ops import Op
+from pipeir.ops import MEMORY_KINDS, Op
 from pipeir.passes.base import OptionError, Pass
 from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
 from pipeir.schedule import Schedule
@@ -94,7 +94,7 @@ def _check(budget: float, max_shift: int, every: bool) -> None:
 def reject_memory_ops(schedule: Schedule, pass_name: str) -> None:
     """For passes that rebuild programs from F/B/I/W alone: a UsageError when `schedule`
     already has memory ops (they would be lost), saying to run recompute/offload later."""
-    op = next((o for o in schedule if o.kind in ("FC", "RC", "OFF", "RELOAD")), None)
+    op = next((o for o in schedule if o.kind in MEMORY_KINDS), None)
     if op is not None:
         raise UsageError(f"{pass_name} works on F/B/I/W schedules, but this one has {op}: run "
                          f"recompute and offload after {pass_name}", schedule.span_of(op))

@@ -21,6 +21,8 @@ KINDS: Final[tuple[Kind, ...]] = ("F", "B", "I", "W", "FC", "RC", "OFF", "RELOAD
 
 #: The kinds that run a stage's forward (the activation a forward sends is the same).
 FORWARDS: Final[frozenset[str]] = frozenset(("F", "FC"))
+#: The memory ops: a checkpointed forward and its recompute, an offload and its reload.
+MEMORY_KINDS: Final[tuple[Kind, ...]] = ("FC", "RC", "OFF", "RELOAD")
 
 #: The gradient reduction: R(s) all-reduces stage s's weight gradients across the
 #: data-parallel replicas (torch's REDUCE_GRAD). It has no micro-batch (`mb` is `NO_MB`).

@@ -103,6 +103,7 @@ class Schedule:
         #: where the schedule is defined, for errors that no single op can carry
         self.span = span
         self._programs: tuple[tuple[Op, ...], ...] | None = None
+        self._pairs: tuple[tuple[Op, Op], ...] | None = None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -172,8 +173,11 @@ class Schedule:
     @property
     def pairs(self) -> tuple[tuple[Op, Op], ...]:
         """Overlapped pairs (first, second), in program order."""
-        return tuple((op, p) for prog in self.programs for op in prog
-                     if (p := self.graph.nodes[op].get("pair_next")) is not None)
+        if self._pairs is None:
+            node = self.graph._node  # NOTE: networkx's node dict, read-only, for speed
+            self._pairs = tuple((op, p) for prog in self.programs for op in prog
+                                if (p := node[op].get("pair_next")) is not None)
+        return self._pairs
 
     def pair_of(self, op: Op) -> Op | None:
         """The op `op` runs together with, if it is half of an overlapped pair."""

@@ -23,6 +23,7 @@ from typing import Final
 
 from pipeir.diagnostics import UsageError
 from pipeir.interop.actions import FORMATS, OVERLAP, Action
+from pipeir.ops import MEMORY_KINDS
 from pipeir.schedule import Schedule
 
 __all__ = ["FORMATS", "comms_actions", "compute_actions", "dumps_csv"]
@@ -32,7 +33,7 @@ _B_LIKE: Final = ("B", "I")
 
 def compute_actions(schedule: Schedule) -> list[list[Action]]:
     """Each rank's compute actions in program order (pairs become OVERLAP_F_B)."""
-    memory = next((op for op in schedule if op.kind in ("FC", "RC", "OFF", "RELOAD")), None)
+    memory = next((op for op in schedule if op.kind in MEMORY_KINDS), None)
     if memory is not None:
         raise UsageError(f"torch's schedule format has no {memory.kind} (activation "
                          f"recomputation and offloading are pipeir ops); {memory} cannot be "

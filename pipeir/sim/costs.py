@@ -77,15 +77,15 @@ from typing import Any
 
 from pipeir import limits
 from pipeir.diagnostics import Note, Source, Span, UsageError, did_you_mean, where_prefix
-from pipeir.ops import CHANNEL, KINDS, Kind, Op
+from pipeir.ops import CHANNEL, KINDS, MEMORY_KINDS, Kind, Op
 from pipeir.sim.lengths import LENGTH_KEYS, LengthCost, split_length_settings
 
 #: Settings that hold a time per op, and the settings about transfers and memory.
 OP_KINDS = KINDS
 COMPUTE_KINDS: tuple[Kind, ...] = ("F", "B", "I", "W")  # the kinds with a default time
-#: The kinds whose time follows from another's unless set (FC, RC: an F; OFF, RELOAD: the
-#: copy over the host link).
-DERIVED_KINDS: tuple[Kind, ...] = ("FC", "RC", "OFF", "RELOAD")
+#: The kinds whose time follows from another's unless set: the memory ops (FC, RC: an F;
+#: OFF, RELOAD: the copy over the host link).
+DERIVED_KINDS: tuple[Kind, ...] = MEMORY_KINDS
 COMM_KEYS = ("latency", "bandwidth", "dp", "dp_latency", "dp_bandwidth", "host_latency",
              "host_bandwidth")
 SIZE_KEYS = ("activation_bytes", "memory_bytes", "param_bytes", "input_bytes")
