@@ -233,7 +233,8 @@ def _decompose(problem: Problem, tune_costs: CostModel | None, time_limit: float
         return None  # not shorter enough to be worth solving apart (many chunks per rank)
     small = short_problem(problem, m0)
     warm = starts(small, _library(small, tune_costs, t0 + time_limit * LIBRARY_SHARE),
-                  deadline=t0 + time_limit * LIBRARY_SHARE)[0]
+                  deadline=None if work_limit is not None else t0 + time_limit * LIBRARY_SHARE
+                  )[0]
     # NOTE: half of what is left, since growing it back (`extend`) takes seconds at
     # thousands of ops (2.7 s at 8,192)
     solved = solve(small, hint=warm.schedule, upper=warm.step,
