@@ -1,7 +1,8 @@
 """The costs of a model cut into more stages: each stage into v chunks, as interleaving (a
-virtual pipeline) cuts it. Every tool that puts a cost file for P stages on a schedule of P·v
-stages (`pipeirc tune` and `synth` ranking interleaved shapes, `simulate --schedule ... --v`,
-a pass pipeline whose `interleave` multiplies the stages) reads the chunks' costs from here.
+virtual pipeline) cuts it. `pipeirc tune` and `synth` ranking interleaved shapes, and a pass
+pipeline whose `interleave` multiplies the stages (`PassContext.for_stages`), read the chunks'
+costs from here. (`simulate` does not: it takes a cost file as written for the schedule's own
+stages.)
 """
 
 from __future__ import annotations

@@ -83,9 +83,6 @@ from pipeir.sim.lengths import LENGTH_KEYS, LengthCost, split_length_settings
 #: Settings that hold a time per op, and the settings about transfers and memory.
 OP_KINDS = KINDS
 COMPUTE_KINDS: tuple[Kind, ...] = ("F", "B", "I", "W")  # the kinds with a default time
-#: The kinds whose time follows from another's unless set: the memory ops (FC, RC: an F;
-#: OFF, RELOAD: the copy over the host link).
-DERIVED_KINDS: tuple[Kind, ...] = MEMORY_KINDS
 COMM_KEYS = ("latency", "bandwidth", "dp", "dp_latency", "dp_bandwidth", "host_latency",
              "host_bandwidth")
 SIZE_KEYS = ("activation_bytes", "memory_bytes", "param_bytes", "input_bytes")
@@ -131,7 +128,8 @@ class CostModel:
 
     def __post_init__(self) -> None:
         base: _Level = {"F": self.F}
-        for kind in ("B", "I", "W", *DERIVED_KINDS):
+        # (a memory op's time follows another's unless set: FC, RC an F; OFF, RELOAD the copy)
+        for kind in ("B", "I", "W", *MEMORY_KINDS):
             v = getattr(self, kind)
             if v is not None:
                 base[kind] = v
@@ -305,7 +303,7 @@ class CostModel:
         stage_mb = {k: dict(level) for k, level in self.stage_mb.items()}
         # the kinds with a time of their own (FC, RC, OFF, RELOAD that are not set follow an
         # F, scaled here, or a copy of bytes, which like transfers is not)
-        kinds = [*COMPUTE_KINDS, *(k for k in DERIVED_KINDS if k in self._base)]
+        kinds = [*COMPUTE_KINDS, *(k for k in MEMORY_KINDS if k in self._base)]
         for m, f in enumerate(factors):
             level = mb.setdefault(m, {})
             for k in kinds:
@@ -474,7 +472,7 @@ def _build(items: Mapping[str, tuple[Any, Span | None]], where: str | None) -> C
             input_bytes=_top(items, "input_bytes", None),
             host_latency=_top(items, "host_latency", 0.0),
             host_bandwidth=_top(items, "host_bandwidth", None),
-            **{k: _top(items, k, None) for k in DERIVED_KINDS},
+            **{k: _top(items, k, None) for k in MEMORY_KINDS},
             stage=stage, mb=mb, stage_mb=stage_mb, unit=unit)
     except ValueError as e:  # pragma: no cover - every value was checked above
         raise UsageError(f"{where_prefix(where, None)}{e}") from None

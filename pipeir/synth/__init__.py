@@ -121,7 +121,7 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
     deadline = t0 + max(time_limit * LIBRARY_SHARE, FLOOR)
     warm = warm if warm is not None else \
         prepare(problem, _library(problem, tune_costs, deadline), given,
-                _list_deadline(problem, t0, time_limit, work_limit))
+                _list_deadline(problem, t0 + time_limit * LIST_SHARE, work_limit))
     left = time_limit - (time.perf_counter() - t0)
     best, optimal, method = warm.schedule, False, "the warm start"
     bound = max(problem.lower_bound(), bound if bound is not None else -math.inf)
@@ -182,13 +182,11 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
                        time.perf_counter() - t0)
 
 
-def _list_deadline(problem: Problem, t0: float, time_limit: float, work_limit: float | None
+def _list_deadline(problem: Problem, deadline: float, work_limit: float | None
                    ) -> float | None:
-    """When the list scheduler's variants stop: at `LIST_SHARE` of the time limit, or, in a
-    reproducible run (a `work_limit`) on a small problem, once they are all done."""
-    if work_limit is not None and len(problem.ops) <= EXACT_OPS:
-        return None
-    return t0 + time_limit * LIST_SHARE
+    """When the list scheduler's variants stop: at `deadline`, or, in a reproducible run (a
+    `work_limit`) on a small problem, once they are all done."""
+    return None if work_limit is not None and len(problem.ops) <= EXACT_OPS else deadline
 
 
 def prepare(problem: Problem, candidates: Sequence[Candidate] = (),
@@ -233,8 +231,7 @@ def _decompose(problem: Problem, tune_costs: CostModel | None, time_limit: float
         return None  # not shorter enough to be worth solving apart (many chunks per rank)
     small = short_problem(problem, m0)
     warm = starts(small, _library(small, tune_costs, t0 + time_limit * LIBRARY_SHARE),
-                  deadline=None if work_limit is not None else t0 + time_limit * LIBRARY_SHARE
-                  )[0]
+                  deadline=_list_deadline(small, t0 + time_limit * LIBRARY_SHARE, work_limit))[0]
     # NOTE: half of what is left, since growing it back (`extend`) takes seconds at
     # thousands of ops (2.7 s at 8,192)
     solved = solve(small, hint=warm.schedule, upper=warm.step,
@@ -312,7 +309,7 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     for i in sorted(range(len(problems)), key=lambda i: bounds[i]):
         if not warms or bounds[i] < min(w.step for w in warms.values()) * (1 - 1e-9):
             warms[i] = prepare(problems[i], candidates,
-                               deadline=_list_deadline(problems[i], t0, time_limit,
+                               deadline=_list_deadline(problems[i], t0 + time_limit * LIST_SHARE,
                                                         work_limit))
     first = min(warms.values(), key=lambda w: w.step)
     # the fastest warm start's shape is searched even when that start meets its own bound
