@@ -396,7 +396,8 @@ def test_bad_dp_input_is_one_clear_message(cli) -> None:
     code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
                        "--model", MLP, "--dp", "3")
     assert code == 2
-    assert "a batch of 64 samples does not split over 3 data-parallel replicas" in err
+    assert ("a batch of 64 samples does not split evenly over 3 data-parallel replicas of 2 "
+            "micro-batches (microbatches x accumulate); use a batch that is a multiple of 6") in err
     code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
                        "--dp", "2", "--nproc", "2")
     assert code == 2 and err.strip().endswith("; use --nproc 4 or --set ranks=1")  # 1 x 2

@@ -126,6 +126,7 @@ ADAM = f"{ZOO}:structured_adam"  # Adam + StepLR + clipping by the global norm
 GPT = f"{EXAMPLES / 'gpt.py'}:tiny"  # tied embedding/head, AdamW + cosine + clipping
 GPT_BF16 = f"{EXAMPLES / 'gpt.py'}:tiny_bf16"
 FP16 = f"{ZOO}:structured_fp16"  # fp16 loss scaling: the first two steps overflow and skip
+CONVERTED = f"{ZOO}:converted"  # stages built with .to(...) / .double(): traced for real
 
 
 def test_real_models_two_ranks_match_single_process() -> None:
@@ -150,6 +151,7 @@ def test_real_models_two_ranks_match_single_process() -> None:
         _job(_lib("1f1b", 2, 4), None, 2, GPT_BF16),
         _job(_lib("dualpipe-v", 2, 4), "overlap", 2, GPT_BF16),
         _job(_lib("zb-h1", 2, 4), "overlap", 4, FP16),
+        _job(_lib("1f1b", 2, 4), "split-backward", 2, CONVERTED),
     ]
     result = launch(jobs, 2, timeout_s=TIMEOUT)
     _assert_matches_reference(jobs, result)
@@ -335,13 +337,31 @@ def test_run_progress_is_one_line_on_a_terminal(cli, monkeypatch: pytest.MonkeyP
      "--model mlp: a batch of 256 samples cannot be split into 257 micro-batches"),
     (("--passes", "overlap{max_posted=-1}"), "max_posted must be a non-negative integer"),
     (("--trace", "/nonexistent/dir/t.json"), "directory /nonexistent/dir does not exist"),
+    (("--model", f"{ZOO}:broken_stage"),
+     "broken_stage: building stage 1 failed: ValueError: no such layer"),
+    (("--model", f"{ZOO}:tied_twice"),
+     "stage 0 parameter 'weight' is twice in tied group 0; list each parameter once"),
+    (("--model", f"{ZOO}:tied_overlapping"),
+     "stage 1 parameter 'weight' is in tied group 0 and tied group 1; list each parameter once"),
+    (("--model", f"{ZOO}:tied_none"), "tied(2) must give groups of (stage, parameter name) "
+                                      "pairs: TypeError: 'NoneType' object is not iterable"),
+    (("--model", f"{ZOO}:eighteen_samples", "--dp", "2"),
+     "a batch of 18 samples does not split evenly over 2 data-parallel replicas of 2 "
+     "micro-batches (microbatches x accumulate); use a batch that is a multiple of 4"),
+    (("--model", f"{ZOO}:two_lists", "--dp", "2"),
+     "the batch gives 2 micro-batches; with 2 data-parallel replicas it must give 4"),
+    (("--trace", "same.json", "--metrics", "same.json"),
+     "--trace and --metrics both name same.json"),
 ])
-def test_run_rejects_bad_input(cli, args: tuple[str, ...], message: str) -> None:
+def test_run_rejects_bad_input(cli, args: tuple[str, ...], message: str, tmp_path: Path,
+                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
     code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
                          *args)
     assert code == 2
     assert message in err
     assert "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 FAILING_MODEL = '''
@@ -435,6 +455,48 @@ def test_generated_program_with_a_bad_model_says_so_once(tmp_path: Path) -> None
     assert proc.stderr.count("--model 'no_such_module'") == 1, proc.stderr
     assert "main.py: error: --model 'no_such_module': cannot import" in proc.stderr
     assert "pipeir/runtime" not in proc.stderr  # no frame of ours
+
+
+def test_generated_program_runs_only_what_check_lowered_verified(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`check --lowered` proves lowered.json; main.py runs the rank files. Edited apart, the
+    proof would be about another program: main.py refuses before any process group."""
+    import json
+
+    from pipeir.cli import main
+    from pipeir.runtime.torchrun import main as torchrun_main
+
+    gen = tmp_path / "gen"
+    assert main(["compile", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                 "-o", str(gen)]) == 0
+    lowered = json.loads((gen / "lowered.json").read_text())
+    lowered["programs"][1] = [i for i in lowered["programs"][1] if i["i"] != "zero-grad"]
+    (gen / "lowered.json").write_text(json.dumps(lowered))
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    capsys.readouterr()
+    assert torchrun_main(gen, ["--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"main.py: error: {gen / 'rank1.py'}: not what lowered.json lowers "
+                          "to (one of them was edited after `pipeirc compile`)"), err
+
+
+def test_metrics_file_is_opened_at_the_first_step(tmp_path: Path) -> None:
+    """A run that fails before its first step leaves an existing --metrics file alone."""
+    from pipeir.runtime.metrics import MetricsFile
+
+    old = tmp_path / "m.jsonl"
+    old.write_text('{"old": 1}\n')
+    MetricsFile(str(old)).close()
+    assert old.read_text() == '{"old": 1}\n'
+    new = tmp_path / "new.jsonl"
+    MetricsFile(str(new)).close()
+    assert not new.exists()
+    log = MetricsFile(str(new))
+    log.write({"step": 1})
+    log.close()
+    assert new.read_text() == '{"step": 1}\n'
 
 
 # ---- the run report ------------------------------------------------------------------------
@@ -604,3 +666,12 @@ def test_profile_takes_structured_activations_and_parameterless_stages() -> None
     # 4 samples x 4 positions: hidden, skip, raw (6 float32 each) and the bool mask
     assert [t.activation_bytes for t in times] == [4 * 4 * (6 * 4 * 3 + 1)] * 3 + [0.0]
     assert times[1].W == 0.0 and times[2].W > 0 and times[1].I > 0
+
+
+def test_check_compares_float64_models_in_float64(cli) -> None:
+    """One rank runs what one process runs, bit for bit; --check used to round both sides to
+    float32 first, so a float64 model could not be checked below ~5e-8."""
+    code, out, err = cli("run", "--schedule", "1f1b", "--ranks", "1", "--microbatches", "4",
+                         "--model", CONVERTED, "--steps", "2", "--check", "--tolerance", "1e-13")
+    assert code == 0, err
+    assert "all stages within 1e-13 of single-process training" in out

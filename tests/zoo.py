@@ -145,3 +145,74 @@ def structured_fp16() -> ModelSpec:
     """`structured` under fp16 autocast with a loss large enough that the first two steps'
     scaled gradients overflow fp16: the loss scale backs off and those steps are skipped."""
     return ModelSpec(stage=_stage, loss=_loud_mse, batch=_batch, autocast="fp16")
+
+
+def _flat_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(11 + step)
+    return torch.randn(16, D, generator=g), torch.randn(16, D, generator=g)
+
+
+def batchnorm() -> ModelSpec:
+    """BatchNorm in every stage: running statistics are buffers the forward updates (once per
+    micro-batch, also where recompute runs the forward twice)."""
+    def stage(s: int, n: int) -> nn.Module:
+        return nn.Sequential(nn.Linear(D, D), nn.BatchNorm1d(D), nn.Tanh())
+    return ModelSpec(stage=stage, loss=nn.functional.mse_loss, batch=_flat_batch)
+
+
+def converted() -> ModelSpec:
+    """Stages that convert themselves (`.to(...)`, `.double()`), which fake tensors cannot do:
+    the shape plan builds them for real."""
+    def stage(s: int, n: int) -> nn.Module:
+        return nn.Sequential(nn.Linear(D, D).to("cpu").double(), nn.Tanh()).double()
+
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = _flat_batch(step)
+        return x.double(), y.double()
+    return ModelSpec(stage=stage, loss=nn.functional.mse_loss, batch=batch)
+
+
+def broken_stage() -> ModelSpec:
+    """Stage 1 cannot be built."""
+    def stage(s: int, n: int) -> nn.Module:
+        if s == 1:
+            raise ValueError("no such layer")
+        return nn.Linear(D, D)
+    return ModelSpec(stage=stage, loss=nn.functional.mse_loss, batch=_flat_batch)
+
+
+def tied_twice() -> ModelSpec:
+    """One parameter listed twice in its group: its gradient would be summed twice."""
+    return ModelSpec(stage=lambda s, n: nn.Linear(D, D), loss=nn.functional.mse_loss,
+                     batch=_flat_batch, tied=lambda n: [[(0, "weight"), (0, "weight")]])
+
+
+def tied_overlapping() -> ModelSpec:
+    """One parameter in two groups, which the runtime would reduce separately."""
+    return ModelSpec(stage=lambda s, n: nn.Linear(D, D), loss=nn.functional.mse_loss,
+                     batch=_flat_batch,
+                     tied=lambda n: [[(0, "weight"), (1, "weight")], [(1, "weight"), (1, "bias")]])
+
+
+def tied_none() -> ModelSpec:
+    return ModelSpec(stage=lambda s, n: nn.Linear(D, D), loss=nn.functional.mse_loss,
+                     batch=_flat_batch, tied=lambda n: None)  # type: ignore[arg-type,return-value]
+
+
+def eighteen_samples() -> ModelSpec:
+    """18 samples: over 2 replicas of 2 micro-batches each would be cut 5, 4."""
+    def batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(step)
+        return torch.randn(18, D, generator=g), torch.randn(18, D, generator=g)
+    return ModelSpec(stage=lambda s, n: nn.Linear(D, D), loss=nn.functional.mse_loss,
+                     batch=batch)
+
+
+def two_lists() -> ModelSpec:
+    """Variable-length micro-batches as a list of 2: one replica's worth, not two."""
+    def batch(step: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        g = torch.Generator().manual_seed(step)
+        return ([torch.randn(2, 3 + i, D, generator=g) for i in range(2)],
+                [torch.randn(2, 3 + i, D, generator=g) for i in range(2)])
+    return ModelSpec(stage=lambda s, n: nn.Linear(D, D), loss=nn.functional.mse_loss,
+                     batch=batch)

@@ -71,6 +71,10 @@ def run(args: argparse.Namespace) -> int:
         resolve_output(args.trace, "--trace")  # before the run, not after it
     if args.metrics is not None:  # streamed: never a FIFO (open would block), /proc, ...
         resolve_output(args.metrics, "--metrics")
+        if args.trace is not None and os.path.realpath(args.trace) == \
+                os.path.realpath(args.metrics):
+            raise UsageError(f"--trace and --metrics both name {args.metrics}; the trace "
+                             "would replace the metrics: give two files")
     compiled = compile_args(args)
     schedule, lowered = compiled.schedule, compiled.lowered
     world = lowered.ranks * args.dp
@@ -84,7 +88,6 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.models import resolve
 
     spec = resolve(args.model)  # bad --model values fail here, before any process starts
-    _check_batch(spec, args.model, lowered.microbatches * lowered.accumulate, args.dp)
     from pipeir.runtime.preflight import preflight
     from pipeir.runtime.worker import Job
 
@@ -155,18 +158,6 @@ def _planner(compiled: Compiled, args: argparse.Namespace) -> StepPlanner | None
     planner = StepPlanner.of(compiled.schedule, settings, compiled.context.comm)
     planner.order([1.0] * planner.microbatches)  # bad cost settings fail here, not in a rank
     return planner
-
-
-def _check_batch(spec: object, model: str, n: int, dp: int = 1) -> None:
-    from pipeir.runtime.mesh import shard
-    from pipeir.runtime.worker import split_batch
-
-    try:
-        split_batch(shard(spec.batch(0), dp, 0), n)  # type: ignore[attr-defined]
-    except ValueError as e:
-        raise UsageError(f"--model {model}: {e}") from None
-    except Exception as e:
-        raise UsageError(f"--model {model}: batch(0) raised {type(e).__name__}: {e}") from None
 
 
 def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace) -> None:

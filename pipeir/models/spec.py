@@ -104,7 +104,12 @@ def tied_groups(spec: ModelSpec, stages: int) -> list[list[tuple[int, str]]]:
     """The spec's tied groups for `stages` stages (groups of fewer than two are dropped)."""
     if spec.tied is None:
         return []
-    return [[(int(s), str(n)) for s, n in g] for g in spec.tied(stages) if len(g) > 1]
+    try:
+        groups = [[(int(s), str(n)) for s, n in g] for g in spec.tied(stages)]
+    except Exception as e:  # None, a flat list, a triple ...: not groups of (stage, name)
+        raise UsageError(f"tied({stages}) must give groups of (stage, parameter name) pairs: "
+                         f"{type(e).__name__}: {e}") from None
+    return [g for g in groups if len(g) > 1]
 
 
 def check_spec(spec: ModelSpec, stages: int) -> None:
@@ -118,9 +123,29 @@ def check_spec(spec: ModelSpec, stages: int) -> None:
         return
     import torch
 
-    with torch.device("meta"):
-        shapes = {s: {k: tuple(p.shape) for k, p in spec.stage(s, stages).named_parameters()}
-                  for s in sorted({s for g in groups for s, _ in g if 0 <= s < stages})}
+    # a parameter in two places would be counted twice (in one group) or join two groups
+    # that the runtime reduces separately: either way its gradient would be wrong
+    seen: dict[tuple[int, str], int] = {}
+    for i, g in enumerate(groups):
+        for member in g:
+            if member in seen:
+                where = "twice in" if seen[member] == i else f"in tied group {seen[member]} and"
+                raise UsageError(f"stage {member[0]} parameter '{member[1]}' is {where} tied "
+                                 f"group {i}; list each parameter once (merge the groups)")
+            seen[member] = i
+    wanted = sorted({s for g in groups for s, _ in g if 0 <= s < stages})
+    try:
+        with torch.device("meta"):
+            built = {s: spec.stage(s, stages) for s in wanted}
+    except Exception:  # e.g. a stage that moves itself: `.to("cpu")` cannot copy from meta
+        built = {}
+        for s in wanted:
+            try:
+                built[s] = spec.stage(s, stages)
+            except Exception as e:
+                raise UsageError(f"building stage {s} failed: {type(e).__name__}: {e}"
+                                 ) from None
+    shapes = {s: {k: tuple(p.shape) for k, p in m.named_parameters()} for s, m in built.items()}
     for i, g in enumerate(groups):
         first = None
         for s, name in g:

@@ -36,7 +36,7 @@ def differences(spec: ModelSpec, job: Job, result: RunResult, index: int = 0
     worst tensor's name). A tensor present on one side only counts as infinitely different."""
     low = job.lowered
     want, want_grads = train_reference(spec, low.stages, low.microbatches, low.accumulate,
-                                       job.steps)
+                                       job.steps, job.dp)
     rows = []
     for s in range(low.stages):
         worst = ""
@@ -45,7 +45,7 @@ def differences(spec: ModelSpec, job: Job, result: RunResult, index: int = 0
                           (result.grads[index][s], want_grads[s])):
             d = 0.0
             for k in sorted(set(mine) | set(ref)):
-                x = (rel_diff(mine[k], ref[k].float().numpy()) if k in mine and k in ref
+                x = (rel_diff(mine[k], ref[k].double().numpy()) if k in mine and k in ref
                      else float("inf"))
                 if x > d:
                     d, worst = x, k

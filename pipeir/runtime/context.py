@@ -163,11 +163,18 @@ class Context:
         self._leave(t0)
 
     def recompute(self, stage: int, mb: int) -> None:
-        """RC: the forward of an FC again, under autograd with the FC's RNG state."""
+        """RC: the forward of an FC again, under autograd with the FC's RNG state. Buffers
+        the forward updates (BatchNorm's running statistics) are put back afterwards: the FC
+        has updated them once, as the one forward of single-process training does."""
         t0 = self._enter()
         key = (stage, mb)
+        module = self.modules[stage]
+        kept = [(b, b.detach().clone()) for b in module.buffers()]
         with self.saved.replaying(key), self._autocast():
-            self.outputs[key] = self.modules[stage](self.inputs[key])
+            self.outputs[key] = module(self.inputs[key])
+        with torch.no_grad():
+            for b, before in kept:
+                b.copy_(before)
         self._leave(t0)
 
     def offload(self, stage: int, mb: int) -> None:

@@ -91,32 +91,40 @@ def check_world(world: int, pp: int, dp: int | None) -> MeshShape:
     return MeshShape(pp, dp)
 
 
-def shard(batch: Sequence[Any], dp: int, replica: int) -> tuple[Any, ...]:
+def shard(batch: Sequence[Any], dp: int, replica: int, microbatches: int = 1
+          ) -> tuple[Any, ...]:
     """Replica `replica`'s equal share of a global batch: dim 0 of every tensor cut in `dp`
     (in a dict or other pytree part alike, constants kept; a list of per-micro-batch inputs is
-    cut by micro-batches). A ValueError when the batch does not split evenly: unequal shards
-    would weigh samples unequally in the average."""
+    cut by micro-batches). A ValueError when the batch does not split evenly into `dp` shares
+    of `microbatches` equal micro-batches (microbatches x accumulate): unequal shards, or a
+    share cut 3, 3, 2, 2, would weigh samples unequally in the average."""
     from torch.utils import _pytree as pytree
 
     if dp == 1:
         return tuple(batch)
 
-    def cut(x: Any, n: int, what: str) -> Any:
-        if n % dp:
-            raise ValueError(f"a batch of {n} {what} does not split over {dp} data-parallel "
-                             f"replicas (use a batch that is a multiple of {dp})")
+    def cut(x: Any, n: int, per: int, what: str) -> Any:
+        if n % (dp * per):
+            each = f"{dp} data-parallel replicas" + (
+                f" of {per} micro-batches (microbatches x accumulate)" if per > 1 else "")
+            raise ValueError(f"a batch of {n} {what} does not split evenly over {each}; "
+                             f"use a batch that is a multiple of {dp * per}")
         k = n // dp
         return x[replica * k:(replica + 1) * k]
 
     out = []
     for part in batch:
         if isinstance(part, list | tuple):
-            out.append(cut(part, len(part), "micro-batches"))
+            if len(part) != dp * microbatches:
+                raise ValueError(f"the batch gives {len(part)} micro-batches; with {dp} "
+                                 f"data-parallel replicas it must give {dp * microbatches} "
+                                 f"({microbatches} per replica: microbatches x accumulate)")
+            out.append(cut(part, len(part), 1, "micro-batches"))
             continue
         leaves, tree = pytree.tree_flatten(part)
         out.append(pytree.tree_unflatten(
-            [cut(x, int(x.shape[0]), "samples") if isinstance(x, torch.Tensor) and x.dim()
-             else x for x in leaves], tree))
+            [cut(x, int(x.shape[0]), microbatches, "samples")
+             if isinstance(x, torch.Tensor) and x.dim() else x for x in leaves], tree))
     return tuple(out)
 
 

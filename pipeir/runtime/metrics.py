@@ -38,15 +38,21 @@ def describe(m: dict[str, Any]) -> str:
 
 
 class MetricsFile:
-    """`--metrics FILE`: one JSON line per step, flushed as it comes."""
+    """`--metrics FILE`: one JSON line per step, flushed as it comes (so it can be followed
+    with `tail -f`). Opened at the first step, so a run that fails before one leaves an
+    existing file as it was and creates none."""
 
     def __init__(self, path: str | None):
-        self.out: IO[str] | None = open(path, "w") if path else None  # noqa: SIM115
+        self.path = path
+        self.out: IO[str] | None = None
 
     def write(self, m: dict[str, Any]) -> None:
-        if self.out is not None:
-            self.out.write(json.dumps(m) + "\n")
-            self.out.flush()
+        if self.path is None:
+            return
+        if self.out is None:
+            self.out = open(self.path, "w")  # noqa: SIM115
+        self.out.write(json.dumps(m) + "\n")
+        self.out.flush()
 
     def close(self) -> None:
         if self.out is not None:

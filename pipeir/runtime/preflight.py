@@ -12,6 +12,7 @@ from pipeir import limits
 from pipeir.diagnostics import UsageError
 from pipeir.models.spec import ModelSpec, check_spec
 from pipeir.runtime import checkpoint
+from pipeir.runtime.mesh import shard
 from pipeir.runtime.shapes import PlanError, ShapePlan
 from pipeir.runtime.worker import split_batch
 
@@ -26,9 +27,15 @@ def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps
         check_spec(spec, stages)
     except UsageError as e:
         raise UsageError(f"--model {model}: {e.message}") from None
+    try:  # replica 0's share, as its ranks will cut it (`mesh.shard`)
+        first = split_batch(shard(spec.batch(0), dp, 0, microbatches), microbatches)
+    except ValueError as e:
+        raise UsageError(f"--model {model}: {e}") from None
+    except Exception as e:
+        raise UsageError(f"--model {model}: batch(0) raised {type(e).__name__}: {e}") from None
     plan = ShapePlan(spec, stages)
     try:
-        for x in split_batch(spec.batch(0), microbatches)[0]:
+        for x in first[0]:
             plan.trace(x)
     except PlanError as e:
         raise UsageError(f"--model {model}: {e}") from None

@@ -29,15 +29,17 @@ def build_model(spec: ModelSpec, stages: int) -> list[torch.nn.Module]:
 
 
 def train_reference(spec: ModelSpec, stages: int, microbatches: int, accumulate: int,
-                    steps: int) -> tuple[dict[int, dict[str, torch.Tensor]],
-                                         dict[int, dict[str, torch.Tensor]]]:
+                    steps: int, dp: int = 1) -> tuple[dict[int, dict[str, torch.Tensor]],
+                                                      dict[int, dict[str, torch.Tensor]]]:
     """Train `steps` optimizer steps; returns (stage -> state dict, stage -> gradients of
     the last step). Runs on one intra-op thread, as each rank does: kernels then reduce in the
-    same order, which matters under bf16 autocast (one rounding flip is a 0.4% difference)."""
+    same order, which matters under bf16 autocast (one rounding flip is a 0.4% difference).
+    With `dp` data-parallel replicas the batch is cut into the micro-batches of all of them
+    (replica r's i-th is the (r * microbatches * accumulate + i)-th), each weighted alike."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train(spec, stages, microbatches, accumulate, steps)
+        return _train(spec, stages, microbatches * dp, accumulate, steps)
     finally:
         torch.set_num_threads(threads)
 

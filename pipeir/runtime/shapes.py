@@ -35,7 +35,12 @@ ALIGN = 16
 
 
 class PlanError(ValueError):
-    """A stage cannot take the previous stage's output (found while tracing the plan)."""
+    """A stage cannot be built, or cannot take the previous stage's output (found while
+    tracing the plan)."""
+
+
+class _Unconvertible(Exception):
+    """A stage converts its parameters, which fake tensors cannot do (`ShapePlan._modules`)."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -178,11 +183,36 @@ class ShapePlan:
         self._mb: list[list[Layout]] = []
 
     def _modules(self) -> tuple[FakeTensorMode, list[torch.nn.Module]]:
+        """The stages, built on fake tensors (no memory), so a model too large for this
+        machine is measured before it is refused.
+
+        NOTE: torch cannot convert a fake parameter (`.to(...)`, `.float()`, `.half()`: the
+        swap `Module._apply` forces on fake tensors fails), so a stage that converts itself is
+        built for real instead, once, and traced with fake inputs as the others are."""
         if self._mode is None:
-            self._mode = FakeTensorMode()
-            with self._mode, self.device:
-                self._fake = [self.spec.stage(s, self.stages) for s in range(self.stages)]
+            try:
+                mode = FakeTensorMode()
+                with mode, self.device:
+                    self._fake = self._build()
+            except _Unconvertible:
+                mode = FakeTensorMode(allow_non_fake_inputs=True)
+                with self.device:
+                    self._fake = self._build()
+            self._mode = mode
         return self._mode, self._fake
+
+    def _build(self) -> list[torch.nn.Module]:
+        out = []
+        for s in range(self.stages):
+            try:
+                out.append(self.spec.stage(s, self.stages))
+            except RuntimeError as e:
+                if "_apply(): Couldn't swap" in str(e):
+                    raise _Unconvertible from None
+                raise PlanError(f"building stage {s} failed: {type(e).__name__}: {e}") from None
+            except Exception as e:
+                raise PlanError(f"building stage {s} failed: {type(e).__name__}: {e}") from None
+        return out
 
     def plan(self, inputs: Sequence[Any]) -> None:
         """Trace (or look up) the layouts for this step's micro-batch inputs."""

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeir.argtypes import positive_int, timeout_seconds
+from pipeir.backend.codegen import rank_source
 from pipeir.backend.lower import from_json
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.models.spec import resolve
@@ -51,6 +52,12 @@ def main(directory: Path, argv: list[str]) -> int:
         resolve(args.model)
         lowered = from_json(_read_json(directory / "lowered.json"), str(directory / "lowered.json"))
         sources = tuple(_read(directory / f"rank{r}.py") for r in range(lowered.ranks))
+        for r, text in enumerate(sources):  # what `check --lowered` verified is what runs
+            if text != rank_source(lowered, r):
+                raise UsageError(f"{directory / f'rank{r}.py'}: not what lowered.json lowers "
+                                 "to (one of them was edited after `pipeirc compile`); "
+                                 "`pipeirc check --lowered` verifies lowered.json, so main.py "
+                                 "runs only rank files that agree with it: compile again")
     except PipeirError as e:
         if place[0] == 0:
             sys.stderr.write(f"main.py: {e.render()}\n(every rank stops; torchrun reports "

@@ -142,7 +142,7 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
     for step in range(start, job.steps):
         batch = spec.batch(step)
         guard.begin_step(step, batch)  # runtime/guards.py: the same batch(step) on every rank
-        xs, ys = split_batch(batch if mesh is None else shard(batch, job.dp, mesh.replica), n)
+        xs, ys = split_batch(batch if mesh is None else shard(batch, job.dp, mesh.replica, n), n)
         if job.plan is not None:
             order = job.plan.order([size(x) for x in xs])
             xs, ys = tuple(xs[k] for k in order), tuple(ys[k] for k in order)
