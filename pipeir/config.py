@@ -113,7 +113,7 @@ class PipelineConfig:
         for s, r in enumerate(self.placement):
             if type(r) is not int or not 0 <= r < self.ranks:
                 raise ConfigError("placement", f"placement puts stage {s} on rank {r}, "
-                                               f"but ranks are 0..{self.ranks - 1}")
+                                               f"but ranks are 0 to {self.ranks - 1}")
             owned[r].append(s)
         idle = [r for r, ss in enumerate(owned) if not ss]
         if idle:
@@ -134,6 +134,22 @@ class PipelineConfig:
             raise ConfigError("placement", "placement must be loop, vshape or a list of ranks, "
                                            f"got {spell(placement)}")
         return cls(ranks, microbatches, stages, tuple(placement), memory_limit, accumulate)
+
+    def out_of_range(self, stage: int, mb: int | None) -> str | None:
+        """Why an op of `stage` and micro-batch `mb` (None: no micro-batch) names something the
+        pipeline lacks, or None. Shared by the verifier and the builder, which meets such an
+        op first as a duplicate when every rank's program writes it."""
+        if not 0 <= stage < self.stages:
+            return f"stage {stage} is out of range (stages are 0 to {self.stages - 1})"
+        if mb is not None and not 0 <= mb < self.microbatches:
+            return (f"micro-batch {mb} is out of range (micro-batches are "
+                    f"0 to {self.microbatches - 1})")
+        return None
+
+    def misplaced(self, rank: int, stage: int) -> str | None:
+        """Why rank `rank` cannot run stage `stage` (another rank owns it), or None."""
+        owner = self.placement[stage]
+        return None if owner == rank else f"stage {stage} lives on rank {owner}"
 
     def stages_of(self, rank: int) -> tuple[int, ...]:
         """The stages rank `rank` owns, in increasing order."""

@@ -8,11 +8,12 @@ Library code raises `PipeirError`; nothing user-facing is ever a bare traceback.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import difflib
 import os
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Literal
@@ -25,11 +26,37 @@ EXIT_INVALID = 1  # the input is well-formed but the schedule is wrong (verifica
 EXIT_USAGE = 2  # syntax, name, type or command-line errors
 
 
+#: The files (device, inode) `read_bytes` has read inside `reading()`: a command's inputs,
+#: which `pipeir.files` refuses to write over (`pipeirc print a.sched -o a.sched` would
+#: replace a hand-written source with its flat canonical form). None outside a command: a
+#: Python caller may well load a file and save it back.
+_inputs: set[tuple[int, int]] | None = None
+
+
+@contextlib.contextmanager
+def reading() -> Iterator[None]:
+    """Within this, every file `read_bytes` reads counts as an input (`is_input`)."""
+    global _inputs
+    outer, _inputs = _inputs, set()
+    try:
+        yield
+    finally:
+        _inputs = outer
+
+
+def is_input(st: os.stat_result) -> bool:
+    """Whether the file with status `st` was read as an input inside `reading()`."""
+    return _inputs is not None and (st.st_dev, st.st_ino) in _inputs
+
+
 def read_bytes(p: Path, kind: str, most: int | None) -> bytes:
     """The bytes of `p` (at most `most` + 1 of them when `most` is given); errors as
     UsageErrors."""
     try:
         with p.open("rb") as f:
+            if _inputs is not None:
+                st = os.fstat(f.fileno())
+                _inputs.add((st.st_dev, st.st_ino))
             return f.read() if most is None else f.read(most + 1)
     except FileNotFoundError:
         raise UsageError(f"{p}: no such {kind}") from None
@@ -154,7 +181,9 @@ def _render_one(severity: str, message: str, span: Span | None,
             width = min(width, len(shown) - (col - start))
             text, col = pre + shown + post, len(pre) + col - start
         out.append("    " + text)
-        out.append("    " + " " * col + "^" * max(1, width))
+        # tabs under tabs: the carets line up whatever width the terminal gives a tab
+        pad = "".join("\t" if c == "\t" else " " for c in text[:col]).ljust(col)
+        out.append("    " + pad + "^" * max(1, width))
     return out
 
 
@@ -167,6 +196,13 @@ class PipeirError(Exception):
         self.diagnostics: tuple[Diagnostic, ...] = tuple(diagnostics)
         self.exit_code = exit_code
         super().__init__(self.render())
+
+    def annotate(self, note: Note) -> None:
+        """Add `note` to the first diagnostic: context met on the way out, such as the call an
+        error inside a macro's body came from."""
+        d = self.diagnostics[0]
+        self.diagnostics = (replace(d, notes=(*d.notes, note)), *self.diagnostics[1:])
+        self.args = (self.render(),)
 
     def render(self) -> str:
         return "\n".join(d.render() for d in self.diagnostics)

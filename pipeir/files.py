@@ -7,6 +7,7 @@ leave a half-written one behind. NOTE: the policy, in one place:
 - a symbolic link is written through: its target is replaced, the link stays a link;
 - a special file (FIFO, device, socket) or anything under /proc or /sys is refused before
   anything is touched: renaming over it would replace a device node with a file;
+- a file the command read as an input is refused (`diagnostics.reading`);
 - an existing file keeps its mode (and owner, where we may); a new one gets 0666 less the
   umask, as `open()` would give it (mkstemp's 0600 would otherwise leak through the rename);
 - a directory we cannot write, a full disk or any other OSError is one `UsageError`,
@@ -26,7 +27,7 @@ import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
-from pipeir.diagnostics import Note, UsageError
+from pipeir.diagnostics import Note, UsageError, is_input
 
 #: Kernel file systems: their "regular" files are interfaces, never outputs.
 _PSEUDO_ROOTS = ("/proc", "/sys")
@@ -76,6 +77,8 @@ def resolve_output(path: str | os.PathLike[str], flag: str = "",
     shown = f"{flag} {os.fspath(path)}".strip()
     if not os.fspath(path):
         raise UsageError(f"{flag or 'output'}: empty path")
+    if os.fspath(path).endswith(os.sep):  # Path() would drop the slash and write a file
+        raise UsageError(f"{shown}: names a directory; give a file name")
     real, root = _follow(path, shown)
     if root is not None:
         raise UsageError(f"{shown}: refusing to write under {root} (a kernel file system, "
@@ -92,6 +95,9 @@ def resolve_output(path: str | os.PathLike[str], flag: str = "",
     if st is not None and not stat.S_ISREG(st.st_mode):
         raise UsageError(f"{shown}: is {_kind(st.st_mode)}; pipeir writes only regular files "
                          "and leaves this one alone")
+    if st is not None and is_input(st):
+        raise UsageError(f"{shown}: is an input of this command; writing it would replace "
+                         "what was read: write to another file")
     parent = target.parent
     if not parent.is_dir():
         if os.path.islink(path):

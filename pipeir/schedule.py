@@ -25,7 +25,7 @@ import networkx as nx
 from pipeir import limits
 from pipeir.config import PipelineConfig
 from pipeir.diagnostics import Diagnostic, Note, Span, VerifyError
-from pipeir.ops import Op
+from pipeir.ops import REDUCE, Op
 
 
 class EdgeKind(IntFlag):
@@ -247,13 +247,24 @@ class ScheduleBuilder:
         """Append `op` to rank `rank`'s program. A duplicate op is a VerifyError."""
         if not 0 <= rank < self.config.ranks:
             raise VerifyError(Diagnostic(
-                f"{op} is placed on rank {rank}, but ranks are 0..{self.config.ranks - 1}",
+                f"{op} is placed on rank {rank}, but ranks are 0 to {self.config.ranks - 1}",
                 span), check="range")
         first = self._where.get(op)
         if first is not None:
+            # written inside `rank r { ... }`, an op of a missing stage is added by every
+            # rank: say what is wrong with it, not that it repeats; of another rank's stage,
+            # say whose it is
+            c = self.config
+            why = c.out_of_range(op.stage, None if op.kind == REDUCE else op.mb)
+            if why is not None:
+                raise VerifyError(Diagnostic(f"{op}: {why}", span), check="range")
+            notes = [Note(f"first {op} is here", first[2])] if first[2] is not None else []
+            owner = c.placement[op.stage]
+            if owner != rank:
+                notes.append(Note(f"stage {op.stage} lives on rank {owner}, so rank {rank} "
+                                  f"should not run {op}"))
             raise VerifyError(Diagnostic(
-                f"duplicate op {op}: it already runs on rank {first[0]}", span,
-                (Note(f"first {op} is here", first[2]),) if first[2] is not None else ()),
+                f"duplicate op {op}: it already runs on rank {first[0]}", span, tuple(notes)),
                 check="duplicate")
         if len(self._where) >= self._max_ops:  # before the memory is spent (pipeir.limits)
             limits.check_ops(f"schedule '{self.name}'", len(self._where) + 1)

@@ -104,27 +104,21 @@ def check_ranges(schedule: Schedule) -> list[Diagnostic]:
     c = schedule.config
     out = []
     for op in schedule:
-        if not 0 <= op.stage < c.stages:
-            out.append(Diagnostic(f"{op}: stage {op.stage} is out of range (stages are "
-                                  f"0..{c.stages - 1})", schedule.span_of(op)))
-        elif op.kind == REDUCE:
-            continue  # no micro-batch
-        elif not 0 <= op.mb < c.microbatches:
-            out.append(Diagnostic(f"{op}: micro-batch {op.mb} is out of range (micro-batches "
-                                  f"are 0..{c.microbatches - 1})", schedule.span_of(op)))
+        why = c.out_of_range(op.stage, None if op.kind == REDUCE else op.mb)
+        if why is not None:
+            out.append(Diagnostic(f"{op}: {why}", schedule.span_of(op)))
     return out
 
 
 def check_placement(schedule: Schedule) -> list[Diagnostic]:
     """Every op runs on the rank that owns its stage."""
-    placement = schedule.config.placement
+    c = schedule.config
     out = []
     for r, prog in enumerate(schedule.programs):
         for op in prog:
-            owner = placement[op.stage]
-            if owner != r:
-                out.append(Diagnostic(f"{op} runs on rank {r}, but stage {op.stage} lives on "
-                                      f"rank {owner}", schedule.span_of(op)))
+            why = c.misplaced(r, op.stage)
+            if why is not None:
+                out.append(Diagnostic(f"{op} runs on rank {r}, but {why}", schedule.span_of(op)))
     return out
 
 

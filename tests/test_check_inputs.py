@@ -157,7 +157,7 @@ BAD_HEADERS: list[tuple[str, Edit, str]] = [
     ("placement-length", _header(placement=[0, 1, 1]),
      '"placement" must be a list of 2 ranks (one per stage, "stages": 2), got [0, 1, 1]'),
     ("placement-rank", _header(placement=[0, 5]),
-     'placement of stage 1 must be a rank 0..1 ("ranks": 2), got 5'),
+     'placement of stage 1 must be a rank 0 to 1 ("ranks": 2), got 5'),
     ("idle-rank", _header(placement=[0, 0]), 'rank 1 owns no stage (2 stages on 2 ranks'),
     ("programs-not-a-list", _header(programs=5),
      '"programs" must be a list of programs (one per rank), got 5'),
@@ -206,8 +206,8 @@ def test_unreadable_json_is_one_line(cli: Cli, tmp_path: Path, text: str, messag
 
 @pytest.mark.parametrize(("edit", "message"), [
     (_set(0, "backward", stage=99),
-     "runs stage 99, but there is no stage 99 (stages are 0..1)"),
-    (_set(0, "backward", mb=7), "runs micro-batch 7, which is out of range (0..1)"),
+     "runs stage 99, but there is no stage 99 (stages are 0 to 1)"),
+    (_set(0, "backward", mb=7), "runs micro-batch 7, which is out of range (0 to 1)"),
     (_set(1, "backward", stage=0),
      "runs stage 0, but the placement runs stage 0 on rank 0, not on rank 1"),
 ], ids=["stage-range", "mb-range", "placement"])

@@ -132,3 +132,57 @@ def test_console_script_runs() -> None:
     r = subprocess.run([sys.executable, "-m", "pipeir", "check", "examples/gpipe.sched"],
                        capture_output=True, text=True, timeout=60, cwd=REPO)
     assert r.returncode == 0 and ": ok: gpipe" in r.stdout
+
+
+def test_show_width_is_what_it_says(cli: Cli) -> None:
+    """--width 12 used to be raised to 40 without a word."""
+    code, out, err = cli("show", "examples/1f1b.sched", "--width", "12")
+    assert code == 0, err
+    grid = [line for line in out.splitlines()[1:] if line]
+    assert grid and max(map(len, grid)) <= 12, grid
+    assert grid[1] == "r0 | F0 F1"  # two steps per block: (12 - 5) // 3
+
+
+def test_print_takes_costs_and_show_says_it_uses_none(cli: Cli, tmp_path: Path) -> None:
+    code, out, err = cli("print", "examples/1f1b.sched", "--set", "F=5", "--set", "stage.0.B=3")
+    assert code == 0, err
+    printed = tmp_path / "p.sched"
+    printed.write_text(out)
+    assert {k: v for k, (v, _) in pipeir.load(printed).costs.items()} == {"F": 5, "stage.0.B": 3}
+    for command in ("show", "export-torch"):
+        code, out, err = cli(command, "examples/1f1b.sched", "--set", "F=5")
+        assert (code, out) == (2, "")
+        assert err == ("error: --set F=5: 'F' is a cost, and this command uses none "
+                       "(simulate, check, print, opt, compile and run take costs)\n")
+
+
+def test_bubble_refuses_what_it_cannot_tabulate(cli: Cli) -> None:
+    assert cli("bubble", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "8",
+               "--v", "2") == (2, "", "error: --v: 1f1b takes no chunks parameter v\n")
+    code, out, err = cli("bubble", "--schedule", "dualpipe-v", "--ranks", "2",
+                         "--microbatches", "2")
+    assert (code, out) == (2, "")
+    assert err.startswith("error: nothing to tabulate: dualpipe-v p=2 m=2: not defined at "
+                          "these sizes (requirement failed: dualpipe-v needs at least"), err
+
+
+def test_simulate_with_every_cost_zero_has_no_bubble_to_report(cli: Cli, tmp_path: Path
+                                                                ) -> None:
+    f = tmp_path / "z.sched"
+    f.write_text("pipeline { ranks = 2  microbatches = 2 }\ncosts { F = 0  B = 0 }\n"
+                 "schedule = 1f1b\n")
+    code, out, err = cli("simulate", f)
+    assert code == 0, err
+    assert out.splitlines()[1] == ("makespan 0; every op costs nothing here, so there is no "
+                                   "bubble to measure")
+
+
+def test_abs_takes_decimals_and_booleans_do_not_equal_numbers(tmp_path: Path) -> None:
+    ok = pipeir.parse("pipeline { ranks = 1  microbatches = 1 }\n"
+                      "schedule s { require abs(-1.5) == 1.5 and abs(-3) == 3\n"
+                      "rank r { F(0, 0)  B(0, 0) } }")
+    assert len(ok) == 2
+    with pytest.raises(pipeir.UsageError, match=r"'!=' compares a boolean with an integer "
+                                                r"\(false != 0\)"):
+        pipeir.parse("pipeline { ranks = 1  microbatches = 1 }\n"
+                     "schedule s { require false != 0\n rank r { F(0, 0)  B(0, 0) } }")

@@ -446,7 +446,7 @@ STEP_FAULTS = [
     (lambda p: [replace(i, stage=1) if isinstance(i, ReduceGrad) else i for i in p],
      r"`reduce-grad stage=1` .*names stage 1, which runs on rank 1, not on rank 0"),
     (lambda p: [replace(i, stage=7) if isinstance(i, WaitReduce) else i for i in p],
-     r"`wait-reduce stage=7` .*names stage 7, but there is no stage 7 \(stages are 0..1\)"),
+     r"`wait-reduce stage=7` .*names stage 7, but there is no stage 7 \(stages are 0 to 1\)"),
 ]
 
 

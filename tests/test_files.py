@@ -212,3 +212,53 @@ def test_a_full_disk_under_stdout_is_one_line_not_a_traceback(argv: list[str]) -
                            stderr=subprocess.PIPE, text=True, timeout=120, check=False)
     assert r.returncode == 1
     assert r.stderr == "pipeirc: cannot write the output: No space left on device\n"
+
+
+#: Commands whose output could be their own input, as (arguments up to the input, the rest up
+#: to the output flag); the input is a copy in tmp_path.
+SELF = {
+    "print": (["print"], ["-o"]),
+    "opt": (["opt"], ["--passes", "verify", "-o"]),
+    "simulate --trace": (["simulate"], ["--trace"]),
+    "export-torch": (["export-torch"], ["-o"]),
+    "print --costs (the cost file)": (["print", "--costs"], []),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SELF))
+def test_no_command_writes_over_what_it_read(name: str, cli: Cli, tmp_path: Path) -> None:
+    """`pipeirc print a.sched -o a.sched` would replace a hand-written source (loops,
+    comments) with its flat canonical form: refused, the file untouched."""
+    before, after = SELF[name]
+    if name.startswith("print --costs"):  # the cost file as the output
+        src = tmp_path / "c.toml"
+        src.write_text("F = 1.0\nB = 2.0\n")
+        args = [*before, src, SCHED, "-o", src]
+    else:
+        src = tmp_path / "in.sched"
+        src.write_text(Path(SCHED).read_text())
+        args = [*before, src, *after, src]
+    text = src.read_text()
+    code, _, err = cli(*args)
+    _one_error(code, err)
+    assert "is an input of this command" in err, err
+    assert src.read_text() == text
+    assert sorted(p.name for p in tmp_path.iterdir()) == [src.name]  # no temporary left
+
+
+def test_import_torch_does_not_write_over_its_csv(cli: Cli, tmp_path: Path) -> None:
+    csv = Path(_csv(tmp_path, cli))
+    text = csv.read_text()
+    code, _, err = cli("import-torch", csv, "-o", csv)
+    _one_error(code, err)
+    assert csv.read_text() == text
+
+
+@pytest.mark.parametrize("name", ["print", "plot"])
+def test_an_output_ending_in_a_slash_names_a_directory(name: str, cli: Cli, tmp_path: Path
+                                                       ) -> None:
+    """`Path("out/")` drops the slash: without a check, `-o out/` wrote a file `out`."""
+    code, _, err = cli(*WRITERS[name](tmp_path, cli), f"{tmp_path / ('out' + _suffix(name))}/")
+    _one_error(code, err)
+    assert "names a directory" in err
+    assert list(tmp_path.iterdir()) == []

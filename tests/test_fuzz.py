@@ -297,7 +297,7 @@ def _check_part(lines: list[str], at: int, severity: str, message: str, span: Sp
         return at + 1
     if len(line.rstrip()) > SHOWN_COLUMNS:  # a window around the span: carets under its start
         shown, caret = lines[at + 1], lines[at + 2]
-        lead = len(caret) - len(caret.lstrip(" "))
+        lead = len(caret) - len(caret.lstrip(" \t"))
         assert len(shown) <= 4 + SHOWN_COLUMNS + 6 and set(caret[lead:]) == {"^"}, caret
         first = line.rstrip()[span.col - 1:span.col + 5]
         assert shown[lead:lead + len(first)] == first or not first.strip(), (shown, span)
@@ -305,7 +305,9 @@ def _check_part(lines: list[str], at: int, severity: str, message: str, span: Sp
     assert lines[at + 1] == "    " + line.rstrip()
     lead = 4 + span.col - 1
     caret = lines[at + 2]
-    assert caret[:lead] == " " * lead and set(caret[lead:]) == {"^"}, caret
+    # a tab above stays a tab below, so the carets line up whatever a tab's width
+    pad = "".join("\t" if c == "\t" else " " for c in line[:span.col - 1])
+    assert caret[:lead] == "    " + pad and set(caret[lead:]) == {"^"}, caret
     if span.end_line == span.line:  # the carets end under the span's end, inside the line
         assert span.end_col <= len(line) + 1, (span, line)
         assert len(caret) - lead == max(1, span.end_col - span.col), caret

@@ -291,7 +291,25 @@ def test_dump_dir_writes_numbered_canonical_files(cli, tmp_path: Path) -> None:
     assert pipeir.parse(dump / "00-input.sched") == pipeir.library.get("1f1b", 2, 4)
     assert pipeir.parse(dump / "01-interleave.sched") == pipeir.library.get(
         "interleaved-1f1b", 2, 4, v=2)
-    assert (dump / "03-verify.sched").read_text(encoding="utf-8") == final
+    out = tmp_path / "final.sched"  # (the output adds the chunks' costs: see below)
+    out.write_text(final, encoding="utf-8")
+    assert pipeir.parse(dump / "03-verify.sched") == pipeir.parse(out)
+
+
+def test_opt_without_costs_writes_the_default_costs_cut_into_chunks(cli, tmp_path: Path
+                                                                     ) -> None:
+    """Interleaving 1F1B with no costs given plans with the defaults (F = 1, B = 2) halved per
+    chunk; the file must simulate to the closed form (v*m + p - 1) * (F + B) / v, not to
+    whole-stage chunks (57 at p = 4, m = 8)."""
+    from pipeir.sim import CostModel, simulate
+
+    out = tmp_path / "i.sched"
+    code, _, err = cli("opt", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "8",
+                       "--passes", "interleave{v=2}", "-o", out)
+    assert code == 0, err
+    loaded = pipeir.load(out)
+    step = simulate(loaded.schedule, CostModel.from_settings(loaded.costs)).makespan
+    assert step == pytest.approx((2 * 8 + 4 - 1) * (1 + 2) / 2)  # 28.5
 
 
 def test_print_after_and_time_passes_go_to_stderr(cli) -> None:

@@ -296,7 +296,7 @@ def test_bubble_skips_and_explains(cli: Cli) -> None:
     code, out, _ = cli("bubble", "--schedule", "interleaved-1f1b", "--ranks", "4",
                        "--microbatches", "6,9", "--v", "2")
     assert code == 0
-    assert "skipped interleaved-1f1b p=4 m=9 v=2: the schedule does not admit it" in out
+    assert "skipped interleaved-1f1b p=4 m=9 v=2: not defined at these sizes" in out
     assert "n/a: the closed form for interleaved 1F1B needs m a multiple of p" in out
 
 
@@ -378,3 +378,35 @@ def test_lengths_must_match_the_micro_batches(cli) -> None:
     code, _, err = cli("simulate", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "8",
                        "--costs", lengths)
     assert code == 0, err
+
+
+@pytest.mark.parametrize(("name", "text", "line", "col"), [
+    ("d.json", '{"stage": {"1": {"F": 2}},\n "stage.1.F": 3}', 1, 18),
+    ("d.toml", '"stage.1.F" = 3\n[stage.1]\nF = 2\n', 3, 1),
+])
+def test_a_cost_given_dotted_and_nested_is_refused(name: str, text: str, line: int, col: int,
+                                                   cli: Cli, tmp_path: Path) -> None:
+    """Either spelling alone is fine; both used to keep whichever came last, silently."""
+    f = tmp_path / name
+    f.write_text(text)
+    code, out, err = cli("simulate", "--schedule", "1f1b", "--ranks", "2", "--microbatches",
+                         "2", "--costs", f)
+    assert (code, out) == (2, "")
+    assert err.splitlines()[0] == (f"{f}:{line}:{col}: error: cost 'stage.1.F' is given "
+                                   "twice, once as a dotted key and once in a table (the file "
+                                   "would keep one without a word)")
+
+
+@pytest.mark.parametrize(("setting", "message"), [
+    ("length_ref = 0", "length_ref must be a positive number"),
+    ("length_cost = [0, -1, 0]", "length_cost coefficients must be non-negative and not all "
+                                 "zero"),
+])
+def test_a_bad_length_setting_is_reported_where_it_is_written(setting: str, message: str,
+                                                              cli: Cli, tmp_path: Path) -> None:
+    f = tmp_path / "len.sched"
+    f.write_text("pipeline { ranks = 2  microbatches = 4 }\ncosts {\n"
+                 f"    lengths = [1, 2, 3, 4]\n    {setting}\n}}\nschedule = 1f1b\n")
+    code, _, err = cli("simulate", f)
+    assert code == 2
+    assert err.splitlines()[0] == f"{f}:4:5: error: {message}"

@@ -1121,7 +1121,7 @@ def test_tune_and_synth_infer_ranks_alike(cli, tmp_path: Path) -> None:
     # more ranks than the file describes: its last stage (often the LM head) becomes a middle
     # one, which both commands say
     warn = (f"warning: {sparse} describes 8 stages (stage.7.* is the last set) but --ranks is "
-            "10: stages 8..9 take the file's defaults\n")
+            "10: stages 8 to 9 take the file's defaults\n")
     assert cli("synth", "--costs", sparse, "--ranks", 10, "--microbatches", 10, "--v", 1,
                "--time-limit", 1)[2] == warn
     assert cli("tune", "--costs", sparse, "--ranks", 10, "--microbatches", 20, "--max-v", 1,

@@ -229,10 +229,10 @@ class _Rules:
         if not 0 <= stage <= last or not 0 <= dst <= last:
             missing = stage if not 0 <= stage <= last else dst
             return _Finding(f"{verb} {what(c.key)}, but there is no stage {missing} "
-                            f"(stages are 0..{last})", site)
+                            f"(stages are 0 to {last})", site)
         if not 0 <= mb < self.mbs:
             return _Finding(f"{verb} {what(c.key)}, but micro-batch {mb} is out of range "
-                            f"(0..{self.mbs - 1})", site)
+                            f"(0 to {self.mbs - 1})", site)
         me, other = (stage, dst) if send else (dst, stage)
         if place[me] != site.rank:
             return _Finding(f"{verb} {what(c.key)}, but the placement runs stage {me} on rank "
@@ -257,13 +257,13 @@ class _Rules:
         place, last = self.low.placement, self.last
         if not 0 <= ins.stage <= last:
             yield _Finding(f"runs stage {ins.stage}, but there is no stage {ins.stage} "
-                           f"(stages are 0..{last})", site)
+                           f"(stages are 0 to {last})", site)
         elif place[ins.stage] != site.rank:
             yield _Finding(f"runs stage {ins.stage}, but the placement runs stage {ins.stage} "
                            f"on rank {place[ins.stage]}, not on rank {site.rank}", site)
         if not 0 <= ins.mb < self.mbs:
             yield _Finding(f"runs micro-batch {ins.mb}, which is out of range "
-                           f"(0..{self.mbs - 1})", site)
+                           f"(0 to {self.mbs - 1})", site)
 
     def rule_local(self) -> Iterator[_Finding]:
         for rank, prog in enumerate(self.low.programs):
@@ -472,7 +472,7 @@ class _Rules:
             stage = 0 if part == "input" else self.last
             if not 0 <= mb < self.mbs or sites[0].rank != self.low.placement[stage]:
                 yield _Finding(f"loads the {part} of micro-batch {mb}, which only stage "
-                               f"{stage}'s forward of a micro-batch in 0..{self.mbs - 1} uses"
+                               f"{stage}'s forward of a micro-batch in 0 to {self.mbs - 1} uses"
                                f" (on rank {self.low.placement[stage]})", sites[0])
 
     def _one_op(self, s: int, mb: int, rank: int, got: dict[str, list[Site]],
@@ -625,7 +625,7 @@ class _Rules:
                 elif isinstance(ins, (ReduceGrad, WaitReduce)):
                     if not 0 <= ins.stage <= last:
                         yield _Finding(f"names stage {ins.stage}, but there is no stage "
-                                       f"{ins.stage} (stages are 0..{last})", site)
+                                       f"{ins.stage} (stages are 0 to {last})", site)
                     elif place[ins.stage] != rank:
                         yield _Finding(f"names stage {ins.stage}, which runs on rank "
                                        f"{place[ins.stage]}, not on rank {rank}", site)

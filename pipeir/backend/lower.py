@@ -668,7 +668,7 @@ def _header(data: object, where: str) -> dict[str, Any]:
                          f"stage, \"stages\": {stages}), got {_shown(placement)}")
     for s, r in enumerate(placement):
         if type(r) is not int or not 0 <= r < ranks:
-            raise UsageError(f"{where}: placement of stage {s} must be a rank 0..{ranks - 1} "
+            raise UsageError(f"{where}: placement of stage {s} must be a rank 0 to {ranks - 1} "
                              f"(\"ranks\": {ranks}), got {_shown(r)}")
     owners = set(placement)
     idle = next((r for r in range(ranks) if r not in owners), None)

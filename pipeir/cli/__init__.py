@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
-from pipeir.diagnostics import EXIT_USAGE, PipeirError
+from pipeir.diagnostics import EXIT_USAGE, PipeirError, reading
 
 
 def _modules() -> list[ModuleType]:
@@ -86,7 +86,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as e:  # argparse prints its own usage message
         return int(e.code or 0) if isinstance(e.code, int) else EXIT_USAGE
     try:
-        code = int(args._run(args))
+        with reading():  # what the command reads, it must not write over (`pipeir.files`)
+            code = int(args._run(args))
         sys.stdout.flush()  # a full disk under `> FILE` fails here, inside the handlers
         return code
     except PipeirError as e:

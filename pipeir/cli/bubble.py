@@ -13,7 +13,7 @@ import math
 
 from pipeir import library
 from pipeir.cli.common import positive_ints
-from pipeir.diagnostics import EXIT_INVALID, EXIT_OK, PipeirError
+from pipeir.diagnostics import EXIT_INVALID, EXIT_OK, PipeirError, UsageError
 from pipeir.sim import CostModel, simulate
 from pipeir.sim.analytic import analytic
 
@@ -32,8 +32,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", default="4,8", metavar="P,...", help="default: %(default)s")
     p.add_argument("--microbatches", default="8,16,32", metavar="M,...",
                    help="default: %(default)s")
-    p.add_argument("--v", default="2", metavar="V,...",
-                   help="chunks per rank, for schedules that take v (default: %(default)s)")
+    p.add_argument("--v", default=None, metavar="V,...",
+                   help="chunks per rank, for schedules that take v (default: 2)")
     p.add_argument("--markdown", action="store_true", help="print a Markdown table")
 
 
@@ -46,7 +46,10 @@ def run(args: argparse.Namespace) -> int:
         names.append(name)
     ranks = positive_ints("--ranks", args.ranks)
     mbs = positive_ints("--microbatches", args.microbatches)
-    vs = positive_ints("--v", args.v)
+    vs = positive_ints("--v", args.v or "2")
+    if args.v is not None and not any("v" in library.params(n) for n in names):
+        raise UsageError(f"--v: {', '.join(names)} take{'s' if len(names) == 1 else ''} no "
+                         "chunks parameter v")
     head = ["schedule", "p", "m", "v", "analytic", "simulated", "peak act", "agree"]
     rows: list[list[str]] = []
     skipped: list[str] = []
@@ -66,6 +69,9 @@ def run(args: argparse.Namespace) -> int:
                         continue
                     bad += row[-1] == "NO"
                     rows.append(row)
+    if not rows:
+        more = f" (and {len(skipped) - 1} more)" if len(skipped) > 1 else ""
+        raise UsageError(f"nothing to tabulate: {skipped[0]}{more}")
     print(_table(head, rows, args.markdown))
     for why in reasons:
         print(f"n/a: {why}")
@@ -80,7 +86,7 @@ def _row(name: str, p: int, m: int, v: int, takes_v: bool) -> tuple[list[str] | 
     try:
         s = library.get(name, p, m, **({"v": v} if takes_v else {}))
     except PipeirError as e:
-        return None, f"the schedule does not admit it ({e.message})"
+        return None, f"not defined at these sizes ({e.message})"
     result = simulate(s, CostModel(F=1.0 / v, B=2.0 / v))
     theory = analytic(name, p, m, v)
     peak = max(result.peak_activations)

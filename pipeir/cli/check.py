@@ -5,10 +5,15 @@ from __future__ import annotations
 import argparse
 import copy
 
-from pipeir.cli.common import add_schedule_args, load_schedules, memory_limit, parse_override
+from pipeir.cli.common import (
+    add_schedule_args,
+    is_cost_setting,
+    load_schedules,
+    memory_limit,
+    parse_override,
+)
 from pipeir.cli.simulate import (
     add_costs_arg,
-    is_cost_setting,
     load_with_costs,
     with_cost_names,
 )

@@ -16,6 +16,7 @@ from pipeir.argtypes import positive_int
 from pipeir.diagnostics import UsageError
 from pipeir.frontend.elaborate import Elaborated, Value
 from pipeir.passes.context import costless_message
+from pipeir.sim.costs import TOP_KEYS
 
 if TYPE_CHECKING:
     from pipeir.passes.base import PassBase
@@ -134,7 +135,7 @@ def warn_fewer_stages(where: str, known: int | None, ranks: int) -> None:
     LM head and loss) becomes a middle one."""
     if known is not None and ranks > known:
         print(f"warning: {where} describes {known} stages (stage.{known - 1}.* is the last "
-              f"set) but --ranks is {ranks}: stages {known}..{ranks - 1} take the file's "
+              f"set) but --ranks is {ranks}: stages {known} to {ranks - 1} take the file's "
               "defaults", file=sys.stderr)
 
 
@@ -175,10 +176,20 @@ def warn_costless(passes: Iterable[PassBase], costs: Mapping[str, object]) -> No
               file=sys.stderr)
 
 
+def is_cost_setting(name: str) -> bool:
+    """Whether a --set name is a cost (F, stage.2.F, latency, ...), not a pipeline setting."""
+    return name in TOP_KEYS or name.startswith(("stage.", "mb."))
+
+
 def _overrides(args: argparse.Namespace) -> dict[str, Value]:
+    """The --set settings; commands that take costs have taken theirs out already
+    (`load_with_costs`), so a cost here is one the command has no use for."""
     out: dict[str, Value] = {}
     for text in args.overrides:
         k, v = parse_override(text)
+        if is_cost_setting(k):
+            raise UsageError(f"--set {text}: '{k}' is a cost, and this command uses none "
+                             "(simulate, check, print, opt, compile and run take costs)")
         out[k] = v
     return out
 

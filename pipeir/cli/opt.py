@@ -60,9 +60,9 @@ def run(args: argparse.Namespace) -> int:
     if unknown:
         raise UsageError(f"--print-after {unknown[0]}: the pipeline has no pass called that "
                          f"(it runs {', '.join(sorted(names))}; or use 'all')")
-    if args.output is not None:
-        resolve_output(args.output, "-o")  # before the passes run, not after them
     elab, costs = load_with_costs(args)
+    if args.output is not None:  # before the passes run, not after them (after the input
+        resolve_output(args.output, "-o")  # is read: it must not be the output)
     warn_costless(pipeline.passes, elab.costs)
     instruments: list[Instrument] = []
     if wanted:
@@ -75,9 +75,10 @@ def run(args: argparse.Namespace) -> int:
                        instruments=instruments).optimize(elab.schedule)
     out = done.schedule
     settings: dict[str, object] = {k: v for k, (v, _) in elab.costs.items()}
-    if out.config.stages != elab.schedule.config.stages and settings:
-        # the costs the passes after the change planned with: the input's, cut into the new
-        # stages (`PassContext.for_stages`), so the file simulates as they saw it
+    if out.config.stages != elab.schedule.config.stages:
+        # the costs the passes after the change planned with: the input's (or the defaults),
+        # cut into the new stages (`PassContext.for_stages`), so the file simulates as they
+        # saw it; without them the new chunks would each cost a whole stage
         settings = dict(done.context.costs.settings())
     text = print_schedule(out, settings)
     if args.output is not None:

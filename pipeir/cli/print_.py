@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from pipeir.cli.common import add_schedule_args, load_one
+from pipeir.cli.common import add_schedule_args
+from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.files import write_atomic
 from pipeir.printer import print_schedule
 
@@ -15,11 +16,12 @@ HELP = "print the explicit (loop-free) canonical form of a schedule"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_schedule_args(p)
+    add_costs_arg(p)  # the printed form has a costs block: --costs and --set F=... fill it
     p.add_argument("-o", "--output", metavar="OUT", help="write to OUT instead of stdout")
 
 
 def run(args: argparse.Namespace) -> int:
-    elab = load_one(args)
+    elab, _ = load_with_costs(args)
     text = print_schedule(elab.schedule, {k: v for k, (v, _) in elab.costs.items()})
     if args.output is not None:
         write_atomic(args.output, text, "-o")

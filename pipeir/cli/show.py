@@ -23,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     s = load_one(args).schedule
     verify(s)  # a grid of a deadlocking schedule cannot be drawn; say why instead
-    width = args.width or shutil.get_terminal_size((100, 24)).columns
-    print(render_grid(s, width=max(40, width)), end="")
+    # (a tiny terminal still gets 40 columns; an explicit --width is what it says)
+    width = args.width or max(40, shutil.get_terminal_size((100, 24)).columns)
+    print(render_grid(s, width=width), end="")
     return 0

@@ -10,7 +10,13 @@ import sys
 from dataclasses import replace
 from typing import Any
 
-from pipeir.cli.common import add_schedule_args, columns, load_one, parse_override
+from pipeir.cli.common import (
+    add_schedule_args,
+    columns,
+    is_cost_setting,
+    load_one,
+    parse_override,
+)
 from pipeir.config import PipelineConfig
 from pipeir.diagnostics import Diagnostic, Span, UsageError, did_you_mean
 from pipeir.files import resolve_output, write_atomic
@@ -48,11 +54,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--trace", metavar="OUT", help="write a Chrome/Perfetto trace to OUT")
     p.add_argument("--width", type=columns, default=None,
                    help="timeline width in columns (default: the terminal's width)")
-
-
-def is_cost_setting(name: str) -> bool:
-    """Whether a --set name is a cost (F, stage.2.F, latency, ...), not a pipeline setting."""
-    return name in TOP_KEYS or name.startswith(("stage.", "mb."))
 
 
 def simulate_args(args: argparse.Namespace) -> SimResult:
@@ -126,7 +127,7 @@ def _warn_unused(config: PipelineConfig, settings: dict[str, tuple[Any, Span | N
                 idx = parts[i + 1] if i + 1 < len(parts) else ""
                 if idx.isdigit() and (len(idx) > 18 or int(idx) >= count):
                     d = Diagnostic(f"cost '{name}' names {key} {idx}, but the pipeline has "
-                                   f"{count} ({key} 0..{count - 1}); it is ignored", span,
+                                   f"{count} ({key} 0 to {count - 1}); it is ignored", span,
                                    severity="warning")
                     print(d.render(), file=sys.stderr)
 
@@ -173,9 +174,11 @@ def summary(result: SimResult) -> str:
     unit = f" {result.costs.unit}" if result.costs.unit else ""
     lines = [f"{s.name}: {c.ranks} ranks, {c.stages} stages, {c.microbatches} micro-batches, "
              f"{len(s)} ops; {result.comm} communication, {len(result.transfers)} transfers",
-             f"makespan {_n(result.makespan)}{unit}; bubble {result.bubble:.1%} of the step, "
-             f"{result.bubble_vs_ideal:.1%} of the ideal step; critical path "
-             f"{len(result.critical_path)} ops, {_n(result.critical_path_time)}{unit} of compute"]
+             f"makespan {_n(result.makespan)}{unit}; " + (
+                 f"bubble {result.bubble:.1%} of the step, {result.bubble_vs_ideal:.1%} of "
+                 f"the ideal step; critical path {len(result.critical_path)} ops, "
+                 f"{_n(result.critical_path_time)}{unit} of compute" if result.makespan > 0
+                 else "every op costs nothing here, so there is no bubble to measure")]
     if result.has_reductions:
         lines.append(
             f"gradient all-reduce (dp = {result.costs.dp}): {_n(result.reduction_time)}{unit} on "

@@ -172,7 +172,12 @@ def _parameters(sdef: ast.ScheduleDef, overrides: Mapping[str, Value], kwargs: K
     the pipeline settings)."""
     penv: Env = {}
     consts = ExprCompiler(None)
-    params = {p.name: p for p in sdef.params}
+    params: dict[str, ast.Param] = {}
+    for p in sdef.params:
+        if p.name in params:
+            raise UsageError(f"parameter '{p.name}' appears twice", p.span,
+                             (Note(f"the first '{p.name}' is here", params[p.name].span),))
+        params[p.name] = p
     for name, p in params.items():
         if name in PIPELINE_KEYS:
             raise UsageError(f"a schedule parameter cannot be called '{name}': that is a "

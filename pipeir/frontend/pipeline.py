@@ -30,8 +30,15 @@ def file_settings(block: ast.PipelineBlock | None, overrides: Mapping[str, Value
             raise UsageError(f"'{st.name}' is set twice", st.name_span,
                              (Note("first set here", spans[st.name]),))
         spans[st.name] = st.span
-        env[st.name] = overrides[st.name] if st.name in overrides else \
-            _setting_value(st, env, consts)
+        try:
+            env[st.name] = overrides[st.name] if st.name in overrides else \
+                _setting_value(st, env, consts)
+        except UsageError as e:
+            if e.message.startswith("unknown name"):
+                e.annotate(Note("a setting sees only the settings before it: the file's "
+                                "`let`s and `def`s run once the pipeline is known (they may "
+                                "use ranks), so they cannot size it"))
+            raise
     for k in ("ranks", "microbatches"):
         if k in overrides:
             env[k], spans[k] = overrides[k], None

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from pipeir import limits
 from pipeir.config import PipelineConfig, spell
-from pipeir.diagnostics import Note, Span, UsageError
+from pipeir.diagnostics import Note, PipeirError, Span, UsageError
 from pipeir.ops import OP_ARITY
 from pipeir.schedule import ScheduleBuilder
 
@@ -61,11 +61,12 @@ class Scope:
         return out
 
     def define(self, name: str, binding: Binding, span: Span) -> None:
+        if name in BUILTINS or name in CONSTANTS:  # (looked up after every scope)
+            raise UsageError(f"'{name}' is a built-in name; pick another name", span)
         prev = self.lookup(name)
         if prev is not None:
             where = (Note(f"'{name}' is defined here", prev.span),) if prev.span else ()
-            what = "a built-in name" if prev.kind in ("builtin", "op") else "already defined"
-            raise UsageError(f"'{name}' is {what}; pick another name", span, where)
+            raise UsageError(f"'{name}' is already defined; pick another name", span, where)
         self.names[name] = binding
 
     def child(self, in_rank: bool | None = None) -> Scope:
@@ -124,6 +125,7 @@ class Closure:
     expr: ExprFn | None
     body: StmtFn | None
     span: Span
+    name: str = ""
 
 
 def invoke(fn: Closure, args: list[Any], ctx: RunContext | None, span: Span) -> Any:
@@ -151,9 +153,21 @@ def invoke(fn: Closure, args: list[Any], ctx: RunContext | None, span: Span) -> 
             return fn.expr(env, ctx)
         assert fn.body is not None
         fn.body(env, ctx)
+    except PipeirError as e:  # an error in the body points there: say which call ran it
+        d = e.diagnostics[0]
+        calls = [n.span for n in d.notes if n.message.startswith(_CALLED)]
+        # (a recursion's calls are one place: named once)
+        if len(calls) < MAX_CALL_NOTES and span != d.span and span not in calls:
+            e.annotate(Note(f"{_CALLED} '{fn.name}' here", span))
+        raise
     finally:
         ctx.depth -= 1
     return None
+
+
+_CALLED = "in the call of"
+#: How many enclosing calls an error names (a recursion would name each of its levels).
+MAX_CALL_NOTES = 4
 
 
 def type_name(v: object) -> str:

@@ -190,7 +190,7 @@ class Compiler(ExprCompiler):
         def one(env: Env, ctx: RunContext) -> None:
             r = want_int(rank_fn(env, ctx), rspan, "the rank")
             if not 0 <= r < ctx.config.ranks:
-                raise UsageError(f"rank {r} is out of range: ranks are 0..{ctx.config.ranks - 1}",
+                raise UsageError(f"rank {r} is out of range: ranks are 0 to {ctx.config.ranks - 1}",
                                  rspan)
             ctx.rank, ctx.rank_note = r, f"while elaborating rank {r}"
             body(dict(env), ctx)
@@ -212,7 +212,7 @@ class Compiler(ExprCompiler):
         name, params, span = s.name, s.params, s.span
 
         def define(env: Env, ctx: RunContext) -> None:
-            closure = Closure(params, {}, expr, body, span)
+            closure = Closure(params, {}, expr, body, span, name)
             closure.env = env  # late binding: sees names defined later in the same scope
             env[name] = closure
         return define

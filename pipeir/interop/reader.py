@@ -83,7 +83,7 @@ def from_torch_actions(actions_by_rank: Sequence[Iterable[object]] | dict[int, I
     if isinstance(actions_by_rank, dict):
         ranks = sorted(actions_by_rank)
         if ranks != list(range(len(ranks))):
-            raise UsageError(f"ranks must be 0..{len(ranks) - 1}, got {ranks}")
+            raise UsageError(f"ranks must be 0 to {len(ranks) - 1}, got {ranks}")
         seq: list[Iterable[object]] = [actions_by_rank[r] for r in ranks]
     else:
         seq = list(actions_by_rank)
@@ -189,7 +189,7 @@ def _placement(rows: list[list[tuple[Action, Span]]], name: str) -> list[int]:
     if len(owner) < stages:  # the first gap, found without a list as long as the stage number
         missing = next(s for s, t in enumerate(sorted(owner)) if s != t)
         raise _placement_error(f"{name}: stage {missing} appears in no cell, but stage "
-                         f"{stages - 1} does; stages must be 0..{stages - 1}")
+                         f"{stages - 1} does; stages must be 0 to {stages - 1}")
     return [owner[s][0] for s in range(stages)]
 
 

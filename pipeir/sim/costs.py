@@ -545,7 +545,11 @@ def read_cost_file(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Span | 
         raise UsageError("a cost file must be a JSON object or a TOML table, "
                          f"got {_show(data)}", Span(src, 1, 1, 1, 2))
     flat: dict[str, Any] = {}
-    _flatten(data, "", flat)
+    twice = _flatten(data, "", flat)
+    if twice is not None:
+        raise UsageError(f"cost '{twice}' is given twice, once as a dotted key and once in a "
+                         "table (the file would keep one without a word)",
+                         _find_key(src, twice) or Span(src, 1, 1, 1, 2))
     if flat.get("version", 1) == 1 and \
             all(k in ("version", "meta") or k.startswith("meta.") for k in flat):  # wrong file?
         raise UsageError("the cost file sets no costs; leave --costs out for the defaults "
@@ -611,13 +615,20 @@ def _parse_toml(src: Source) -> Any:
         raise _too_long(src) from None
 
 
-def _flatten(data: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> None:
+def _flatten(data: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> str | None:
+    """Nested tables into dotted names in `out`; the first name given twice (`"stage.1.F"`
+    beside `[stage.1] F`), if any."""
     for k, v in data.items():
         name = f"{prefix}{k}"
         if isinstance(v, dict) and name != "meta":
-            _flatten(v, name + ".", out)
+            twice = _flatten(v, name + ".", out)
+            if twice is not None:
+                return twice
+        elif name in out:
+            return name
         else:
             out[name] = v
+    return None
 
 
 def _find_key(src: Source, name: str) -> Span | None:

@@ -46,14 +46,16 @@ class LengthCost:
     ref: float | None = None
 
     def __post_init__(self) -> None:
+        # (a ValueError's second argument names the setting at fault, for its span)
         if not self.lengths:
-            raise ValueError("lengths must list at least one micro-batch")
+            raise ValueError("lengths must list at least one micro-batch", "lengths")
         if any(not _finite(x) or x <= 0 for x in self.lengths):
-            raise ValueError("every length must be a positive number")
+            raise ValueError("every length must be a positive number", "lengths")
         if any(not _finite(x) or x < 0 for x in self.coeffs) or not any(self.coeffs):
-            raise ValueError("length_cost coefficients must be non-negative and not all zero")
+            raise ValueError("length_cost coefficients must be non-negative and not all zero",
+                             "length_cost")
         if self.ref is not None and (not _finite(self.ref) or self.ref <= 0):
-            raise ValueError("length_ref must be a positive number")
+            raise ValueError("length_ref must be a positive number", "length_ref")
 
     @property
     def reference(self) -> float:
@@ -101,8 +103,8 @@ def split_length_settings(items: Mapping[str, tuple[Any, Span | None]],
     try:
         return rest, LengthCost(tuple(lengths), coeffs, ref)
     except ValueError as e:
-        span = got["lengths"][1]
-        raise UsageError(f"{where_prefix(where, span)}{e}", span) from None
+        span = got[e.args[1]][1]
+        raise UsageError(f"{where_prefix(where, span)}{e.args[0]}", span) from None
 
 
 def parse_lengths(text: str, flag: str = "--lengths") -> tuple[float, ...]:
