@@ -102,6 +102,9 @@ class Schedule:
         self.name = name
         #: where the schedule is defined, for errors that no single op can carry
         self.span = span
+        #: the library name and the place a file used this schedule by (`schedule = 1f1b`):
+        #: findings that point into the library name that place too (`pipeir.verify`)
+        self.used_as: tuple[str, Span] | None = None
         self._programs: tuple[tuple[Op, ...], ...] | None = None
         self._pairs: tuple[tuple[Op, Op], ...] | None = None
 
@@ -149,7 +152,7 @@ class Schedule:
                 kept.append(out)
             programs = kept
         made = Schedule.from_programs(config or self.config, programs, name or self.name, spans)
-        made.span = self.span
+        made.span, made.used_as = self.span, self.used_as
         return made
 
     # ---- views ------------------------------------------------------------------------------

@@ -70,6 +70,19 @@ def verify(schedule: Schedule, memory_limit: int | None = None,
                          "(a cost model with memory_bytes)")
     if memory_limit is not None and (type(memory_limit) is not int or memory_limit < 1):
         raise UsageError(f"memory_limit must be a positive integer, got {memory_limit!r}")
+    try:
+        return _verify(schedule, memory_limit, sizes, memory_limit_bytes)
+    except VerifyError as e:
+        d = e.diagnostics[0]
+        if schedule.used_as is not None:
+            name, used = schedule.used_as
+            if d.span is None or d.span.source is not used.source:
+                e.annotate(Note(f"in library schedule '{name}', used here", used))
+        raise
+
+
+def _verify(schedule: Schedule, memory_limit: int | None, sizes: MemorySizes | None,
+            memory_limit_bytes: float | None) -> VerifyReport:
     with paused_gc():
         _raise("range", check_ranges(schedule))
         _raise("placement", check_placement(schedule))

@@ -153,7 +153,7 @@ def test_print_takes_costs_and_show_says_it_uses_none(cli: Cli, tmp_path: Path) 
         code, out, err = cli(command, "examples/1f1b.sched", "--set", "F=5")
         assert (code, out) == (2, "")
         assert err == ("error: --set F=5: 'F' is a cost, and this command uses none "
-                       "(simulate, check, print, opt, compile and run take costs)\n")
+                       "(simulate, plot, check, print, opt, compile and run take costs)\n")
 
 
 def test_bubble_refuses_what_it_cannot_tabulate(cli: Cli) -> None:

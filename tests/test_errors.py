@@ -17,7 +17,8 @@ ERRORS = Path(__file__).parent / "errors"
 CASES = sorted(p.stem for p in ERRORS.glob("*.sched"))
 
 # The exit code each case must give (1: the schedule is wrong; 2: the file is).
-INVALID = {"deadlock", "deadlock_self", "duplicate", "macro_duplicate", "mb_range", "memory",
+INVALID = {"deadlock", "deadlock_self", "duplicate", "macro_duplicate",
+           "mb_range", "memory",
            "missing", "overlap_deadlock", "stage_range", "stage_range_each_rank", "tab_caret",
            "wrong_rank"}
 

@@ -189,7 +189,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Value]:
         k, v = parse_override(text)
         if is_cost_setting(k):
             raise UsageError(f"--set {text}: '{k}' is a cost, and this command uses none "
-                             "(simulate, check, print, opt, compile and run take costs)")
+                             "(simulate, plot, check, print, opt, compile and run take costs)")
         out[k] = v
     return out
 

@@ -118,7 +118,10 @@ def _elaborate(module: ast.Module, library: Library, overrides: dict[str, Value]
         genv = {k: v for k, v in genv.items() if not isinstance(v, Closure)}
         gscope = value_scope(genv)
         _run_items(module, genv, gscope, comp, ctx)
-    return Elaborated(ctx.builder.build(), _costs(module, genv, comp, gscope, ctx))
+    schedule = ctx.builder.build()
+    if found.module is not module and use_span is not None:
+        schedule.used_as = (found.name, use_span)
+    return Elaborated(schedule, _costs(module, genv, comp, gscope, ctx))
 
 
 def _choose(module: ast.Module, library: Library, use: tuple[str, Mapping[str, Value]] | None
