@@ -14,7 +14,7 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -23,7 +23,13 @@ from typing import TYPE_CHECKING, TextIO
 from pipeir.diagnostics import Diagnostic, Note, PipeirError, UsageError, VerifyError
 from pipeir.files import make_dir, write_atomic
 from pipeir.passes.base import LoweredPass, Pass, PassBase
-from pipeir.passes.context import DEFAULT_CONTEXT, UNIT_COSTS, PassContext, costless_message
+from pipeir.passes.context import (
+    DEFAULT_CONTEXT,
+    UNIT_COSTS,
+    PassContext,
+    costless_message,
+    printed_costs,
+)
 from pipeir.passes.pipeline import Pipeline
 from pipeir.printer import print_schedule
 from pipeir.schedule import Schedule
@@ -75,19 +81,32 @@ class PrintAfter(Instrument):
 
 
 class DumpDir(Instrument):
-    """Write `00-input.sched`, `01-<pass>.sched`, ... in canonical form into `directory`."""
+    """Write `00-input.sched`, `01-<pass>.sched`, ... in canonical form into `directory`;
+    with a `context` and the input's cost `settings`, each with the costs it is planned
+    under (`printed_costs`), so every file simulates as the passes saw it."""
 
     def __init__(self, directory: str | Path,
-                 write: Callable[[Path, str], None] | None = None):
+                 write: Callable[[Path, str], None] | None = None,
+                 context: PassContext | None = None,
+                 settings: Mapping[str, object] | None = None):
         self.directory = make_dir(directory, "--dump-dir")
         self.write = write or write_atomic
+        self.context, self.settings = context, dict(settings or {})
+        self.stages = 0
+
+    def _text(self, schedule: Schedule) -> str:
+        if self.context is None:
+            return print_schedule(schedule)
+        return print_schedule(schedule, printed_costs(self.context, self.settings, self.stages,
+                                                      schedule.config.stages))
 
     def before_pipeline(self, schedule: Schedule) -> None:
-        self.write(self.directory / "00-input.sched", print_schedule(schedule))
+        self.stages = schedule.config.stages
+        self.write(self.directory / "00-input.sched", self._text(schedule))
 
     def after_pass(self, index: int, p: Pass, schedule: Schedule, seconds: float,
                    verify_seconds: float) -> None:
-        self.write(self.directory / f"{index:02d}-{p.name}.sched", print_schedule(schedule))
+        self.write(self.directory / f"{index:02d}-{p.name}.sched", self._text(schedule))
 
 
 class TimePasses(Instrument):

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from pipeir.diagnostics import UsageError
+from pipeir.diagnostics import UsageError, mark_input
 
 
 def import_file(path: Path, prefix: str, label: str) -> ModuleType:
@@ -18,6 +18,7 @@ def import_file(path: Path, prefix: str, label: str) -> ModuleType:
     'x.py'") and are UsageErrors, never tracebacks."""
     if not path.is_file():
         raise UsageError(f"{label}: no such file {path}")
+    mark_input(path)  # an output must not replace it (`pipeir.files`)
     digest = hashlib.sha1(str(path.resolve()).encode()).hexdigest()[:12]
     name = f"{prefix}_{digest}_{path.stem}" if path.stem.isidentifier() else f"{prefix}_{digest}"
     module = sys.modules.get(name)

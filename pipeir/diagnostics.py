@@ -44,6 +44,17 @@ def reading() -> Iterator[None]:
         _inputs = outer
 
 
+def mark_input(path: Path) -> None:
+    """Count `path` as an input inside `reading()`: for files read other than by `read_bytes`
+    (a model or pass plugin imported by path)."""
+    if _inputs is not None:
+        try:
+            st = os.stat(path)
+        except OSError:
+            return
+        _inputs.add((st.st_dev, st.st_ino))
+
+
 def is_input(st: os.stat_result) -> bool:
     """Whether the file with status `st` was read as an input inside `reading()`."""
     return _inputs is not None and (st.st_dev, st.st_ino) in _inputs

@@ -222,6 +222,8 @@ SELF = {
     "simulate --trace": (["simulate"], ["--trace"]),
     "export-torch": (["export-torch"], ["-o"]),
     "print --costs (the cost file)": (["print", "--costs"], []),
+    "run --metrics": (["run"], ["--steps", "1", "--metrics"]),
+    "run --trace": (["run"], ["--steps", "1", "--trace"]),
 }
 
 
@@ -262,3 +264,22 @@ def test_an_output_ending_in_a_slash_names_a_directory(name: str, cli: Cli, tmp_
     _one_error(code, err)
     assert "names a directory" in err
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("name", ["profile", "opt --pass-plugin"])
+def test_no_command_writes_over_a_python_file_it_imported(name: str, cli: Cli, tmp_path: Path
+                                                          ) -> None:
+    """Models and pass plugins are imported, not read as text; they are inputs all the same."""
+    src = tmp_path / "mine.py"
+    if name == "profile":
+        src.write_text("from pipeir.models.mlp import spec\n")
+        args = ["profile", "--model", src, "--nproc", "1", "--iters", "1", "--warmup", "0",
+                "-o", src]
+    else:
+        src.write_text((REPO / "examples/plugin/pipeir_delay_w.py").read_text())
+        args = ["opt", SCHED, "--pass-plugin", f"{src}:DelayW", "--passes", "verify", "-o", src]
+    text = src.read_text()
+    code, _, err = cli(*args)
+    _one_error(code, err)
+    assert "is an input of this command" in err, err
+    assert src.read_text() == text

@@ -345,3 +345,14 @@ def test_a_size_error_points_at_the_largest_setting_or_at_set(
         pipeir.parse(text + "schedule = 1f1b", overrides=overrides)
     span = e.value.diagnostics[0].span
     assert (None if span is None else (span.line, span.col)) == where
+
+
+@pytest.mark.parametrize("param", ["true", "max", "F"])
+def test_a_schedule_parameter_cannot_take_a_built_in_name(param: str) -> None:
+    text = (f"pipeline {{ ranks = 1  microbatches = 1 }}\nschedule s({param} = 0) "
+            "{ rank r { F(0, 0)  B(0, 0) } }")
+    with pytest.raises(pipeir.UsageError) as e:
+        pipeir.parse(text)
+    d = e.value.diagnostics[0]
+    assert d.message == f"'{param}' is a built-in name; pick another name"
+    assert d.span is not None and (d.span.line, d.span.col) == (2, 12)

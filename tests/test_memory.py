@@ -286,6 +286,7 @@ from test_runtime import TIMEOUT, _assert_matches_reference, _job  # noqa: E402
 NOISY = f"{Path(__file__).parent / 'zoo.py'}:noisy"
 STRUCTURED = f"{Path(__file__).parent / 'zoo.py'}:structured"
 BATCHNORM = f"{Path(__file__).parent / 'zoo.py'}:batchnorm"  # buffers: RC must not update twice
+EMA = f"{Path(__file__).parent / 'zoo.py'}:reassigned_buffer"  # ... nor replace one
 MLP = "pipeir.models.mlp:small"
 
 
@@ -324,7 +325,7 @@ def test_memory_ops_train_like_single_process_and_measure_the_simulated_peak(p: 
     mlp, dropout = _memory_jobs(p, m)
     jobs = [_job(s, ps, 2) for s, ps in mlp]
     jobs += [_job(s, ps, 2, model=STRUCTURED) for s, ps in mlp[:1] + mlp[5:6]]
-    jobs += [_job(s, ps, 2, model=BATCHNORM) for s, ps in mlp[5:6]]
+    jobs += [_job(s, ps, 2, model=model) for s, ps in mlp[5:6] for model in (BATCHNORM, EMA)]
     noisy = [_job(s, ps, 2, model=NOISY) for s, ps in dropout]
     plain = [_job(s, ps.rpartition(",")[0] if "," in ps else None, 2, model=NOISY)
              for s, ps in dropout]

@@ -675,3 +675,14 @@ def test_check_compares_float64_models_in_float64(cli) -> None:
                          "--model", CONVERTED, "--steps", "2", "--check", "--tolerance", "1e-13")
     assert code == 0, err
     assert "all stages within 1e-13 of single-process training" in out
+
+
+def test_check_with_replicas_leaves_their_own_buffers_out(cli) -> None:
+    """Each replica keeps its own BatchNorm statistics (DDP without SyncBatchNorm); the
+    gradients and parameters still equal one process over every replica's micro-batches, and
+    the bias before each BatchNorm (zero gradient in exact arithmetic) is judged against its
+    stage's scale, not its own rounding noise."""
+    code, out, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                         "--dp", "2", "--model", f"{ZOO}:batchnorm", "--steps", "2", "--check")
+    assert code == 0, err
+    assert "all stages within 1e-05 of single-process training" in out

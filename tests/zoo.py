@@ -216,3 +216,22 @@ def two_lists() -> ModelSpec:
                 [torch.randn(2, 3 + i, D, generator=g) for i in range(2)])
     return ModelSpec(stage=lambda s, n: nn.Linear(D, D), loss=nn.functional.mse_loss,
                      batch=batch)
+
+
+class _Ema(nn.Module):
+    """A buffer the forward replaces (`self.ema = ...`) rather than updates in place."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, D)
+        self.register_buffer("ema", torch.zeros(D))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.lin(x))
+        if self.training:
+            self.ema = 0.9 * self.ema + 0.1 * h.detach().mean(0)
+        return h
+
+
+def reassigned_buffer() -> ModelSpec:
+    return ModelSpec(stage=lambda s, n: _Ema(), loss=nn.functional.mse_loss, batch=_flat_batch)

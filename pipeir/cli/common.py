@@ -182,20 +182,30 @@ def is_cost_setting(name: str) -> bool:
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Value]:
-    """The --set settings; commands that take costs have taken theirs out already
-    (`load_with_costs`), so a cost here is one the command has no use for."""
     out: dict[str, Value] = {}
     for text in args.overrides:
         k, v = parse_override(text)
-        if is_cost_setting(k):
-            raise UsageError(f"--set {text}: '{k}' is a cost, and this command uses none "
-                             "(simulate, plot, check, print, opt, compile and run take costs)")
         out[k] = v
     return out
 
 
 def load_schedules(args: argparse.Namespace) -> list[Elaborated]:
-    """Every schedule the command line names, elaborated (files first, in order)."""
+    """Every schedule the command line names, elaborated (files first, in order). Commands
+    that take costs have taken theirs out of --set already (`load_with_costs`), so a cost
+    name that is no setting here is one the command has no use for, and it says so."""
+    try:
+        return _load_schedules(args)
+    except UsageError as e:
+        for text in args.overrides:
+            k = text.split("=", 1)[0].strip()
+            if is_cost_setting(k) and e.message.startswith(f"--set {k}: unknown setting"):
+                raise UsageError(f"--set {text}: '{k}' is a cost, and this command uses none "
+                                 "(simulate, plot, check, print, opt, compile and run take "
+                                 "costs)") from None
+        raise
+
+
+def _load_schedules(args: argparse.Namespace) -> list[Elaborated]:
     files = args.files if isinstance(args.files, list) else [args.files] if args.files else []
     overrides = _overrides(args)
     if args.schedule is not None:

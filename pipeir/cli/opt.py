@@ -47,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         load_plugin,
         parse_pipeline,
     )
+    from pipeir.passes.context import printed_costs
 
     extra = {}
     for spec in args.pass_plugin:
@@ -67,20 +68,16 @@ def run(args: argparse.Namespace) -> int:
     instruments: list[Instrument] = []
     if wanted:
         instruments.append(PrintAfter(wanted, sys.stderr))
+    settings: dict[str, object] = {k: v for k, (v, _) in elab.costs.items()}
+    context = PassContext(costs)
     if args.dump_dir is not None:
-        instruments.append(DumpDir(args.dump_dir, write_atomic))
+        instruments.append(DumpDir(args.dump_dir, write_atomic, context, settings))
     if args.time_passes:
         instruments.append(TimePasses(sys.stderr))
-    done = PassManager(pipeline, context=PassContext(costs), verify_each=args.verify_each,
-                       instruments=instruments).optimize(elab.schedule)
-    out = done.schedule
-    settings: dict[str, object] = {k: v for k, (v, _) in elab.costs.items()}
-    if out.config.stages != elab.schedule.config.stages:
-        # the costs the passes after the change planned with: the input's (or the defaults),
-        # cut into the new stages (`PassContext.for_stages`), so the file simulates as they
-        # saw it; without them the new chunks would each cost a whole stage
-        settings = dict(done.context.costs.settings())
-    text = print_schedule(out, settings)
+    out = PassManager(pipeline, context=context, verify_each=args.verify_each,
+                      instruments=instruments).optimize(elab.schedule).schedule
+    text = print_schedule(out, printed_costs(context, settings, elab.schedule.config.stages,
+                                             out.config.stages))
     if args.output is not None:
         write_atomic(args.output, text, "-o")
     else:

@@ -44,10 +44,10 @@ def run(args: argparse.Namespace) -> int:
     mbs = args.microbatches if args.microbatches is not None else 2 * args.nproc
     if mbs < 1:
         raise UsageError(f"--microbatches {mbs}: need at least 1")
-    resolve_output(args.output, "-o")  # before the measurement, not after it
     from pipeir.models.spec import resolve
 
     spec = resolve(args.model)
+    resolve_output(args.output, "-o")  # before the measurement (after the import: not over it)
     from pipeir.runtime import profile as prof  # torch is imported here, not before
 
     with Progress("profile") as progress:

@@ -67,14 +67,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UsageError("--steps must be at least 1")
-    if args.trace is not None:
-        resolve_output(args.trace, "--trace")  # before the run, not after it
-    if args.metrics is not None:  # streamed: never a FIFO (open would block), /proc, ...
-        resolve_output(args.metrics, "--metrics")
-        if args.trace is not None and os.path.realpath(args.trace) == \
-                os.path.realpath(args.metrics):
-            raise UsageError(f"--trace and --metrics both name {args.metrics}; the trace "
-                             "would replace the metrics: give two files")
     compiled = compile_args(args)
     schedule, lowered = compiled.schedule, compiled.lowered
     world = lowered.ranks * args.dp
@@ -88,6 +80,15 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.models import resolve
 
     spec = resolve(args.model)  # bad --model values fail here, before any process starts
+    # the outputs, before the run (after what it reads: neither may be one of those)
+    if args.trace is not None:
+        resolve_output(args.trace, "--trace")
+    if args.metrics is not None:  # streamed: never a FIFO (open would block), /proc, ...
+        resolve_output(args.metrics, "--metrics")
+        if args.trace is not None and os.path.realpath(args.trace) == \
+                os.path.realpath(args.metrics):
+            raise UsageError(f"--trace and --metrics both name {args.metrics}; the trace "
+                             "would replace the metrics: give two files")
     from pipeir.runtime.preflight import preflight
     from pipeir.runtime.worker import Job
 

@@ -62,9 +62,9 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.tune import check_inferred, infer_ranks
     from pipeir.verify import verify
 
-    if args.output is not None:
-        resolve_output(args.output, "-o")  # before the search, not after it
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
+    if args.output is not None:  # before the search (after the read: not over the cost file)
+        resolve_output(args.output, "-o")
     costs = CostModel.from_settings(settings)
     ranks = args.ranks if args.ranks is not None else infer_ranks(costs)
     if args.ranks is None and ranks is not None:

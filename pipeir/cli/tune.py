@@ -51,9 +51,9 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.tune import check_inferred, infer_ranks, search, table
     from pipeir.verify import verify
 
-    if args.output is not None:
-        resolve_output(args.output, "-o")  # before the search, not after it
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
+    if args.output is not None:  # before the search (after the read: not over the cost file)
+        resolve_output(args.output, "-o")
     if args.lengths:
         settings["lengths"] = (parse_lengths(args.lengths), None)
     _, spec = split_length_settings(settings, where=args.costs)

@@ -18,7 +18,16 @@ from pipeir.diagnostics import Note, Span, UsageError, did_you_mean
 from pipeir.frontend import ast
 from pipeir.frontend.expressions import ExprCompiler
 from pipeir.frontend.pipeline import file_settings, make_config, schedule_defaults
-from pipeir.frontend.scope import Closure, Env, RunContext, Scope, Value, value_scope
+from pipeir.frontend.scope import (
+    BUILTINS,
+    CONSTANTS,
+    Closure,
+    Env,
+    RunContext,
+    Scope,
+    Value,
+    value_scope,
+)
 from pipeir.frontend.statements import Compiler
 from pipeir.schedule import Schedule, ScheduleBuilder
 
@@ -177,6 +186,8 @@ def _parameters(sdef: ast.ScheduleDef, overrides: Mapping[str, Value], kwargs: K
     consts = ExprCompiler(None)
     params: dict[str, ast.Param] = {}
     for p in sdef.params:
+        if p.name in BUILTINS or p.name in CONSTANTS:
+            raise UsageError(f"'{p.name}' is a built-in name; pick another name", p.span)
         if p.name in params:
             raise UsageError(f"parameter '{p.name}' appears twice", p.span,
                              (Note(f"the first '{p.name}' is here", params[p.name].span),))

@@ -112,6 +112,27 @@ def tied_groups(spec: ModelSpec, stages: int) -> list[list[tuple[int, str]]]:
     return [g for g in groups if len(g) > 1]
 
 
+def structure(spec: ModelSpec, stages: int, which: Iterable[int]) -> dict[int, torch.nn.Module]:
+    """Stages `which`, for their parameter and buffer names and shapes only: on the meta
+    device (no memory), or for real where a stage cannot be built there (one that moves
+    itself: `.to("cpu")` cannot copy from meta). A stage that fails is a UsageError."""
+    import torch
+
+    wanted = list(which)
+    try:
+        with torch.device("meta"):
+            return {s: spec.stage(s, stages) for s in wanted}
+    except Exception:
+        pass
+    built = {}
+    for s in wanted:
+        try:
+            built[s] = spec.stage(s, stages)
+        except Exception as e:
+            raise UsageError(f"building stage {s} failed: {type(e).__name__}: {e}") from None
+    return built
+
+
 def check_spec(spec: ModelSpec, stages: int) -> None:
     """Problems that need no data: unknown autocast, tied groups naming a missing stage or
     parameter or joining parameters of different shapes (UsageError naming them)."""
@@ -121,8 +142,6 @@ def check_spec(spec: ModelSpec, stages: int) -> None:
     groups = tied_groups(spec, stages)
     if not groups:
         return
-    import torch
-
     # a parameter in two places would be counted twice (in one group) or join two groups
     # that the runtime reduces separately: either way its gradient would be wrong
     seen: dict[tuple[int, str], int] = {}
@@ -133,18 +152,7 @@ def check_spec(spec: ModelSpec, stages: int) -> None:
                 raise UsageError(f"stage {member[0]} parameter '{member[1]}' is {where} tied "
                                  f"group {i}; list each parameter once (merge the groups)")
             seen[member] = i
-    wanted = sorted({s for g in groups for s, _ in g if 0 <= s < stages})
-    try:
-        with torch.device("meta"):
-            built = {s: spec.stage(s, stages) for s in wanted}
-    except Exception:  # e.g. a stage that moves itself: `.to("cpu")` cannot copy from meta
-        built = {}
-        for s in wanted:
-            try:
-                built[s] = spec.stage(s, stages)
-            except Exception as e:
-                raise UsageError(f"building stage {s} failed: {type(e).__name__}: {e}"
-                                 ) from None
+    built = structure(spec, stages, sorted({s for g in groups for s, _ in g if 0 <= s < stages}))
     shapes = {s: {k: tuple(p.shape) for k, p in m.named_parameters()} for s, m in built.items()}
     for i, g in enumerate(groups):
         first = None

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeir.models.spec import ModelSpec
+from pipeir.models.spec import ModelSpec, structure
 from pipeir.runtime.launch import RunError, RunResult
 from pipeir.runtime.reference import train_reference
 from pipeir.runtime.worker import Job
@@ -18,14 +18,24 @@ from pipeir.runtime.worker import Job
 RTOL, RTOL_AUTOCAST = 1e-5, 2e-2
 
 
-def rel_diff(got: Any, want: Any) -> float:
-    """max |got - want| / max |want| over one tensor (0 for an all-zero pair); infinite
-    where either side holds a NaN or an infinity: NaN compares false with everything, so a
-    NaN difference used to be skipped and a run with NaN gradients passed --check."""
+#: A tensor's difference is relative to its largest value, but to no less than this share of
+#: the largest of its stage's tensors of the same kind: rounding scales with the terms summed,
+#: not with the result. A Linear's bias before a BatchNorm has a gradient of zero in exact
+#: arithmetic; data-parallel replicas sum the micro-batches in another order than one process
+#: and leave noise there of about 5e-8 of the stage's largest gradient, "100 %" of it. A
+#: wrong gradient is wrong by its own size, far above this.
+FLOOR = 0.1
+
+
+def rel_diff(got: Any, want: Any, floor: float = 0.0) -> float:
+    """max |got - want| / max(max |want|, floor) over one tensor (0 for an all-zero pair);
+    infinite where either side holds a NaN or an infinity: NaN compares false with
+    everything, so a NaN difference used to be skipped and a run with NaN gradients passed
+    --check."""
     a, b = np.asarray(got, dtype=np.float64), np.asarray(want, dtype=np.float64)
     if not (np.isfinite(a).all() and np.isfinite(b).all()):
         return float("inf")
-    scale = float(np.abs(b).max()) if b.size else 0.0
+    scale = max(float(np.abs(b).max()) if b.size else 0.0, floor)
     err = float(np.abs(a - b).max()) if b.size else 0.0
     return err / scale if scale > 0 else err
 
@@ -33,24 +43,34 @@ def rel_diff(got: Any, want: Any) -> float:
 def differences(spec: ModelSpec, job: Job, result: RunResult, index: int = 0
                 ) -> list[tuple[int, float, float, str]]:
     """Per stage: (stage, largest parameter difference, largest gradient difference, the
-    worst tensor's name). A tensor present on one side only counts as infinitely different."""
+    worst tensor's name). A tensor present on one side only counts as infinitely different.
+
+    NOTE: with data-parallel replicas, buffers (BatchNorm's running statistics) are left
+    out: each replica updates its own from its own micro-batches, as DDP without
+    SyncBatchNorm does, while the reference sees every replica's."""
     low = job.lowered
     want, want_grads = train_reference(spec, low.stages, low.microbatches, low.accumulate,
                                        job.steps, job.dp)
+    buffers = ({s: {k for k, _ in m.named_buffers()}
+                for s, m in structure(spec, low.stages, range(low.stages)).items()}
+               if job.dp > 1 else {})
     rows = []
     for s in range(low.stages):
-        worst = ""
-        diffs = []
+        worst: list[tuple[float, str]] = []
         for mine, ref in ((result.params[index][s], want[s]),
                           (result.grads[index][s], want_grads[s])):
-            d = 0.0
-            for k in sorted(set(mine) | set(ref)):
-                x = (rel_diff(mine[k], ref[k].double().numpy()) if k in mine and k in ref
+            d, name = 0.0, ""
+            keys = sorted((set(mine) | set(ref)) - buffers.get(s, set()))
+            values = {k: ref[k].double().numpy() for k in keys if k in ref}
+            top = max((float(np.abs(v).max()) for v in values.values() if v.size), default=0.0)
+            for k in keys:
+                x = (rel_diff(mine[k], values[k], FLOOR * top) if k in mine and k in ref
                      else float("inf"))
                 if x > d:
-                    d, worst = x, k
-            diffs.append(d)
-        rows.append((s, diffs[0], diffs[1], worst))
+                    d, name = x, k
+            worst.append((d, name))
+        (p, pname), (g, gname) = worst
+        rows.append((s, p, g, pname if p >= g else gname))
     return rows
 
 

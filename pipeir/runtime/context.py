@@ -169,12 +169,16 @@ class Context:
         t0 = self._enter()
         key = (stage, mb)
         module = self.modules[stage]
-        kept = [(b, b.detach().clone()) for b in module.buffers()]
+        # by name: a forward may update a buffer in place (BatchNorm) or assign a new one
+        # (`self.ema = 0.9 * self.ema + ...`); either way the FC's value is what stays
+        kept = [(name, b, b.detach().clone()) for name, b in module.named_buffers()]
         with self.saved.replaying(key), self._autocast():
             self.outputs[key] = module(self.inputs[key])
         with torch.no_grad():
-            for b, before in kept:
+            for name, b, before in kept:
                 b.copy_(before)
+                owner, _, leaf = name.rpartition(".")
+                module.get_submodule(owner)._buffers[leaf] = b
         self._leave(t0)
 
     def offload(self, stage: int, mb: int) -> None:
