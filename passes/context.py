@@ -49,14 +49,14 @@ class PassContext:
 def printed_costs(context: PassContext, settings: Mapping[str, object], before: int,
                   after: int) -> dict[str, object]:
     """The costs block of a schedule of `after` stages that passes made from an input of
-    `before` stages whose file set `settings` (planned under `context`): those settings while
-    the stages are the input's, else the context's costs cut into the new stages
-    (`for_stages`), so the file simulates as the passes after the change planned; without
-    them each new chunk would cost a whole stage (57 for interleaved 1F1B at p = 4, m = 8,
-    not 28.5)."""
+    `before` stages whose file set `settings`, planned under `context` (the pass manager's,
+    cut into the new stages by `for_stages`): those settings while the stages are the
+    input's, else the context's costs, so the file simulates as the passes after the change
+    planned; without them each new chunk would cost a whole stage (57 for interleaved 1F1B
+    at p = 4, m = 8, not 28.5)."""
     if after == before:
         return dict(settings)
-    return dict(context.for_stages(before, after).costs.settings())
+    return dict(context.costs.settings())
 
 
 #: The context of a pass run without one (`Interleave(v=2).run(s)`).

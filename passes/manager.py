@@ -49,6 +49,10 @@ class Instrument:
                    verify_seconds: float) -> None:
         """Called after pass number `index` (1-based) ran and, if enabled, verified."""
 
+    def planned_under(self, context: PassContext) -> None:
+        """The context the schedule of the next hook is planned under: after a pass that
+        changes the stage count, the costs cut into the new stages (`for_stages`)."""
+
     def after_pipeline(self, schedule: Schedule) -> None:
         """Called once with the final schedule."""
 
@@ -81,22 +85,23 @@ class PrintAfter(Instrument):
 
 
 class DumpDir(Instrument):
-    """Write `00-input.sched`, `01-<pass>.sched`, ... in canonical form into `directory`;
-    with a `context` and the input's cost `settings`, each with the costs it is planned
-    under (`printed_costs`), so every file simulates as the passes saw it."""
+    """Write `00-input.sched`, `01-<pass>.sched`, ... in canonical form into `directory`,
+    each with the costs it is planned under (`printed_costs`; `settings`, the input file's),
+    so every file simulates as the passes saw it."""
 
     def __init__(self, directory: str | Path,
                  write: Callable[[Path, str], None] | None = None,
-                 context: PassContext | None = None,
                  settings: Mapping[str, object] | None = None):
         self.directory = make_dir(directory, "--dump-dir")
         self.write = write or write_atomic
-        self.context, self.settings = context, dict(settings or {})
+        self.settings = dict(settings or {})
+        self.context = DEFAULT_CONTEXT
         self.stages = 0
 
+    def planned_under(self, context: PassContext) -> None:
+        self.context = context
+
     def _text(self, schedule: Schedule) -> str:
-        if self.context is None:
-            return print_schedule(schedule)
         return print_schedule(schedule, printed_costs(self.context, self.settings, self.stages,
                                                       schedule.config.stages))
 
@@ -254,6 +259,7 @@ class PassManager:
             except VerifyError as e:
                 raise _prefixed(e, "the input schedule is invalid, before any pass ran") from None
         for inst in self.instruments:
+            inst.planned_under(context)
             inst.before_pipeline(schedule)
         for i in range(n):
             p = passes[i]
@@ -278,9 +284,10 @@ class PassManager:
                 except VerifyError as e:
                     raise self._blame(e, i, during=False) from None
             t2 = time.perf_counter()
-            for inst in self.instruments:
-                inst.after_pass(i + 1, p, out, t1 - t0, t2 - t1)
             context = context.for_stages(schedule.config.stages, out.config.stages)
+            for inst in self.instruments:
+                inst.planned_under(context)
+                inst.after_pass(i + 1, p, out, t1 - t0, t2 - t1)
             schedule = out
         for inst in self.instruments:
             inst.after_pipeline(schedule)

@@ -69,15 +69,15 @@ def run(args: argparse.Namespace) -> int:
     if wanted:
         instruments.append(PrintAfter(wanted, sys.stderr))
     settings: dict[str, object] = {k: v for k, (v, _) in elab.costs.items()}
-    context = PassContext(costs)
     if args.dump_dir is not None:
-        instruments.append(DumpDir(args.dump_dir, write_atomic, context, settings))
+        instruments.append(DumpDir(args.dump_dir, write_atomic, settings))
     if args.time_passes:
         instruments.append(TimePasses(sys.stderr))
-    out = PassManager(pipeline, context=context, verify_each=args.verify_each,
-                      instruments=instruments).optimize(elab.schedule).schedule
-    text = print_schedule(out, printed_costs(context, settings, elab.schedule.config.stages,
-                                             out.config.stages))
+    done = PassManager(pipeline, context=PassContext(costs), verify_each=args.verify_each,
+                       instruments=instruments).optimize(elab.schedule)
+    out = done.schedule
+    text = print_schedule(out, printed_costs(done.context, settings,
+                                             elab.schedule.config.stages, out.config.stages))
     if args.output is not None:
         write_atomic(args.output, text, "-o")
     else:

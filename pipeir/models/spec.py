@@ -112,25 +112,39 @@ def tied_groups(spec: ModelSpec, stages: int) -> list[list[tuple[int, str]]]:
     return [g for g in groups if len(g) > 1]
 
 
+class StageBuildError(UsageError):
+    """A stage's constructor raised `error`."""
+
+    def __init__(self, stage: int, error: Exception):
+        super().__init__(f"building stage {stage} failed: {type(error).__name__}: {error}")
+        self.error = error
+
+
+def stage_modules(spec: ModelSpec, stages: int, which: Iterable[int]
+                 ) -> dict[int, torch.nn.Module]:
+    """Stages `which`, in whatever device or tensor mode is current; a stage that raises is
+    a StageBuildError naming it."""
+    built = {}
+    for s in which:
+        try:
+            built[s] = spec.stage(s, stages)
+        except Exception as e:
+            raise StageBuildError(s, e) from None
+    return built
+
+
 def structure(spec: ModelSpec, stages: int, which: Iterable[int]) -> dict[int, torch.nn.Module]:
     """Stages `which`, for their parameter and buffer names and shapes only: on the meta
     device (no memory), or for real where a stage cannot be built there (one that moves
-    itself: `.to("cpu")` cannot copy from meta). A stage that fails is a UsageError."""
+    itself: `.to("cpu")` cannot copy from meta)."""
     import torch
 
     wanted = list(which)
     try:
         with torch.device("meta"):
-            return {s: spec.stage(s, stages) for s in wanted}
-    except Exception:
-        pass
-    built = {}
-    for s in wanted:
-        try:
-            built[s] = spec.stage(s, stages)
-        except Exception as e:
-            raise UsageError(f"building stage {s} failed: {type(e).__name__}: {e}") from None
-    return built
+            return stage_modules(spec, stages, wanted)
+    except StageBuildError:
+        return stage_modules(spec, stages, wanted)
 
 
 def check_spec(spec: ModelSpec, stages: int) -> None:

@@ -29,7 +29,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
-from pipeir.models.spec import ModelSpec, autocast_dtype
+from pipeir.models.spec import ModelSpec, StageBuildError, autocast_dtype, stage_modules
 
 ALIGN = 16
 
@@ -37,10 +37,6 @@ ALIGN = 16
 class PlanError(ValueError):
     """A stage cannot be built, or cannot take the previous stage's output (found while
     tracing the plan)."""
-
-
-class _Unconvertible(Exception):
-    """A stage converts its parameters, which fake tensors cannot do (`ShapePlan._modules`)."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -191,28 +187,20 @@ class ShapePlan:
         built for real instead, once, and traced with fake inputs as the others are."""
         if self._mode is None:
             try:
-                mode = FakeTensorMode()
-                with mode, self.device:
-                    self._fake = self._build()
-            except _Unconvertible:
-                mode = FakeTensorMode(allow_non_fake_inputs=True)
-                with self.device:
-                    self._fake = self._build()
-            self._mode = mode
+                try:
+                    mode = FakeTensorMode()
+                    with mode, self.device:
+                        built = stage_modules(self.spec, self.stages, range(self.stages))
+                except StageBuildError as e:
+                    if "_apply(): Couldn't swap" not in str(e.error):
+                        raise
+                    mode = FakeTensorMode(allow_non_fake_inputs=True)
+                    with self.device:
+                        built = stage_modules(self.spec, self.stages, range(self.stages))
+            except StageBuildError as e:
+                raise PlanError(e.message) from None
+            self._fake, self._mode = list(built.values()), mode
         return self._mode, self._fake
-
-    def _build(self) -> list[torch.nn.Module]:
-        out = []
-        for s in range(self.stages):
-            try:
-                out.append(self.spec.stage(s, self.stages))
-            except RuntimeError as e:
-                if "_apply(): Couldn't swap" in str(e):
-                    raise _Unconvertible from None
-                raise PlanError(f"building stage {s} failed: {type(e).__name__}: {e}") from None
-            except Exception as e:
-                raise PlanError(f"building stage {s} failed: {type(e).__name__}: {e}") from None
-        return out
 
     def plan(self, inputs: Sequence[Any]) -> None:
         """Trace (or look up) the layouts for this step's micro-batch inputs."""
