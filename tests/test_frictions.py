@@ -1,0 +1,122 @@
+"""A new user's first-hour slips (issue 38): each gets one clear error that says what to type
+instead, or a line saying what was written. Exact messages and exit codes, through the CLI."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import pipeir
+
+REPO = Path(__file__).parent.parent
+SCHED = str(REPO / "examples" / "1f1b.sched")
+LIBRARY = ("the library has 1f1b, dualpipe-v, gpipe, interleaved-1f1b, looped-bfs, zb-h1, "
+           "zb-h2, zb-v")
+
+Cli = Callable[..., tuple[int, str, str]]
+
+
+def test_a_mistyped_model_gets_did_you_mean(cli: Cli) -> None:
+    code, out, err = cli("run", SCHED, "--model", "transfomer")
+    assert (code, out) == (2, "")
+    assert err == ("error: --model 'transfomer': cannot import transfomer: No module named "
+                   "'transfomer'\nnote: did you mean 'transformer'?\n")
+
+
+def test_a_module_path_model_gets_no_guess(cli: Cli) -> None:
+    """A dotted name is a module the user meant, not a slip of a built-in name."""
+    code, _, err = cli("run", SCHED, "--model", "no_such_pkg.mlp:spec")
+    assert code == 2
+    assert "did you mean" not in err
+
+
+@pytest.mark.parametrize(("given", "note"), [
+    ("ZBVZeroBubble", "note: did you mean 'zb-v'? (torch's ScheduleZBVZeroBubble)"),
+    ("ScheduleZBVZeroBubble", "note: did you mean 'zb-v'? (torch's ScheduleZBVZeroBubble)"),
+    ("Interleaved1F1B", "note: did you mean 'interleaved-1f1b'? (torch's "
+                        "ScheduleInterleaved1F1B)"),
+    ("schedule_gpipe", "note: did you mean 'gpipe'? (torch's ScheduleGPipe)"),
+    ("zbv", "note: did you mean 'zb-v'?"),
+])
+def test_a_torch_class_name_names_the_library_schedule(given: str, note: str, cli: Cli) -> None:
+    code, out, err = cli("simulate", "--schedule", given, "--ranks", "2", "--microbatches", "4")
+    assert (code, out) == (2, "")
+    assert err == f"error: unknown library schedule '{given}'; {LIBRARY}\n{note}\n"
+
+
+def test_a_torch_class_name_in_the_python_api() -> None:
+    with pytest.raises(pipeir.UsageError) as e:
+        pipeir.library.get("ZBVZeroBubble", 2, 4)
+    assert [n.message for n in e.value.diagnostics[0].notes] == [
+        "did you mean 'zb-v'? (torch's ScheduleZBVZeroBubble)"]
+
+
+@pytest.mark.parametrize(("command", "name", "flags"), [
+    ("run", "1f1b", "--ranks P --microbatches M"),
+    ("check", "zb-v", "--ranks P --microbatches M"),
+    ("simulate", "one_f_one_b", "--ranks P --microbatches M"),
+    ("export-torch", "interleaved-1f1b", "--ranks P --microbatches M --v V"),
+    ("print", "gpipe", "--ranks P --microbatches M"),
+])
+def test_a_library_name_given_as_file_shows_the_flags(command: str, name: str, flags: str,
+                                                     cli: Cli, tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    canonical = pipeir.library.canonical_name(name)
+    code, out, err = cli(command, name)
+    assert (code, out) == (2, "")
+    assert err == (f"error: {name}: no such .sched file\nnote: '{canonical}' is a library "
+                   f"schedule: use --schedule {canonical} {flags}\n")
+
+
+def test_a_file_named_like_a_library_schedule_is_read(cli: Cli, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The hint is for a missing file only: a file called `1f1b` is the user's schedule."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "1f1b").write_text(Path(SCHED).read_text())
+    assert cli("check", "1f1b")[0] == 0
+
+
+@pytest.mark.parametrize(("spec", "col", "note"), [
+    ("interleave(v=2)", 11, "did you mean 'interleave{v=2}'?"),
+    ("verify, split-backward(mode=h2)", 23, "did you mean 'split-backward{mode=h2}'?"),
+    ("interleave[v=2", 11, "did you mean 'interleave{...}'?"),
+    ("verify()", 7, "did you mean 'verify'?"),
+])
+def test_pass_options_in_parentheses_say_braces(spec: str, col: int, note: str,
+                                                cli: Cli) -> None:
+    code, out, err = cli("opt", SCHED, "--passes", spec)
+    assert (code, out) == (2, "")
+    name = spec[:col - 1].split(",")[-1].strip()
+    lines = err.splitlines()
+    assert lines[0] == (f"<passes>:1:{col}: error: options of pass '{name}' go in braces, not "
+                        f"'{spec[col - 1]}'")
+    assert lines[2] == " " * (4 + col - 1) + "^"
+    assert lines[3] == f"note: {note}"
+
+
+@pytest.mark.parametrize("command", [
+    ["opt", SCHED, "--passes", "verify"],
+    ["print", SCHED],
+])
+def test_writing_a_schedule_says_so(command: list[str], cli: Cli, tmp_path: Path) -> None:
+    out_file = tmp_path / "out.sched"
+    code, out, err = cli(*command, "-o", out_file)
+    assert (code, err) == (0, "")
+    assert out == f"wrote {out_file} (next: pipeirc simulate {out_file})\n"
+    assert pipeir.parse(out_file).config.ranks == 4
+
+
+def test_export_and_import_torch_say_what_they_wrote(cli: Cli, tmp_path: Path) -> None:
+    csv = tmp_path / "1f1b.csv"
+    code, out, err = cli("export-torch", SCHED, "-o", csv)
+    assert (code, err) == (0, "")
+    assert out == (f"wrote {csv} (compute_only CSV for torch.distributed.pipelining: 4 ranks, "
+                   "8 micro-batches)\n")
+    back = tmp_path / "back.sched"
+    code, out, _ = cli("import-torch", csv, "-o", back)
+    assert code == 0
+    assert out == f"wrote {back} (next: pipeirc simulate {back})\n"
+    assert pipeir.parse(back) == pipeir.parse(SCHED)
