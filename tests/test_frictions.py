@@ -3,6 +3,7 @@ instead, or a line saying what was written. Exact messages and exit codes, throu
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -120,3 +121,30 @@ def test_export_and_import_torch_say_what_they_wrote(cli: Cli, tmp_path: Path) -
     assert code == 0
     assert out == f"wrote {back} (next: pipeirc simulate {back})\n"
     assert pipeir.parse(back) == pipeir.parse(SCHED)
+
+
+@pytest.mark.parametrize(("n", "unit"), [(0, ("B", 1)), (1023, ("B", 1)), (2**10, ("KiB", 2**10)),
+                                         (3e9, ("GiB", 2**30)), (2**40, ("TiB", 2**40))])
+def test_binary_units(n: float, unit: tuple[str, int]) -> None:
+    assert pipeir.limits.binary_unit(n) == unit
+
+
+def test_the_memory_plot_reads_in_gib_and_shows_every_rank(cli: Cli, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """GPipe's ranks all reach 8 x 3e9 bytes = 22.4 GiB: the axis says GiB, not `1e10`, and
+    the four lines that coincide on the plateau are drawn in four widths and dashes."""
+    matplotlib = pytest.importorskip("matplotlib")
+    monkeypatch.setitem(matplotlib.rcParams, "svg.fonttype", "none")  # text stays text
+    costs = tmp_path / "costs.json"
+    costs.write_text('{"version": 1, "F": 1, "B": 2, "memory_bytes": 3e9}')
+    svg = tmp_path / "gpipe.svg"
+    code, _, err = cli("plot", "--schedule", "gpipe", "--ranks", "4", "--microbatches", "8",
+                       "--costs", costs, "-o", svg)
+    assert code == 0, err
+    text = svg.read_text()
+    assert "saved activations (GiB)" in text
+    assert "1e10" not in text and "1e9" not in text
+    assert all(text.count(f">rank {r}<") == 2 for r in range(4))  # lane label and legend
+    widths = re.findall(r"stroke-width: (2\.8|2\.166667|1\.533333|0\.9)(?![0-9])", text)
+    assert sorted(widths) == sorted(["2.8", "2.166667", "1.533333", "0.9"] * 2)  # + legend
