@@ -3,6 +3,7 @@ instead, or a line saying what was written. Exact messages and exit codes, throu
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -148,3 +149,30 @@ def test_the_memory_plot_reads_in_gib_and_shows_every_rank(cli: Cli, tmp_path: P
     assert all(text.count(f">rank {r}<") == 2 for r in range(4))  # lane label and legend
     widths = re.findall(r"stroke-width: (2\.8|2\.166667|1\.533333|0\.9)(?![0-9])", text)
     assert sorted(widths) == sorted(["2.8", "2.166667", "1.533333", "0.9"] * 2)  # + legend
+
+
+@pytest.mark.mp
+def test_progress_lines_show_the_gradient_norm_without_clipping(cli: Cli, tmp_path: Path
+                                                                ) -> None:
+    """The mlp does not clip; its progress lines and --metrics still give the global
+    gradient norm, the one single-process training's gradients have (torch computes it)."""
+    torch = pytest.importorskip("torch")
+    from pipeir.models.spec import resolve
+    from pipeir.runtime.reference import train_reference
+
+    spec = resolve("mlp")
+    assert spec.clip_grad_norm is None
+    metrics = tmp_path / "m.jsonl"
+    code, out, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "4",
+                         "--model", "mlp", "--steps", "2", "--metrics", metrics)
+    assert code == 0, err
+    got = [json.loads(line)["grad_norm"] for line in metrics.read_text().splitlines()]
+    want = []
+    for steps in (1, 2):
+        _, grads = train_reference(spec, 2, 4, 1, steps)
+        want.append(float(torch.linalg.vector_norm(torch.stack(
+            [torch.linalg.vector_norm(g) for s in grads.values() for g in s.values()]))))
+    assert got == pytest.approx(want, rel=1e-5)
+    for k, norm in enumerate(want, 1):
+        line = next(ln for ln in out.splitlines() if ln.startswith(f"step    {k}/2"))
+        assert line.endswith(f"grad norm {norm:.3g}")
