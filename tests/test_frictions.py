@@ -176,3 +176,48 @@ def test_progress_lines_show_the_gradient_norm_without_clipping(cli: Cli, tmp_pa
     for k, norm in enumerate(want, 1):
         line = next(ln for ln in out.splitlines() if ln.startswith(f"step    {k}/2"))
         assert line.endswith(f"grad norm {norm:.3g}")
+
+
+BOOM = '''
+import dataclasses
+
+import torch
+
+from pipeir.models import mlp
+
+
+class Boom(torch.nn.Module):
+    def forward(self, x):
+        raise RuntimeError("my model: expected 512 features, got 7")
+
+
+def spec():
+    return dataclasses.replace(mlp.spec(), stage=lambda s, n: Boom())
+'''
+
+
+@pytest.mark.mp
+def test_a_failing_model_under_torchrun_ends_torchruns_report(cli: Cli, tmp_path: Path) -> None:
+    """torchrun prints its own report after the workers' output: its root cause is pipeir's
+    one line (from the error file torchrun reads), not "To enable traceback see: ...". One
+    process is enough: what is checked is what torchrun prints about it."""
+    import subprocess
+    import sys
+
+    from pipeir.runtime.launch import free_port
+
+    assert cli("compile", "--schedule", "1f1b", "--ranks", "1", "--microbatches", "2",
+               "-o", tmp_path / "gen")[0] == 0
+    (tmp_path / "boom.py").write_text(BOOM)
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "1",
+         "--master-port", str(free_port()), str(tmp_path / "gen" / "main.py"), "--steps", "1",
+         "--model", str(tmp_path / "boom.py")], capture_output=True, text=True, timeout=120)
+    ours = ("main.py: rank 0 failed: PlanError: stage 0 cannot take the micro-batch input "
+            "float32[128x512]: RuntimeError: my model: expected 512 features, got 7")
+    assert proc.returncode == 1
+    lines = [ln for ln in proc.stderr.splitlines() if ln.strip("=")]
+    assert lines[-1] == f"  traceback : {ours}", proc.stderr[-3000:]
+    assert lines.count(ours) == 1  # and once as the worker wrote it
+    assert "To enable traceback" not in proc.stderr
+    assert "pipeir/runtime" not in proc.stderr  # no frame of ours
