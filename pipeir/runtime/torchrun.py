@@ -122,7 +122,7 @@ def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
         shape = check_world(world, job.lowered.ranks, dp)
         job = replace(job, dp=shape.dp)  # (Job refuses replicas that never all-reduce)
     except ValueError as e:
-        sys.stderr.write(f"main.py: rank {rank}: {e}\n")
+        _report(f"main.py: rank {rank}: {e}")
         return 2
     pp, replica = shape.coords(rank)
     sys.stdout.write(f"rank {rank}/{world} = pp {pp} of {shape.pp}, dp {replica} of {shape.dp} "
