@@ -33,6 +33,7 @@ import shutil
 import subprocess
 import sys
 import tomllib
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -162,7 +163,7 @@ def _page_ids(ps: list[Path]) -> list[str]:
 def test_page_runs(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The page's blocks that run quickly, in order, in one directory and one namespace."""
     _workdir(tmp_path, monkeypatch)
-    namespace: dict[str, object] = {"__name__": "__doc__"}
+    namespace = _namespace(monkeypatch)
     for b in blocks(page):
         if b.marked("mp") is None and b.marked("ci") is None:
             _run_block(b, namespace, in_process=True)
@@ -176,7 +177,7 @@ MP = [b for b in ALL if b.marked("mp") is not None]
 def test_long_block_runs(block: Block, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A block that starts processes or runs long, on its own."""
     _workdir(tmp_path, monkeypatch)
-    _run_block(block, {"__name__": "__doc__"}, in_process=False)
+    _run_block(block, _namespace(monkeypatch), in_process=False)
 
 
 def _workdir(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -188,6 +189,14 @@ def _workdir(tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp)
     for k, v in _ENV.items():
         monkeypatch.setenv(k, v)
+
+
+def _namespace(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """A module's namespace for a page's Python: dataclasses and pickling look classes up
+    through `sys.modules[cls.__module__]`."""
+    module = types.ModuleType("pipeir_docs_page")
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    return module.__dict__
 
 
 def _run_block(b: Block, namespace: dict[str, object], *, in_process: bool) -> None:
