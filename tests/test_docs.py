@@ -229,7 +229,7 @@ def _commands(b: Block) -> list[str]:
     """An sh block's commands: continuation lines joined, comments dropped."""
     out: list[str] = []
     for cmd in _joined(b.text.splitlines()):
-        cmd = " ".join(shlex.split(cmd, comments=True))
+        cmd = shlex.join(shlex.split(cmd, comments=True))
         if cmd:
             out.append(cmd)
     return out
@@ -265,7 +265,7 @@ def _session(b: Block) -> list[tuple[str, list[str]]]:
             i += 1
         while shown and not shown[-1]:
             shown.pop()
-        out.append((" ".join(shlex.split(cmd)), shown))
+        out.append((shlex.join(shlex.split(cmd)), shown))
     return out
 
 
