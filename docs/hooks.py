@@ -10,8 +10,9 @@ mkdocs loads it, before any page is rendered.
 from __future__ import annotations
 
 import shutil
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 VIEW = ROOT / "build" / "api-source"

@@ -32,13 +32,13 @@ import shlex
 import shutil
 import subprocess
 import sys
-import tomllib
 import types
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from pipeir import parse, verify
 from pipeir.cli import main
@@ -151,6 +151,30 @@ def test_no_history_in_docs() -> None:
              for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
              if dated.search(line)]
     assert not found, "\n".join(found)
+
+
+def test_shown_output_is_compared_strictly() -> None:
+    """The comparison itself: what `...` and numbers-vary let through, and what they do not."""
+    exact = _pattern(["makespan 33; bubble 27.3%"], numbers_vary=False)
+    assert exact.fullmatch("makespan 33; bubble 27.3%\n")
+    assert not exact.fullmatch("makespan 34; bubble 27.3%\n")
+    assert not exact.fullmatch("makespan 33; bubble 27.3%\nmore\n")
+    gap = _pattern(["first", "...", "last"], numbers_vary=False)
+    assert gap.fullmatch("first\nlast\n") and gap.fullmatch("first\na\nb\nlast\n")
+    assert not gap.fullmatch("first\nlast\nextra\n")
+    inline = _pattern(["step ... ms"], numbers_vary=False)
+    assert inline.fullmatch("step 585.5 ms\n") and not inline.fullmatch("step 585.5 s\n")
+    vary = _pattern(["  r0    24.5     9  72.7%"], numbers_vary=True)
+    assert vary.fullmatch("  r0  1024.25     19  8.1%\n")
+    assert not vary.fullmatch("  r1    24.5     9  72.7%\n".replace("r1", "rX"))
+    assert not vary.fullmatch("  r0    24.5     9  72.7 %\n")
+
+
+def test_console_blocks_split_into_commands() -> None:
+    b = Block(REPO / "README.md", 1, "console",
+              "$ pipeirc check a.sched \\\n    --set x=1\nok\n\n$ pipeirc show 'b c.sched'\n", ())
+    assert _session(b) == [("pipeirc check a.sched --set x=1", ["ok"]),
+                           ("pipeirc show 'b c.sched'", [])]
 
 
 # -- running the blocks ------------------------------------------------------------------
