@@ -107,7 +107,7 @@ def test_writing_a_schedule_says_so(command: list[str], cli: Cli, tmp_path: Path
     out_file = tmp_path / "out.sched"
     code, out, err = cli(*command, "-o", out_file)
     assert (code, err) == (0, "")
-    assert out == f"wrote {out_file} (next: pipeirc simulate {out_file})\n"
+    assert out == f"wrote {out_file} (pipeirc simulate {out_file})\n"
     assert pipeir.parse(out_file).config.ranks == 4
 
 
@@ -120,7 +120,7 @@ def test_export_and_import_torch_say_what_they_wrote(cli: Cli, tmp_path: Path) -
     back = tmp_path / "back.sched"
     code, out, _ = cli("import-torch", csv, "-o", back)
     assert code == 0
-    assert out == f"wrote {back} (next: pipeirc simulate {back})\n"
+    assert out == f"wrote {back} (pipeirc simulate {back})\n"
     assert pipeir.parse(back) == pipeir.parse(SCHED)
 
 

@@ -122,7 +122,7 @@ def _literal(raw: str, where: str) -> Value:
 def wrote_schedule(path: str) -> None:
     """The one line a command that writes a `.sched` with -o prints (as compile, tune and
     synth do for theirs): silence after a write left users unsure anything was written."""
-    print(f"wrote {path} (next: pipeirc simulate {shlex.quote(path)})")
+    print(f"wrote {path} (pipeirc simulate {shlex.quote(path)})")
 
 
 def warn_shadowed(names: Iterable[str]) -> None:
