@@ -36,7 +36,7 @@ from pipeir.schedule import Schedule
 from pipeir.verify import verify
 
 if TYPE_CHECKING:
-    from pipeir.backend.lower import Lowered
+    from pipeir.backend.instructions import Lowered
 
 
 class Instrument:

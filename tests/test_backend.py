@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import pipeir
 from pipeir.backend.codegen import Namespace, generate
 from pipeir.backend.commcheck import check_comm
-from pipeir.backend.lower import (
+from pipeir.backend.instructions import (
     COMPUTE,
     Batch,
     Comm,
@@ -25,11 +25,9 @@ from pipeir.backend.lower import (
     Lowered,
     Send,
     WaitRecv,
-    format_lowered,
-    from_json,
-    lower,
-    to_json,
 )
+from pipeir.backend.lower import lower
+from pipeir.backend.program_io import format_lowered, from_json, to_json
 from pipeir.diagnostics import VerifyError
 from pipeir.passes.overlap import Overlap
 from pipeir.sim import CostModel

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 import pipeir
-from pipeir.backend.lower import lower, to_json
+from pipeir.backend.lower import lower
+from pipeir.backend.program_io import to_json
 
 Cli = Callable[..., tuple[int, str, str]]
 Edit = Callable[[dict[str, Any]], None]
