@@ -267,7 +267,8 @@ def test_check_lowered_cli(cli, tmp_path: Path) -> None:
     assert "rank 0 -> rank 1 -> rank 0" in err and "good.json: lowered ok" in out
     (tmp_path / "junk.json").write_text("{")
     code, _, err = cli("check", "--lowered", tmp_path / "junk.json")
-    assert code == 2 and "not a readable JSON file" in err and "Traceback" not in err
+    assert code == 2 and "junk.json:1:2: error: malformed lowered-program JSON file" in err
+    assert "Traceback" not in err
     (tmp_path / "other.json").write_text("{}")
     code, _, err = cli("check", "--lowered", tmp_path / "other.json")
     assert code == 2 and "not a pipeir lowered-program JSON file" in err

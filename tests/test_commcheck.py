@@ -532,7 +532,7 @@ def test_findings_of_one_rule_are_capped() -> None:
 def test_instruction_spans_find_each_mnemonic_in_any_layout(indent: int | None) -> None:
     """The walk behind `check --lowered`'s locations: keys in reverse order (a batch's posts,
     each with its own "i", before the batch's own), compact or indented, CRLF line ends."""
-    from pipeir.backend.jsonspans import instruction_spans
+    from pipeir.backend.commcheck import instruction_spans
     from pipeir.backend.program_io import to_json
     from pipeir.diagnostics import Source
 

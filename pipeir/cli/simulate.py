@@ -22,7 +22,8 @@ from pipeir.diagnostics import Diagnostic, Span, UsageError, did_you_mean
 from pipeir.files import resolve_output, write_atomic
 from pipeir.frontend.elaborate import Elaborated
 from pipeir.sim import COMM_MODELS, CostModel, SimResult, simulate
-from pipeir.sim.costs import TOP_KEYS, read_cost_file
+from pipeir.sim.cost_files import read_cost_file
+from pipeir.sim.cost_settings import TOP_KEYS
 from pipeir.sim.lengths import check_count, split_length_settings
 from pipeir.verify import verify
 

@@ -57,7 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeir.printer import print_schedule
     from pipeir.sim import CostModel
-    from pipeir.sim.costs import read_cost_file
+    from pipeir.sim.cost_files import read_cost_file
     from pipeir.synth import BudgetError, synth
     from pipeir.tune import check_inferred, infer_ranks
     from pipeir.verify import verify

@@ -47,11 +47,10 @@ stepping), `order` (3) and `progress` (4), over the shared `programs` and `findi
 from __future__ import annotations
 
 import itertools
-import json
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pipeir import limits
+from pipeir import jsonread, limits
 from pipeir.backend.commcheck.findings import (
     Channel,
     Finding,
@@ -67,16 +66,15 @@ from pipeir.backend.commcheck.matching import Matching
 from pipeir.backend.commcheck.order import Order
 from pipeir.backend.commcheck.progress import explain, run
 from pipeir.backend.instructions import Lowered
-from pipeir.backend.jsonspans import instruction_spans
 from pipeir.backend.lower import lower
 from pipeir.backend.program_io import from_json
-from pipeir.diagnostics import Diagnostic, Note, Source, Span, UsageError, VerifyError
+from pipeir.diagnostics import Diagnostic, Note, Source, Span, VerifyError
 
 if TYPE_CHECKING:
     from pipeir.schedule import Schedule
 
 __all__ = ["CommReport", "Key", "Locator", "PlainLocator", "Site", "check_comm", "check_json",
-           "check_schedule", "describe", "schedule_locator", "summary", "what"]
+           "check_schedule", "describe", "instruction_spans", "schedule_locator", "summary", "what"]
 
 
 @dataclass(frozen=True)
@@ -152,24 +150,29 @@ def check_json(path: str) -> str:
     """Prove the lowered programs in a `lowered.json` file; `path: summary`. A file that is
     not lowered programs (bad JSON, or a field of the wrong shape or type) is a UsageError
     naming the field (`from_json`), never a traceback from the rules."""
-    text = limits.read_input(path, "lowered-program JSON").text
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}: not a readable JSON file: {e}") from None
-    except ValueError:  # Python refuses integers of more than 4,300 digits
-        raise UsageError(f"{path}: not a readable JSON file: a number with thousands of "
-                         "digits (integers are 64-bit)") from None
-    except RecursionError:
-        raise UsageError(f"{path}: not a readable JSON file: nested too deeply") from None
-    lowered = from_json(data, path)
-    return f"{path}: {summary(lowered, check_comm(lowered, JsonLocator(Source(path, text))))}"
+    source = limits.read_input(path, "lowered-program JSON")
+    lowered = from_json(jsonread.loads(source, "lowered-program JSON file", "field"), path)
+    return f"{path}: {summary(lowered, check_comm(lowered, JsonLocator(source)))}"
+
+
+def instruction_spans(source: Source) -> dict[tuple[int, int], Span]:
+    """(rank, position) -> the span of that instruction's `"i": ...` member (the whole
+    instruction where it has none) in `source`, a valid lowered JSON file: the line a reader
+    of the file looks for."""
+    places = jsonread.positions(source)
+    out: dict[tuple[int, int], Span] = {}
+    for path, place in places.items():
+        if len(path) == 3 and path[0] == "programs" and \
+                isinstance(path[1], int) and isinstance(path[2], int):
+            mnemonic = places.get((*path, "i"))
+            out[path[1], path[2]] = (mnemonic or place).whole
+    return out
 
 
 @dataclass
 class JsonLocator:
     """Names an instruction as `describe` does; points at its `"i"` member in `source`, a
-    lowered JSON file (`jsonspans`), found only when a finding needs it."""
+    lowered JSON file (`instruction_spans`), found only when a finding needs it."""
 
     source: Source
     _spans: dict[tuple[int, int], Span] | None = field(default=None, init=False)
