@@ -251,7 +251,7 @@ def test_simulate_shows_reductions_on_the_timeline_trace_and_json(cli, tmp_path:
 
 
 def test_tune_with_dp_adds_the_reductions_to_every_candidate(cli) -> None:
-    from pipeir.tune import search
+    from pipeir.search.tune import search
 
     costs = CostModel(F=4, I=4, W=4, latency=0.005, param_bytes=4e8, dp_bandwidth=2.5e7,
                       stage={3: {"F": 4.4}})

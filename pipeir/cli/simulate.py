@@ -102,7 +102,7 @@ def _warn_replaced(path: str, elab: Elaborated, costs: CostModel) -> None:
     """--costs replaces a file's own costs block: say so, and say why it is likely wrong when
     the cost file describes fewer stages than the schedule has (what `pipeirc tune -o` writes
     is costs per chunk, rescaled from the cost file, for that schedule alone)."""
-    from pipeir.tune import infer_ranks
+    from pipeir.search.tune import infer_ranks
 
     stages = elab.schedule.config.stages
     described = infer_ranks(costs)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,11 @@ from typing import Any
 from pipeir import jsonread, limits
 from pipeir.diagnostics import Source, Span, UsageError
 from pipeir.sim.cost_settings import MAX_COST, show_value
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10 reads JSON cost files only
+    tomllib = None
 
 
 def read_cost_file(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Span | None]]:
@@ -54,11 +60,9 @@ def _too_long(src: Source) -> UsageError:
 
 
 def _parse_toml(src: Source) -> Any:
-    try:
-        import tomllib  # Python 3.11+
-    except ImportError:  # pragma: no cover - Python 3.10
+    if tomllib is None:  # pragma: no cover - Python 3.10
         raise UsageError(f"{src.name}: TOML cost files need Python 3.11; use JSON "
-                         "(a .json file) instead") from None
+                         "(a .json file) instead")
     try:
         return tomllib.loads(src.text)
     except tomllib.TOMLDecodeError as e:
