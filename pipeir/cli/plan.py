@@ -71,6 +71,9 @@ def run(args: argparse.Namespace) -> int:
                          "choosing them is what plan does")
     model = resolve_splittable(args.model)
     names = ["", *model.split_points()]
+    if args.ranks > len(names):
+        raise UsageError(f"--ranks {args.ranks}: {args.model} has {len(names)} pieces (its "
+                         f"split points and its start), so at most {len(names)} stages")
     earlier = pf.read(args.layer_costs) if args.layer_costs else None
     outs = [resolve_output(path, flag)[0] for flag, path in
             (("-o", args.output), ("--schedule-out", args.schedule_out)) if path is not None]
