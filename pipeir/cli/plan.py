@@ -184,9 +184,9 @@ def _report(result: Plan, names: list[str]) -> str:
                    f"memory per rank: {_budget(result)}"))
     rows.append("")
     rows += _choice("plan", result, result.planned, names)
-    rows.append(f"  lower bound {result.bound:.4g} {unit} for this split "
-                f"({result.gap:+.1%} above it); no split can beat {result.best_bound:.4g} "
-                f"{unit} (pipeir.plan.partition explains the bound)")
+    rows.append(f"  lower bound {result.bound:.4g} {unit} for this split and placement "
+                f"({result.gap:+.1%} above it); no split or schedule can beat "
+                f"{result.best_bound:.4g} {unit} (pipeir.plan.partition explains both)")
     if result.uniform is None:
         rows.append("uniform split: no schedule of it fits the memory budget")
     else:
@@ -209,12 +209,14 @@ def _choice(what: str, result: Plan, c: object, names: list[str]) -> list[str]:
            + (f", {cand.passes}" if cand.passes else "") + f", {cand.comm} communication: "
            f"step {cand.step_time:.4g} ms (simulated), bubble {cand.bubble:.1%}"]
     stages = stages_of(result.layers, c.cut)
+    placement = cand.schedule.config.placement
     for k, ((lo, hi), s) in enumerate(zip(bounds(c.cut, len(names)), stages)):
         first = names[lo] or "(start)"
         span = first if hi - lo == 1 else f"{first} .. {names[hi - 1]}"
-        held = "" if c.rank_bytes is None or cand.v > 1 else \
-            f", {c.rank_bytes[k] / 2**20:.3g} MiB held"
-        out.append(f"  stage {k}: {span:<24} F+B {s.F + s.B:8.3f} ms{held}")
+        out.append(f"  stage {k} on rank {placement[k]}: {span:<24} F+B {s.F + s.B:8.3f} ms")
+    if c.rank_bytes is not None:
+        out.append("  held per rank (MiB): "
+                   + " ".join(f"{b / 2**20:.4g}" for b in c.rank_bytes))
     return out
 
 

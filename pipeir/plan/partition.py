@@ -28,7 +28,9 @@ so the bound takes the smaller of B and I + W for a backward, of B and I for an 
 gradient. The bound is the largest over k. It ignores memory: a budget can only raise
 the best step, so the distance from the bound includes what the budget costs. Minimised
 over all splits (the same dynamic program with this per-stage score, transfers dropped, since
-the hand-offs depend on where the earlier cuts fall) it bounds every split.
+the hand-offs depend on where the earlier cuts fall) it bounds every split with one stage per
+rank; interleaving shortens the fill, so what bounds every split and schedule is only
+`universal_bound`, M times the larger of a balanced rank's work and the heaviest piece's.
 """
 
 from __future__ import annotations
@@ -93,20 +95,34 @@ def bound_score(layers: Sequence[LayerCost], microbatches: int) -> StageScore:
     return score
 
 
-def lower_bound(layers: Sequence[LayerCost], cut: Cut, microbatches: int, link: Link
-                ) -> float:
-    """The bound of the module NOTE for this split (transfers included)."""
+def lower_bound(layers: Sequence[LayerCost], cut: Cut, microbatches: int, link: Link,
+                placement: Sequence[int] | None = None) -> float:
+    """The bound of the module NOTE for this split (transfers included). With `placement`
+    (virtual stage -> rank: interleaved or V-shaped schedules) a rank holding several stages
+    does all their work after the earliest of their heads, and its last input gradient is
+    followed by the shortest of their tails; a hand-off between stages of one rank is free."""
     st = stages_of(layers, cut)
-    head = tail = out = 0.0
-    for k, s in enumerate(st):
-        if k:
-            c = link.transfer(st[k - 1].activation_bytes)
-            head += st[k - 1].F + c
-            tail += c + (_input(st[k - 1]) if k > 1 else _backward(st[0]))
-        out = max(out, head + microbatches * (s.F + _backward(s)))
-        if k:
-            out = max(out, head + microbatches * (s.F + _input(s)) + tail)
+    place = list(placement) if placement is not None else list(range(len(st)))
+    heads, tails = [0.0], [0.0]
+    for k in range(1, len(st)):
+        c = 0.0 if place[k] == place[k - 1] else link.transfer(st[k - 1].activation_bytes)
+        heads.append(heads[-1] + st[k - 1].F + c)
+        tails.append(tails[-1] + c + (_input(st[k - 1]) if k > 1 else _backward(st[0])))
+    out = 0.0
+    for rank in sorted(set(place)):
+        mine = [k for k in range(len(st)) if place[k] == rank]
+        head = min(heads[k] for k in mine)
+        out = max(out, head + microbatches * sum(st[k].F + _backward(st[k]) for k in mine),
+                  head + microbatches * sum(st[k].F + _input(st[k]) for k in mine)
+                  + min(tails[k] for k in mine))
     return out
+
+
+def universal_bound(layers: Sequence[LayerCost], ranks: int, microbatches: int) -> float:
+    """No split and no schedule beats this: M times the larger of a perfectly balanced
+    rank's work and the heaviest piece's (a piece is never cut)."""
+    works = [x.F + _backward(x) for x in layers]
+    return microbatches * max(sum(works) / ranks, max(works))
 
 
 def _backward(s: LayerCost) -> float:
@@ -136,4 +152,4 @@ def _prefix(xs: Sequence[float]) -> list[float]:
 
 
 __all__ = ["StageScore", "best_splits", "bound_score", "bounds", "lower_bound", "uniform_cut",
-           "work_score"]
+           "universal_bound", "work_score"]
