@@ -10,7 +10,8 @@ heavy: representative per-layer costs, in closed form, of a Llama-3-8B-shaped mo
 a 400 TFLOP/s device): a block's forward is 24 h^2 + 4 s h FLOPs per token, the LM head's
 2 h V plus the softmax; backwards cost 2x (I = W = F), the embedding's forward is a gather and
 its backward a V x h gradient. Activations per block per micro-batch are Megatron's
-34 s h bytes (flash attention keeps no s x s scores); weights 2 bytes per parameter, 2 copies (weights and gradients).
+34 s h bytes (flash attention keeps no s x s scores); weights 2 bytes per parameter, 2
+copies (weights and gradients).
 For each rank count and memory budget it prints the planned split + schedule, its lower bound
 and the uniform split (blocks evenly, embedding first, head last) with tune's best schedule
 (interleaving included) under the same budget: the targets are >= 15 % faster and <= 5 %

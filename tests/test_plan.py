@@ -187,7 +187,8 @@ def test_plan_file_round_trip(tmp_path: Path) -> None:
     (lambda d: json.dumps({**d, "format": "x"}), "not a plan file"),
     (lambda d: json.dumps({k: v for k, v in d.items() if k != "points"}), "has no 'points'"),
     (lambda d: json.dumps({**d, "ranks": "3"}), "expected a positive integer"),
-    (lambda d: json.dumps({**d, "points": ["blocks.0"]}), "1 split points make 2 stages, not a multiple of its 3 ranks"),
+    (lambda d: json.dumps({**d, "points": ["blocks.0"]}),
+     "1 split points make 2 stages, not a multiple of its 3 ranks"),
     (lambda d: json.dumps({**d, "costs": {**d["costs"], "latency": -1}}), "latency"),
 ])
 def test_bad_plan_files(tmp_path: Path, edit, message: str) -> None:  # type: ignore[no-untyped-def]
