@@ -17,6 +17,7 @@ from pipeir.api import load  # noqa: E402
 from pipeir.models.spec import build_stage, resolve, resolve_splittable  # noqa: E402
 from pipeir.plan import LayerCost, Link, plan  # noqa: E402
 from pipeir.plan.planfile import to_json  # noqa: E402
+from pipeir.printer import print_schedule  # noqa: E402
 from pipeir.verify import verify  # noqa: E402
 
 Cli = Callable[..., tuple[int, str, str]]
@@ -123,6 +124,21 @@ def test_run_plan_bad_usage(cli: Cli, tmp_path: Path, costs_plan: Path, extra: l
     code, out, err = cli("run", *[str(names.get(a, a)) for a in extra], "--steps", "1")
     assert code == 2, err
     assert message in err and "Traceback" not in err and "training" not in out
+
+
+def test_run_plan_takes_an_interleaved_plan(cli: Cli, tmp_path: Path) -> None:
+    """A plan with two chunks per rank: 4 stages from 3 points, compiled for 2 ranks (the
+    run stops at --nproc, after the plan's schedule and cut have been checked)."""
+    layers = [LayerCost(n, F=1.0, B=2.0, I=1.0, W=1.0) for n in NAMES]
+    p = plan(layers, 2, 4, splits=(None,))  # unsplit backwards: interleaving wins
+    assert p.planned.candidate.v == 2 and len(p.planned.cut) == 3
+
+    cand = p.planned.candidate
+    path = tmp_path / "p.json"
+    path.write_text(to_json(p, "transformer", print_schedule(cand.schedule,
+                                                             cand.costs.settings()), "hand"))
+    code, out, err = cli("run", "--plan", path, "--nproc", "3")
+    assert code == 2 and "--nproc 3: the schedule runs on 2 ranks" in err, err
 
 
 @pytest.mark.mp

@@ -45,6 +45,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="transfer latency in ms (default: measured between two gloo ranks)")
     p.add_argument("--bandwidth", type=positive_float, metavar="BYTES_PER_MS",
                    help="link bandwidth (default: measured, with --latency: unlimited)")
+    p.add_argument("--max-v", type=int, default=4, metavar="V",
+                   help="most chunks per rank (interleaved and V-shaped schedules, each "
+                        "chunk a range of pieces); 1 for one stage per rank (default 4)")
     p.add_argument("--keep", type=int, default=6, metavar="N",
                    help="splits the dynamic program hands to tune, per objective (default 6)")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="default: 2")
@@ -90,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         link = _link(args, progress, earlier)
         progress(f"searching splits and schedules for {args.ranks} ranks")
         result = plan(layers, args.ranks, mbs, link, memory=args.memory,
-                      weight_copies=args.weight_copies, keep=args.keep)
+                      weight_copies=args.weight_copies, keep=args.keep, max_v=args.max_v)
     best = result.planned.candidate
     text = print_schedule(best.schedule, best.costs.settings())
     print(_report(result, names), end="")
@@ -110,6 +113,8 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise UsageError(f"--ranks {args.ranks}: need at least 1 rank")
     if args.microbatches is not None and args.microbatches < 1:
         raise UsageError(f"--microbatches {args.microbatches}: need at least 1")
+    if args.max_v < 1:
+        raise UsageError(f"--max-v {args.max_v}: need at least 1")
     if args.keep < 1:
         raise UsageError(f"--keep {args.keep}: need at least 1")
     if args.warmup < 0 or args.iters < 1:
