@@ -137,7 +137,7 @@ def test_run_plan_takes_an_interleaved_plan(cli: Cli, tmp_path: Path) -> None:
     path = tmp_path / "p.json"
     path.write_text(to_json(p, "transformer", print_schedule(cand.schedule,
                                                              cand.costs.settings()), "hand"))
-    code, out, err = cli("run", "--plan", path, "--nproc", "3")
+    code, _, err = cli("run", "--plan", path, "--nproc", "3")
     assert code == 2 and "--nproc 3: the schedule runs on 2 ranks" in err, err
 
 
