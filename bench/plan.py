@@ -118,7 +118,7 @@ def part_heavy() -> list[tuple[float | None, float]]:
 
 
 def part_builtin(iters: int) -> list[tuple[float | None, float]]:
-    from pipeir.models.spec import resolve_splittable
+    from pipeir.models.refs import resolve_splittable
     from pipeir.runtime.profile import measure_link, profile_pieces
 
     latency, bandwidth = measure_link()

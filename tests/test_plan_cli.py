@@ -14,7 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from pipeir.api import load  # noqa: E402
-from pipeir.models.spec import build_stage, resolve, resolve_splittable  # noqa: E402
+from pipeir.models import build_stage, resolve, resolve_splittable  # noqa: E402
 from pipeir.plan import LayerCost, Link, plan  # noqa: E402
 from pipeir.plan.planfile import to_json  # noqa: E402
 from pipeir.printer import print_schedule  # noqa: E402
@@ -44,7 +44,8 @@ def test_plan_profiles_the_transformer_and_replans_from_its_costs(cli: Cli,
     assert code == 0, err
     data = json.loads(out.read_text())
     assert data["format"] == "pipeir-plan" and data["version"] == 1
-    assert len(data["points"]) == 1 and data["points"][0] in NAMES[1:]
+    points = data["points"]  # one stage per rank, or v chunks per rank
+    assert (len(points) + 1) % 2 == 0 and points == [n for n in NAMES if n in points]
     assert [x["name"] for x in data["costs"]["layers"]] == NAMES
     assert all(x["F"] > 0 and x["param_bytes"] > 0 for x in data["costs"]["layers"])
     assert data["step"] >= data["bound"] >= data["best_bound"] > 0
@@ -57,7 +58,7 @@ def test_plan_profiles_the_transformer_and_replans_from_its_costs(cli: Cli,
     code, text, err = cli("plan", "--model", "transformer", "--ranks", "3", "--microbatches",
                           "4", "--layer-costs", out, "-o", again)
     assert code == 0, err
-    assert len(json.loads(again.read_text())["points"]) == 2
+    assert (len(json.loads(again.read_text())["points"]) + 1) % 3 == 0
 
 
 def test_builtin_splittables_keep_weights_and_names_under_every_cut() -> None:

@@ -61,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeir.models.spec import resolve_splittable
+    from pipeir.models.refs import resolve_splittable
     from pipeir.plan import planfile as pf
     from pipeir.plan.search import plan
     from pipeir.printer import print_schedule

@@ -157,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
 def _use_plan(args: argparse.Namespace) -> None:
     """Point `args` at the plan's schedule and its model cut at the planned points; a model
     that cannot be cut at named points, or not at these, is refused here."""
-    from pipeir.models.spec import resolve_splittable
+    from pipeir.models.refs import resolve_splittable
     from pipeir.plan import planfile
 
     if args.files or args.schedule is not None:

@@ -40,19 +40,11 @@ from pipeir.diagnostics import UsageError
 if TYPE_CHECKING:
     import torch
 
-    from pipeir.models.splittable import Splittable
-
 #: Built-in model names -> "module:function".
 BUILTINS: dict[str, str] = {
     "mlp": "pipeir.models.mlp:spec",
     "transformer": "pipeir.models.transformer:spec",
     "heavy-lm": "pipeir.models.heavy_lm:spec",
-}
-
-#: Built-in models that can be cut anywhere (`pipeir.models.splittable`) -> "module:function".
-SPLITTABLE: dict[str, str] = {
-    "transformer": "pipeir.models.transformer:splittable",
-    "heavy-lm": "pipeir.models.heavy_lm:splittable",
 }
 
 
@@ -203,36 +195,16 @@ def build_stage(spec: ModelSpec, s: int, stages: int) -> torch.nn.Module:
 
 def resolve(ref: str) -> ModelSpec:
     """`mlp`, `transformer`, `heavy-lm`, `package.module:function` or
-    `path/to/file.py[:function]` (function defaults to `spec`) -> the ModelSpec it returns;
-    `REF@POINT,POINT...` cuts the Splittable REF at those split points (what `pipeirc run
-    --plan` runs). Bad references are UsageErrors."""
-    base, at, points = ref.rpartition("@")
-    if at and "/" not in points:  # (not a directory named x@y)
-        return resolve_splittable(base).at([p.strip() for p in points.split(",") if p.strip()])
-    spec = _call(ref, BUILTINS.get(ref, ref))
+    `path/to/file.py[:function]` (function defaults to `spec`) -> the ModelSpec it returns.
+    Bad references are UsageErrors. (`pipeir.models.refs.resolve` adds `REF@POINT,...`.)"""
+    spec = call_factory(ref, BUILTINS.get(ref, ref))
     if not isinstance(spec, ModelSpec):
         raise UsageError(f"--model '{ref}': returned {type(spec).__name__}, "
                          "expected a pipeir.models.ModelSpec")
     return spec
 
 
-def resolve_splittable(ref: str) -> Splittable:
-    """The `Splittable` (a model that can be cut at named points) `ref` names: a built-in
-    (`transformer`, `heavy-lm`) or a function returning one. A ModelSpec is refused: it is
-    already cut, by stage number, and cannot be cut elsewhere."""
-    got = _call(ref, SPLITTABLE.get(ref, BUILTINS.get(ref, ref)))
-    # (the Protocol's own isinstance check, without importing the module that defines it,
-    # which imports this one)
-    if callable(getattr(got, "split_points", None)) and callable(getattr(got, "at", None)):
-        return got  # type: ignore[no-any-return]
-    what = ("a ModelSpec, already cut into stages by number" if isinstance(got, ModelSpec)
-            else type(got).__name__)
-    raise UsageError(f"--model '{ref}': returned {what}; planning and --plan need a model "
-                     f"that can be cut at named points (built-ins: {', '.join(SPLITTABLE)}, "
-                     "or a function returning a pipeir.models.splittable.Splittable)")
-
-
-def _call(ref: str, target: str) -> Any:
+def call_factory(ref: str, target: str) -> Any:
     """What the function `target` ("module:function", "file.py[:function]") returns."""
     where, sep, fn = target.rpartition(":")
     if not sep:
