@@ -73,6 +73,10 @@ def test_builtin_splittables_keep_weights_and_names_under_every_cut() -> None:
                    for k, v in build_stage(spec, s, len(cut) + 1).named_parameters()}
             assert got.keys() == whole.keys()
             assert all(torch.equal(got[k], whole[k]) for k in whole)
+    # `--model heavy-lm` is the uniform cut: blocks evenly, embedding first, head last
+    plain = [build_stage(resolve("heavy-lm"), s, 4) for s in range(4)]
+    firsts = [next(iter(dict(m.named_parameters()))).rsplit(".", 2)[0] for m in plain]
+    assert firsts == ["embed", "blocks.2", "blocks.4", "blocks.6"]
     heavy = resolve_splittable("heavy-lm").at([])
     emb = dict(build_stage(heavy, 0, 1).named_parameters())["embed.weight"]
     assert emb.shape[0] >= 8 * emb.shape[1]  # vocabulary >= 8x hidden

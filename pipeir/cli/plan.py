@@ -15,7 +15,7 @@ from pipeir.progress import Progress
 
 if TYPE_CHECKING:
     from pipeir.models.splittable import Splittable
-    from pipeir.plan import LayerCost, Link, Plan
+    from pipeir.plan import Choice, LayerCost, Link, Plan
     from pipeir.plan.planfile import PlanFile
 
 ORDER = 107
@@ -203,11 +203,9 @@ def _report(result: Plan, names: list[str]) -> str:
     return "\n".join(rows) + "\n"
 
 
-def _choice(what: str, result: Plan, c: object, names: list[str]) -> list[str]:
-    from pipeir.plan import Choice
+def _choice(what: str, result: Plan, c: Choice, names: list[str]) -> list[str]:
     from pipeir.plan.layers import bounds, stages_of
 
-    assert isinstance(c, Choice)
     cand = c.candidate
     out = [f"{what}: {', '.join(names[i] for i in c.cut) or '(one stage)'} -> "
            f"{cand.family}" + (f" v={cand.v}" if cand.v > 1 else "")
