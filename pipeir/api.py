@@ -26,7 +26,9 @@ def read_source(path: str | os.PathLike[str]) -> Source:
     return limits.read_input(path, ".sched file")
 
 
-def _source(src: str | os.PathLike[str]) -> Source:
+def _source(src: str | os.PathLike[str] | Source) -> Source:
+    if isinstance(src, Source):  # text with the name its diagnostics give (a plan's schedule)
+        return src
     if isinstance(src, os.PathLike):
         return read_source(src)
     if "\n" not in src and "{" not in src and (src.endswith(".sched") or os.path.exists(src)):
@@ -34,7 +36,7 @@ def _source(src: str | os.PathLike[str]) -> Source:
     return Source("<string>", src)
 
 
-def load(src: str | os.PathLike[str], *, overrides: Mapping[str, Value] | None = None,
+def load(src: str | os.PathLike[str] | Source, *, overrides: Mapping[str, Value] | None = None,
          use: tuple[str, Mapping[str, Value]] | None = None) -> Elaborated:
     """Parse and elaborate a `.sched` file (a path) or text; keeps the file's cost settings."""
     return elaborate(parse_source(_source(src)), library=LIBRARY, overrides=overrides,
