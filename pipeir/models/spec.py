@@ -27,8 +27,6 @@ what lets pipeir split it into micro-batches and know every shape without a hand
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeir._importing import import_file
 from pipeir.diagnostics import UsageError
+from pipeir.usercode import contained, import_module
 
 if TYPE_CHECKING:
     import torch
@@ -205,18 +204,12 @@ def resolve(ref: str) -> ModelSpec:
         raise UsageError(f"--model '{ref}': expected mlp, transformer, module:function or "
                          "file.py[:function]")
     else:
-        try:
-            module = importlib.import_module(where)
-        except ImportError as e:
-            raise UsageError(f"--model '{ref}': cannot import {where}: {e}",
-                             notes=()) from None
+        module = import_module(where, f"--model '{ref}'")
     factory = getattr(module, fn, None)
     if not callable(factory):
         raise UsageError(f"--model '{ref}': {where} has no function '{fn}'")
-    try:
+    with contained(f"--model '{ref}'", f"calling {fn}()"):
         spec = factory()
-    except Exception as e:
-        raise UsageError(f"--model '{ref}': {fn}() raised {type(e).__name__}: {e}") from None
     if not isinstance(spec, ModelSpec):
         raise UsageError(f"--model '{ref}': {fn}() returned {type(spec).__name__}, "
                          "expected a pipeir.models.ModelSpec")
