@@ -56,7 +56,10 @@ def explain(e: BaseException) -> str:
     """`SystemExit(3)`, `ValueError: bad width`, `KeyboardInterrupt` for messages."""
     if isinstance(e, SystemExit):
         return f"SystemExit({e.code!r})" if e.code is not None else "SystemExit"
-    text = str(e).strip().splitlines()
+    try:
+        text = str(e).strip().splitlines()
+    except Exception:  # an exception whose __str__ raises: its class still says something
+        text = ["(its message could not be printed)"]
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 

@@ -332,6 +332,9 @@ def _check_content(path: Path, stage: int, man: mf.Manifest) -> str:
         state = _torch_load(path, torch.device("cpu"), mmap=True)
     except CheckpointError as e:
         return str(e).removeprefix(f"{path}: ")
+    if state.get("step") != man.step:
+        return (f"records step {state.get('step')!r}, the manifest says step {man.step} "
+                "(a file of another checkpoint)")
     return _recorded(state, stage) or _differs(fingerprint(state["model"]), man.params[stage],
                                                "the file", "the manifest")
 

@@ -113,6 +113,8 @@ def parse(data: bytes) -> Manifest:
 def read(d: Path) -> Manifest:
     """The manifest of checkpoint directory `d`; ManifestError naming the file otherwise."""
     path = d / MANIFEST
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise ManifestError(f"{path}: not a regular file")
     try:
         with path.open("rb") as f:
             data = f.read(MAX_MANIFEST_BYTES + 1)
@@ -129,7 +131,7 @@ def read(d: Path) -> Manifest:
 def find(root: Path) -> Path | None:
     """The checkpoint directory `root` names: itself if it holds a manifest, else the one its
     `latest` file names (ManifestError if that is not a `step-N` inside `root`), else None."""
-    if (root / MANIFEST).exists():
+    if (root / MANIFEST).exists() or (root / MANIFEST).is_symlink():
         return root
     latest = root / LATEST
     if not latest.exists() and not latest.is_symlink():
