@@ -39,8 +39,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # abuse_kit, also when imported
 from abuse_kit import checkpoints, classic, usercode
+from abuse_kit.classic import runtime_cases
 from abuse_kit.harness import Case, report, run_case
+
+__all__ = ["Case", "all_cases", "main", "run_case", "runtime_cases"]
 
 FAMILIES = ("classic", "checkpoints", "usercode")
 
