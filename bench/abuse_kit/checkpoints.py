@@ -137,7 +137,7 @@ class _Evil:
 
 def evil_pickle(step: Path) -> None:
     """A stage file whose unpickling would run a command, with the manifest re-signed."""
-    import torch
+    import torch  # here, not at the top: only this setup needs it (seconds to import)
 
     torch.save({"model": {}, "stage": 0, "step": 2, "x": _Evil()}, step / "stage-0.pt",
                pickle_module=pickle)
