@@ -301,7 +301,7 @@ def _mounted_cases(save_ck: list[str]) -> list[Case]:
     def tmpfs(size: str, ro: bool = False) -> Setup:
         def make(d: Path) -> None:
             (d / "disk").mkdir()
-            opts = f"size={size}" + (",ro" if ro else "")
+            opts = f"size={size},mode=0755" + (",ro" if ro else "")  # the mount point's mode
             subprocess.run(["mount", "-t", "tmpfs", "-o", opts, "tmpfs", str(d / "disk")],
                            check=True)
         return make

@@ -32,6 +32,7 @@ writer turns a full disk into "unexpected pos", a plain write says ENOSPC and ho
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import os
@@ -207,7 +208,8 @@ class Saver:
             shutil.rmtree(old, ignore_errors=True)
         os.replace(tmp, final)
         _fsync_dir(base)
-        _point_latest(base, final.name, self.run_id)
+        _io(base, step, mf.LATEST, len(final.name), _point_latest, base, final.name,
+            self.run_id)
         self._retire(base, step)
         return sum(e.bytes for e in files.values())
 
@@ -262,10 +264,10 @@ def _io(base: Path, step: int, what: str, nbytes: int, action: Callable[..., Non
     try:
         action(*args)
     except OSError as e:
-        free = _free(base)
+        full = e.errno in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
         raise CheckpointError(
             f"cannot save {base / f'step-{step}'}: {e.strerror or e} writing {what}"
-            + (f" ({_mb(nbytes)} needed, {_mb(free)} free in {base})" if nbytes else "")
+            + (f" ({_mb(nbytes)} needed, {_mb(_free(base))} free in {base})" if full else "")
             + "; the previous checkpoint is intact") from None
 
 
