@@ -15,11 +15,11 @@ import importlib
 import sys
 import sysconfig
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
 
-from pipeir.diagnostics import Diagnostic, PipeirError, UsageError
+from pipeir.diagnostics import Diagnostic, Note, PipeirError, UsageError
 
 #: The exit code of an interrupt (128 + SIGINT), as a shell reports it.
 EXIT_INTERRUPT = 130
@@ -78,13 +78,14 @@ def contained(label: str, doing: str) -> Iterator[None]:
                             e) from None
 
 
-def import_module(name: str, label: str) -> ModuleType:
+def import_module(name: str, label: str, notes: Iterable[Note] = ()) -> ModuleType:
     """Import the dotted module `name` a user named: a module that does not exist is a
-    UsageError ("cannot import"); one that raises while importing is contained."""
+    UsageError ("cannot import", with `notes`); one that raises while importing is
+    contained."""
     with contained(label, f"importing {name}"):
         try:
             return importlib.import_module(name)
         except ModuleNotFoundError as e:
             if e.name is None or not (name == e.name or name.startswith(e.name + ".")):
                 raise  # the module exists and imports something missing: its own error
-            raise UsageError(f"{label}: cannot import {name}: {e}") from None
+            raise UsageError(f"{label}: cannot import {name}: {e}", notes=notes) from None

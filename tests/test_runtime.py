@@ -453,8 +453,11 @@ def test_generated_program_with_a_bad_model_says_so_once(tmp_path: Path) -> None
          "--steps", "1", "--model", "no_such_module"],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert proc.stderr.count("--model 'no_such_module'") == 1, proc.stderr
+    # rank 0's line, and again at the end of torchrun's report (its root cause)
+    assert proc.stderr.count("--model 'no_such_module'") == 2, proc.stderr
     assert "main.py: error: --model 'no_such_module': cannot import" in proc.stderr
+    assert [ln for ln in proc.stderr.splitlines() if ln.strip("=")][-1].startswith(
+        "  traceback : main.py: error: --model 'no_such_module': cannot import")
     assert "pipeir/runtime" not in proc.stderr  # no frame of ours
 
 
@@ -508,7 +511,7 @@ def test_run_report_measures_and_simulates_the_compiled_schedule() -> None:
     """For every pass combination the report is built from the schedule that ran (after its
     passes): each rank's measured busy time is the sum of its compute instructions' measured
     times, and the simulated column simulates the compiled schedule with the measured costs."""
-    from pipeir.backend.lower import (
+    from pipeir.backend.instructions import (
         Backward,
         BackwardInput,
         BackwardWeight,

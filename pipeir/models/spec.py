@@ -2,7 +2,7 @@
 
 A model spec is a function (no arguments) returning a `ModelSpec`:
 
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
     from torch import nn
     from pipeir.models import ModelSpec
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeir._importing import import_file
-from pipeir.diagnostics import UsageError
+from pipeir.diagnostics import UsageError, did_you_mean
 from pipeir.usercode import contained, import_module
 
 if TYPE_CHECKING:
@@ -47,7 +47,7 @@ BUILTINS: dict[str, str] = {
 
 
 def _sgd(params: Iterable[Any]) -> Any:
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
 
     return torch.optim.SGD(list(params), lr=0.05)
 
@@ -94,7 +94,7 @@ class ModelSpec:
 
 def autocast_dtype(spec: ModelSpec) -> torch.dtype | None:
     """The autocast dtype of the spec, or None for full precision."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
 
     return None if spec.autocast is None else getattr(torch, AUTOCAST[spec.autocast])
 
@@ -136,7 +136,7 @@ def structure(spec: ModelSpec, stages: int, which: Iterable[int]) -> dict[int, t
     """Stages `which`, for their parameter and buffer names and shapes only: on the meta
     device (no memory), or for real where a stage cannot be built there (one that moves
     itself: `.to("cpu")` cannot copy from meta)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
 
     wanted = list(which)
     try:
@@ -185,7 +185,7 @@ def check_spec(spec: ModelSpec, stages: int) -> None:
 
 def build_stage(spec: ModelSpec, s: int, stages: int) -> torch.nn.Module:
     """Stage s with its deterministic initial weights (see the module NOTE)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
 
     torch.manual_seed(spec.seed + 1000 * s + 17)
     return spec.stage(s, stages)
@@ -204,7 +204,9 @@ def resolve(ref: str) -> ModelSpec:
         raise UsageError(f"--model '{ref}': expected mlp, transformer, module:function or "
                          "file.py[:function]")
     else:
-        module = import_module(where, f"--model '{ref}'")
+        # a bare word is far more often a mistyped built-in than a module name
+        module = import_module(where, f"--model '{ref}'",
+                               did_you_mean(ref, BUILTINS) if "." not in where else ())
     factory = getattr(module, fn, None)
     if not callable(factory):
         raise UsageError(f"--model '{ref}': {where} has no function '{fn}'")

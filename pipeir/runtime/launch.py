@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeir.backend.lower import Lowered
+from pipeir.backend.instructions import Lowered
 from pipeir.diagnostics import PipeirError
 from pipeir.runtime.mesh import MeshShape
 from pipeir.runtime.worker import LOADING_PC, SAVING_PC, Job
@@ -64,7 +64,7 @@ class StepReport:
     ranks: int = 0
     time: float = 0.0
     #: from the last stage's rank: samples, tokens (None unless the spec counts them),
-    #: grad_norm (None without clipping), lr, skipped (fp16: non-finite gradients)
+    #: grad_norm (before clipping), lr, skipped (fp16: non-finite gradients)
     info: dict[str, Any] = field(default_factory=dict)
 
 
