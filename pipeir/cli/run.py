@@ -64,12 +64,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save", metavar="DIR", help="checkpoint per stage into DIR (atomically)")
     p.add_argument("--save-every", type=int, default=0, metavar="N",
                    help="with --save: every N steps as well as after the last")
+    p.add_argument("--keep", type=int, metavar="N",
+                   help="with --save: keep the newest N checkpoints, deleting older ones "
+                        "(default 2; 0 keeps all)")
     p.add_argument("--resume", metavar="DIR",
                    help="continue from the newest checkpoint in DIR (any schedule or rank "
                         "count with the same stages); --steps counts from step 0")
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train, holding the --save directory's lock throughout (one writer per directory;
+    under torchrun, global rank 0's process holds it)."""
+    from pipeir.runtime.savelock import holding
+
+    locks = args.save is not None and os.environ.get("RANK", "0") == "0"
+    with holding(args.save if locks else None) as held:
+        if held is not None and held.note:
+            print(f"note: {held.note}", file=sys.stderr)
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UsageError("--steps must be at least 1")
     if args.plan is not None:
@@ -98,17 +113,20 @@ def run(args: argparse.Namespace) -> int:
                 os.path.realpath(args.metrics):
             raise UsageError(f"--trace and --metrics both name {args.metrics}; the trace "
                              "would replace the metrics: give two files")
+    from pipeir.runtime.checkpoint import KEEP
     from pipeir.runtime.preflight import preflight
     from pipeir.runtime.worker import Job
 
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
-    preflight(spec, args.model, lowered.stages, lowered.microbatches * lowered.accumulate,
-              args.steps, save=args.save, save_every=args.save_every, resume=args.resume,
-              placement=None if torchrun else lowered.placement, dp=args.dp)
+    start = preflight(spec, args.model, lowered.stages,
+                      lowered.microbatches * lowered.accumulate, args.steps, save=args.save,
+                      save_every=args.save_every, resume=args.resume, keep=args.keep,
+                      placement=None if torchrun else lowered.placement, dp=args.dp)
     sources = tuple(rank_source(lowered, r) for r in range(lowered.ranks))
     job = Job(lowered, sources, args.model, args.steps, plan=_planner(compiled, args),
               collect=args.check, save=args.save, save_every=args.save_every,
-              resume=args.resume, dp=args.dp, allow_nonfinite=args.allow_nonfinite)
+              resume=args.resume, dp=args.dp, allow_nonfinite=args.allow_nonfinite,
+              keep=KEEP if args.keep is None else args.keep)
     if torchrun:  # each node's processes: torchrun placed them, pipeir cannot count them
         return _under_torchrun(job, args)
     from pipeir.runtime.launch import StepReport, launch
@@ -121,8 +139,16 @@ def run(args: argparse.Namespace) -> int:
           + (f"; x {args.dp} data-parallel replicas ({world} processes, rank = pp x "
              f"{args.dp} + dp)" if args.dp > 1 else ""), flush=True)
 
+    if start.checkpoint is not None:
+        print(f"resumed from {start.checkpoint} at step {start.step}", flush=True)
     live = sys.stdout.isatty()  # a terminal: one progress line, rewritten in place
     pending = [False]  # a progress line without its newline is on the terminal
+
+    def note(text: str) -> None:  # "saved DIR/step-N (...)", below the progress line
+        if pending[0]:
+            sys.stdout.write("\n")
+            pending[0] = False
+        print(text, flush=True)
 
     log = MetricsFile(args.metrics)
 
@@ -140,7 +166,7 @@ def run(args: argparse.Namespace) -> int:
             print(line, flush=True)
 
     try:
-        result = launch([job], world, timeout_s=args.timeout, on_step=progress)
+        result = launch([job], world, timeout_s=args.timeout, on_step=progress, on_note=note)
     finally:
         log.close()
         if pending[0]:  # keep the last step's line (and any error below it)
