@@ -19,7 +19,7 @@ from pipeir.passes import (
 )
 from pipeir.passes.context import CommModel
 from pipeir.schedule import Schedule
-from pipeir.sim import CostModel, SimResult
+from pipeir.sim import COMM_MODELS, CostModel, SimResult
 from pipeir.sim import simulate as simulate_schedule
 from pipeir.verify import verify
 
@@ -56,7 +56,7 @@ def optimize(schedule: Schedule, pipeline: Pipeline, costs: CostModel, *,
                        instruments=instruments).optimize(schedule)
 
 
-def simulate(loaded: Loaded, comm: str = "blocking") -> SimResult:
-    """A loaded schedule, verified and simulated under its costs (simulate, plot)."""
+def simulate(loaded: Loaded, comm: str = COMM_MODELS[0]) -> SimResult:
+    """A loaded schedule, verified and simulated under its costs (simulate, plot, bubble)."""
     verify(loaded.schedule)
     return simulate_schedule(loaded.schedule, loaded.costs, comm=comm)
