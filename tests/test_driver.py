@@ -167,3 +167,16 @@ def test_data_parallel_policy() -> None:
         driver.data_parallel(parse_pipeline("overlap"), s, CostModel(), dp=0)
     with pytest.raises(PipeirError, match="32-bit integers"):
         driver.data_parallel(parse_pipeline("overlap"), s, CostModel(), dp=2**31)
+
+
+def test_the_driver_never_prints() -> None:
+    """Warnings travel back as diagnostics: no module of the driver calls print or writes to
+    sys.stdout / sys.stderr (read from its source, so a new one cannot slip in)."""
+    import ast
+
+    for path in Path(driver.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            assert not (isinstance(node, ast.Name) and node.id == "print"), path
+            assert not (isinstance(node, ast.Attribute) and node.attr in ("stdout", "stderr")), \
+                path
