@@ -10,7 +10,6 @@ from typing import TYPE_CHECKING
 from pipeir import driver
 from pipeir.driver import read_source
 from pipeir.frontend.elaborate import Elaborated, Value
-from pipeir.passes.context import UNIT_COSTS
 from pipeir.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -36,12 +35,15 @@ def parse(src: str | os.PathLike[str], *, overrides: Mapping[str, Value] | None 
     return load(src, overrides=overrides).schedule
 
 
-def compile(schedule: Schedule, passes: str | Pipeline | Sequence[PassBase] | None = None, *,
+def compile(schedule: Schedule | Elaborated,
+            passes: str | Pipeline | Sequence[PassBase] | None = None, *,
             costs: CostModel | None = None, comm: CommModel | None = None,
             dp: int | None = None) -> Compiled:
     """Run `passes` (a pipeline string such as "split-backward,overlap"), lower and prove the
-    programs deadlock-free. `costs` place communication and drive cost-aware passes; `comm`
-    defaults to the model the pipeline runs under (overlapped with `overlap`, else blocking).
+    programs deadlock-free. `costs` place communication and drive cost-aware passes (given
+    what `pipeir.load` returns, its file's costs block is the default, as on the command
+    line); `comm` defaults to the model the pipeline runs under (overlapped with `overlap`,
+    else blocking).
 
     `dp` data-parallel replicas of the pipeline (default: the costs' `dp`, else 1): with more
     than one, a schedule without its own gradient reductions gets the `dp-reduce` pass, as
@@ -50,7 +52,7 @@ def compile(schedule: Schedule, passes: str | Pipeline | Sequence[PassBase] | No
     planned = driver.plan_pipeline(passes)
     for d in planned.warnings:
         warnings.warn(d.message, stacklevel=2)
-    # UNIT_COSTS, the very object: PassManager warns that reorder and synth have no costs
-    build = driver.compile_schedule(schedule, planned.pipeline,
-                                    costs if costs is not None else UNIT_COSTS, dp=dp, comm=comm)
+    target = schedule.schedule if isinstance(schedule, Elaborated) else schedule
+    build = driver.compile_schedule(target, planned.pipeline, driver.costs_for(schedule, costs),
+                                    dp=dp, comm=comm)
     return build.compiled

@@ -1,10 +1,11 @@
 """The two front doors agree: `pipeirc compile --emit json` and `pipeir.compile` lower the
 same schedule, passes, data-parallel replicas and costs to the same programs, because both go
-through `pipeir.driver`. The matrix: library 1F1B, interleaved 1F1B, ZB-H1 and an example
-file × no passes, split-backward, overlap, interleave{v=2} and reorder × one replica, two
-from the costs and two from the flag × every example cost file (and none), each cost file met
-in turn. A case compiles to identical JSON through both doors, or (interleaving a schedule
-that is not one stage per rank) fails with the same message through both."""
+through `pipeir.driver`. The matrix: library 1F1B, interleaved 1F1B, ZB-H1, an example file
+and one with a costs block × no passes, split-backward, overlap, interleave{v=2} and reorder
+× one replica, two from the costs and two from the flag × every example cost file (and none),
+each cost file met in turn. A case compiles to identical JSON through both doors, or
+(interleaving a schedule that is not one stage per rank) fails with the same message through
+both."""
 
 from __future__ import annotations
 
@@ -22,15 +23,17 @@ from pipeir.backend.lower import dumps
 from pipeir.cli import main
 from pipeir.diagnostics import PipeirError
 from pipeir.driver import ScheduleRef
+from pipeir.frontend.elaborate import Elaborated
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 FILE = EXAMPLES / "1f1b.sched"
+BLOCK = EXAMPLES / "costs" / "variable-length.sched"  # with a costs block of its own
 
 #: name: (CLI words that name the schedule, the API's way to build it); 8 micro-batches
 #: each, the count examples/costs/lengths.toml gives lengths for.
-SCHEDULES: dict[str, tuple[list[str], Callable[[], Schedule]]] = {
+SCHEDULES: dict[str, tuple[list[str], Callable[[], Schedule | Elaborated]]] = {
     "1f1b": (["--schedule", "1f1b", "--ranks", "4", "--microbatches", "8"],
              lambda: pipeir.library.get("1f1b", ranks=4, microbatches=8)),
     "interleaved": (["--schedule", "interleaved-1f1b", "--ranks", "2", "--microbatches", "8",
@@ -40,6 +43,8 @@ SCHEDULES: dict[str, tuple[list[str], Callable[[], Schedule]]] = {
     "zb-h1": (["--schedule", "zb-h1", "--ranks", "4", "--microbatches", "8"],
               lambda: pipeir.library.get("zb-h1", ranks=4, microbatches=8)),
     "file": ([str(FILE)], lambda: pipeir.parse(FILE)),
+    # what pipeir.load returns: its costs block is the costs, as on the command line
+    "block": ([str(BLOCK)], lambda: pipeir.load(BLOCK)),
 }
 #: reorder bounded by evaluations, not by its default 20 ms: what it finds in 20 ms depends
 #: on the machine's load, and the doors must be compared on the same search
@@ -92,12 +97,7 @@ def test_cli_and_api_lower_alike(name: str, passes: str, dp: str, costs: Path | 
 
     try:
         schedule = build()
-        if cost_file is not None:
-            model: CostModel | None = CostModel.load(cost_file)
-        elif name == "file":  # the file's own costs block, as the CLI reads it
-            model = CostModel.from_settings(pipeir.load(FILE).costs)
-        else:
-            model = None
+        model = CostModel.load(cost_file) if cost_file is not None else None
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             compiled = pipeir.compile(schedule, passes, costs=model,

@@ -14,6 +14,7 @@ from pipeir import library, limits
 from pipeir.diagnostics import Diagnostic, Source, Span, UsageError, did_you_mean
 from pipeir.frontend.elaborate import Elaborated, Value, elaborate
 from pipeir.frontend.parser import parse_source
+from pipeir.passes.context import UNIT_COSTS
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel
 from pipeir.sim.costs import TOP_KEYS, read_cost_file
@@ -158,6 +159,18 @@ def load_with_costs(ref: ScheduleRef, overrides: Mapping[str, Value] | None = No
     warnings += _unused(elab.schedule.config.stages, elab.schedule.config.microbatches, merged)
     written = {k: v for k, v in merged.items() if k != "meta" and not k.startswith("meta.")}
     return Loaded(replace(elab, costs=written), costs, tuple(warnings))
+
+
+def costs_for(target: Schedule | Elaborated, costs: CostModel | None) -> CostModel:
+    """The costs a schedule is planned under when the caller gives a schedule: `costs`, else
+    the costs block of a loaded file (as `pipeirc compile FILE` reads it), else the unit
+    costs (the very `UNIT_COSTS` object, so that cost-driven passes warn that they have
+    none)."""
+    if costs is not None:
+        return costs
+    if isinstance(target, Elaborated) and target.costs:
+        return CostModel.from_settings(target.costs)
+    return UNIT_COSTS
 
 
 def override_text(value: Value) -> str:
