@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 from collections.abc import Iterable
 
@@ -102,6 +103,12 @@ def _literal(raw: str, where: str) -> Value:
         return raw
     raise UsageError(f"{where}: cannot read '{raw}' (expected an integer, a number, a name "
                      "or a list [a, b, ...])")
+
+
+def wrote_schedule(path: str) -> None:
+    """The one line a command that writes a `.sched` with -o prints (as compile, tune and
+    synth do for theirs): silence after a write left users unsure anything was written."""
+    print(f"wrote {path} (pipeirc simulate {shlex.quote(path)})")
 
 
 def schedule_ref(args: argparse.Namespace) -> ScheduleRef:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeir import library, limits
-from pipeir.diagnostics import Diagnostic, Source, Span, UsageError, did_you_mean
+from pipeir.diagnostics import Diagnostic, Note, Source, Span, UsageError, did_you_mean
 from pipeir.frontend.elaborate import Elaborated, Value, elaborate
 from pipeir.frontend.parser import parse_source
 from pipeir.passes.context import UNIT_COSTS
@@ -131,7 +131,19 @@ def _load_schedules(ref: ScheduleRef, overrides: dict[str, Value]) -> list[Elabo
         if str(f).lower().endswith(".csv"):
             raise UsageError(f"{f}: this is a torch schedule CSV: use `pipeirc import-torch "
                              f"{f} -o FILE.sched` first (check and export-torch read it too)")
+        _library_name(str(f))
     return [load_source(Path(f), overrides=overrides) for f in ref.files]
+
+
+def _library_name(f: str) -> None:
+    """FILE that is no file but names a library schedule (`pipeirc run 1f1b`): the error
+    shows the flags that name it, which a first-time user cannot guess from "no such file"."""
+    found = library.find(f) if not Path(f).exists() else None
+    if found is not None:
+        v = " --v V" if "v" in found.params else ""
+        raise UsageError(f"{f}: no such .sched file", notes=(Note(
+            f"'{found.name}' is a library schedule: use --schedule {found.name} --ranks P "
+            f"--microbatches M{v}"),))
 
 
 def load_with_costs(ref: ScheduleRef, overrides: Mapping[str, Value] | None = None,
