@@ -23,7 +23,7 @@ from functools import partial
 from pathlib import Path
 
 import pipeir
-from pipeir.backend.lower import dumps
+from pipeir.backend.program_io import dumps
 from pipeir.cli import main
 from pipeir.sim import CostModel
 

@@ -19,7 +19,7 @@ import pytest
 
 import pipeir
 from pipeir import driver
-from pipeir.backend.lower import dumps
+from pipeir.backend.program_io import dumps
 from pipeir.cli import main
 from pipeir.diagnostics import PipeirError
 from pipeir.driver import ScheduleRef

@@ -57,8 +57,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeir.printer import print_schedule
-    from pipeir.sim.costs import read_cost_file
-    from pipeir.synth import BudgetError, synth
+    from pipeir.search.synth import BudgetError, synth
+    from pipeir.sim.cost_files import read_cost_file
     from pipeir.verify import verify
 
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)

@@ -17,7 +17,8 @@ from pipeir.frontend.parser import parse_source
 from pipeir.passes.context import UNIT_COSTS
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel
-from pipeir.sim.costs import TOP_KEYS, read_cost_file
+from pipeir.sim.cost_files import read_cost_file
+from pipeir.sim.cost_settings import TOP_KEYS
 from pipeir.sim.lengths import check_count, split_length_settings
 
 #: Cost settings as read from a costs block, a cost file or `--set`: value and where it was.
