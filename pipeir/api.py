@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pipeir import driver
+from pipeir.diagnostics import Source
 from pipeir.driver import read_source
 from pipeir.frontend.elaborate import Elaborated, Value
 from pipeir.schedule import Schedule
@@ -20,7 +21,7 @@ if TYPE_CHECKING:
 __all__ = ["compile", "load", "parse", "read_source"]
 
 
-def load(src: str | os.PathLike[str], *, overrides: Mapping[str, Value] | None = None,
+def load(src: str | os.PathLike[str] | Source, *, overrides: Mapping[str, Value] | None = None,
          use: tuple[str, Mapping[str, Value]] | None = None) -> Elaborated:
     """Parse and elaborate a `.sched` file (a path) or text; keeps the file's cost settings."""
     return driver.load_source(src, overrides=overrides, use=use)

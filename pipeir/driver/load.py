@@ -32,7 +32,7 @@ class ScheduleRef:
     """What names the schedules to load: `.sched` files, or a library schedule with its
     sizes (`library`, `ranks`, `microbatches` and optionally `v`), never both."""
 
-    files: tuple[str, ...] = ()
+    files: tuple[str | Source, ...] = ()  # a Source: text with its name (a plan's schedule)
     library: str | None = None
     ranks: int | None = None
     microbatches: int | None = None
@@ -59,8 +59,11 @@ def read_source(path: str | os.PathLike[str]) -> Source:
     return limits.read_input(path, ".sched file")
 
 
-def source_of(src: str | os.PathLike[str]) -> Source:
-    """A path (a PathLike, or a one-line string naming a `.sched` or existing file) or text."""
+def source_of(src: str | os.PathLike[str] | Source) -> Source:
+    """A path (a PathLike, or a one-line string naming a `.sched` or existing file), text,
+    or a `Source` already (text with the name its diagnostics give)."""
+    if isinstance(src, Source):
+        return src
     if isinstance(src, os.PathLike):
         return read_source(src)
     if "\n" not in src and "{" not in src and (src.endswith(".sched") or os.path.exists(src)):
@@ -68,7 +71,8 @@ def source_of(src: str | os.PathLike[str]) -> Source:
     return Source("<string>", src)
 
 
-def load_source(src: str | os.PathLike[str], *, overrides: Mapping[str, Value] | None = None,
+def load_source(src: str | os.PathLike[str] | Source, *,
+                overrides: Mapping[str, Value] | None = None,
                 use: tuple[str, Mapping[str, Value]] | None = None) -> Elaborated:
     """Parse and elaborate a `.sched` file (a path) or text; keeps the file's cost settings."""
     return elaborate(parse_source(source_of(src)), library=library.LIBRARY,
@@ -129,11 +133,14 @@ def _load_schedules(ref: ScheduleRef, overrides: dict[str, Value]) -> list[Elabo
         if getattr(ref, flag) is not None:
             raise UsageError(f"--{flag} goes with --schedule; with a FILE, use --set {flag}=N")
     for f in ref.files:
+        if isinstance(f, Source):
+            continue
         if str(f).lower().endswith(".csv"):
             raise UsageError(f"{f}: this is a torch schedule CSV: use `pipeirc import-torch "
                              f"{f} -o FILE.sched` first (check and export-torch read it too)")
         _library_name(str(f))
-    return [load_source(Path(f), overrides=overrides) for f in ref.files]
+    return [load_source(f if isinstance(f, Source) else Path(f), overrides=overrides)
+            for f in ref.files]
 
 
 def _library_name(f: str) -> None:

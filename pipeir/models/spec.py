@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 BUILTINS: dict[str, str] = {
     "mlp": "pipeir.models.mlp:spec",
     "transformer": "pipeir.models.transformer:spec",
+    "heavy-lm": "pipeir.models.heavy_lm:spec",
 }
 
 
@@ -193,17 +194,26 @@ def build_stage(spec: ModelSpec, s: int, stages: int) -> torch.nn.Module:
 
 
 def resolve(ref: str) -> ModelSpec:
-    """`mlp`, `transformer`, `package.module:function` or `path/to/file.py[:function]`
-    (function defaults to `spec`) -> the ModelSpec it returns. Bad references are UsageErrors."""
-    target = BUILTINS.get(ref, ref)
+    """`mlp`, `transformer`, `heavy-lm`, `package.module:function` or
+    `path/to/file.py[:function]` (function defaults to `spec`) -> the ModelSpec it returns.
+    Bad references are UsageErrors. (`pipeir.models.refs.resolve` adds `REF@POINT,...`.)"""
+    spec = call_factory(ref, BUILTINS.get(ref, ref))
+    if not isinstance(spec, ModelSpec):
+        raise UsageError(f"--model '{ref}': returned {type(spec).__name__}, "
+                         "expected a pipeir.models.ModelSpec")
+    return spec
+
+
+def call_factory(ref: str, target: str) -> Any:
+    """What the function `target` ("module:function", "file.py[:function]") returns."""
     where, sep, fn = target.rpartition(":")
     if not sep:
         where, fn = target, "spec"
     if where.endswith(".py") or "/" in where:
         module = _load_file(ref, Path(where))
     elif not where or not where.replace(".", "").replace("_", "").isalnum():
-        raise UsageError(f"--model '{ref}': expected mlp, transformer, module:function or "
-                         "file.py[:function]")
+        raise UsageError(f"--model '{ref}': expected {', '.join(BUILTINS)}, module:function "
+                         "or file.py[:function]")
     else:
         try:
             module = importlib.import_module(where)
@@ -216,13 +226,9 @@ def resolve(ref: str) -> ModelSpec:
     if not callable(factory):
         raise UsageError(f"--model '{ref}': {where} has no function '{fn}'")
     try:
-        spec = factory()
+        return factory()
     except Exception as e:
         raise UsageError(f"--model '{ref}': {fn}() raised {type(e).__name__}: {e}") from None
-    if not isinstance(spec, ModelSpec):
-        raise UsageError(f"--model '{ref}': {fn}() returned {type(spec).__name__}, "
-                         "expected a pipeir.models.ModelSpec")
-    return spec
 
 
 def _load_file(ref: str, path: Path) -> Any:

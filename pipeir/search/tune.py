@@ -282,3 +282,17 @@ def _bytes(b: float) -> str:
         if b >= size:
             return f"{b / size:.2f} {unit}"
     return f"{b:.0f} B"
+
+
+def evaluate(base: Schedule, costs: CostModel, family: str, v: int, microbatches: int,
+             split: str | None, comm: str) -> Candidate:
+    """One candidate outside `search`: the library schedule `base` (family, v chunks per
+    rank) through split-backward `split`, simulated under `costs` that already describe each
+    of its `ranks * v` virtual stages (no rescaling: a planner's unequal chunks)."""
+    return _evaluate(base, costs, family, v, microbatches, split, comm, False, 1.0)
+
+
+def variants(family: str, splits: Sequence[str | None], comms: Sequence[str]
+             ) -> list[tuple[str | None, str]]:
+    """The (split-backward mode, comm model) pairs `search` tries on a library schedule."""
+    return _variants(family, splits, comms)
