@@ -32,7 +32,7 @@ import importlib.util
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pipeir._importing import import_file
 from pipeir.diagnostics import UsageError
@@ -91,6 +91,22 @@ class ModelSpec:
     autocast: str | None = None
     tied: Callable[[int], Sequence[TiedGroup]] | None = None
     tokens: Callable[[Any], int] | None = None
+
+
+def call_stage(module: torch.nn.Module, value: Any) -> Any:
+    """Run a stage on its input as torch's `PipelineStage` does: a tuple (or list) is the
+    stage's positional arguments, anything else (a tensor, a dict) its one argument. So the
+    tuple a stage returns becomes the next stage's arguments, and one stage module serves
+    pipeir and torch alike."""
+    return module(*value) if isinstance(value, tuple | list) else module(value)
+
+
+@runtime_checkable
+class HasModelSpec(Protocol):
+    """A model description that becomes a `ModelSpec` (`pipeir.models.ModuleSpec`)."""
+
+    def model_spec(self) -> ModelSpec:
+        ...
 
 
 def autocast_dtype(spec: ModelSpec) -> torch.dtype | None:
@@ -217,9 +233,14 @@ def resolve(ref: str) -> ModelSpec:
         spec = factory()
     except Exception as e:
         raise UsageError(f"--model '{ref}': {fn}() raised {type(e).__name__}: {e}") from None
+    if isinstance(spec, HasModelSpec):
+        try:
+            spec = spec.model_spec()
+        except UsageError as e:
+            raise UsageError(f"--model '{ref}': {e.message}") from None
     if not isinstance(spec, ModelSpec):
         raise UsageError(f"--model '{ref}': {fn}() returned {type(spec).__name__}, "
-                         "expected a pipeir.models.ModelSpec")
+                         "expected a pipeir.models.ModelSpec or ModuleSpec")
     return spec
 
 

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from pipeir.models.spec import ModelSpec, autocast_dtype, build_stage, tied_groups
+from pipeir.models.spec import ModelSpec, autocast_dtype, build_stage, call_stage, tied_groups
 from pipeir.runtime.worker import split_batch
 
 
@@ -61,7 +61,7 @@ def _train(spec: ModelSpec, stages: int, microbatches: int, accumulate: int, ste
             with _autocast(dtype):
                 h: Any = x
                 for m in modules:
-                    h = m(h)
+                    h = call_stage(m, h)
                 loss = spec.loss(h, y)
             torch.autograd.backward(scaler.scale(loss / n))
         if spec.clip_grad_norm is not None:

@@ -29,7 +29,13 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
-from pipeir.models.spec import ModelSpec, StageBuildError, autocast_dtype, stage_modules
+from pipeir.models.spec import (
+    ModelSpec,
+    StageBuildError,
+    autocast_dtype,
+    call_stage,
+    stage_modules,
+)
 
 ALIGN = 16
 
@@ -226,7 +232,7 @@ class ShapePlan:
             for s, mod in enumerate(modules):
                 try:
                     with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
-                        h = mod(h)
+                        h = call_stage(mod, h)
                 except Exception as e:
                     given = "the micro-batch input" if s == 0 else f"stage {s - 1}'s output"
                     raise PlanError(f"stage {s} cannot take {given} {found[-1] if s else key}: "

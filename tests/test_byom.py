@@ -1,0 +1,208 @@
+"""Bring your own nn.Module: `pipeir.split` and `ModuleSpec` train an unsplit module to the
+parameters of ordinary single-process training of that module (the oracle is written here
+with plain torch, not pipeir's reference), with its parameter names, tied weights and
+initial weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import pipeir
+from pipeir.backend.codegen import rank_source
+from pipeir.diagnostics import UsageError
+from pipeir.models import ModuleSpec, resolve
+from pipeir.runtime.launch import launch
+from pipeir.runtime.worker import Job, split_batch
+from pipeir.schedule import Schedule
+from pipeir.sim import CostModel
+from pipeir.synth import synth
+
+HERE = Path(__file__).parent
+MODELS = HERE / "byom_models.py"
+TIMEOUT = 90.0
+
+
+def _models() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("byom_models", MODELS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BM = _models()
+
+
+def train_unsplit(spec: ModuleSpec, microbatches: int, steps: int
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Plain torch: the unsplit module, one optimizer, mean loss over micro-batches, clip.
+    Returns (state_dict, last step's gradients by every parameter name)."""
+    torch.manual_seed(spec.seed)
+    module = spec.module() if not isinstance(spec.module, nn.Module) else spec.module
+    opt = spec.optimizer(module.parameters())
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        xs, ys = split_batch(spec.batch(step), microbatches)
+        for x, y in zip(xs, ys):
+            loss = spec.loss(module(x), y) / microbatches
+            loss.backward()
+        if spec.clip_grad_norm is not None:
+            nn.utils.clip_grad_norm_(module.parameters(), spec.clip_grad_norm)
+        opt.step()
+    grads = {n: p.grad.clone() for n, p in module.named_parameters(remove_duplicate=False)
+             if p.grad is not None}
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}, grads
+
+
+def _job(schedule: Schedule, fn: str, steps: int) -> Job:
+    low = pipeir.compile(schedule, None).lowered
+    return Job(low, tuple(rank_source(low, r) for r in range(low.ranks)), f"{MODELS}:{fn}",
+               steps, collect=True)
+
+
+def _synthesised() -> Schedule:
+    return synth(CostModel(F=1.0, B=2.0), 2, 4, v=1, time_limit=5).schedule
+
+
+def test_split_keeps_names_and_computes_the_unsplit_forward() -> None:
+    """Both routes: pruned deep copies (no example) and torch's tracer (an example); a
+    traced stage hands a tuple on as the next stage's arguments."""
+    torch.manual_seed(0)
+    seq = BM._seq()
+    x = torch.randn(3, BM.D)
+    pruned = pipeir.split(seq, ["2.2", "3"])
+    assert [sorted(n for n, _ in s.named_parameters()) for s in pruned] == [
+        ["0.bias", "0.weight", "2.0.bias", "2.0.weight", "2.1.bias", "2.1.weight"],
+        ["2.2.bias", "2.2.weight", "2.3.bias", "2.3.weight"], ["3.bias", "3.weight"]]
+    h = x
+    for s in pruned:
+        h = s(h)
+    torch.testing.assert_close(h, seq(x), rtol=0, atol=0)
+
+    model = BM.Tied()
+    ids = torch.randint(0, BM.V, (2, 6))
+    traced = pipeir.split(model, ["layers.1", "layers.3"], example=ids)
+    names = set().union(*({n for n, _ in s.named_parameters()} for s in traced))
+    assert names <= {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    out = traced[0](ids)
+    assert isinstance(out, tuple) and len(out) == 2  # (hidden, scale): two arguments
+    for s in traced[1:]:
+        out = s(*out) if isinstance(out, tuple) else s(out)
+    torch.testing.assert_close(out, model(ids), rtol=1e-6, atol=1e-6)
+
+
+def test_a_skip_connection_is_carried_along_the_chain() -> None:
+    """Stage 0's embedding, read after the last block, passes through stage 1."""
+    torch.manual_seed(0)
+    model = BM.Tied(skip=True)
+    ids = torch.randint(0, BM.V, (2, 6))
+    stages = pipeir.split(model, ["layers.1", "layers.3"], example=ids)
+    out: Any = ids
+    widths = []
+    for s in stages:
+        out = s(*out) if isinstance(out, tuple) else s(out)
+        widths.append(len(out) if isinstance(out, tuple) else 1)
+    assert widths == [3, 3, 1]  # hidden, scale and the carried embedding
+    torch.testing.assert_close(out, model(ids), rtol=1e-6, atol=1e-6)
+
+
+def test_module_spec_recognises_tied_weights_and_starts_from_the_unsplit_weights() -> None:
+    ms = BM.tied4().model_spec()
+    assert ms.tied(4) == [[(0, "embed.weight"), (3, "head.weight")]]
+    torch.manual_seed(0)
+    unsplit = BM.Tied().state_dict()
+    for s in range(4):
+        for k, v in ms.stage(s, 4).state_dict().items():
+            assert torch.equal(v, unsplit[k]), (s, k)
+
+
+def test_weights_come_from_an_unsplit_state_dict_file_and_stages_build_on_meta(
+        tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    other = BM._seq()
+    path = tmp_path / "w.pt"
+    torch.save(other.state_dict(), path)
+    spec = ModuleSpec(module=BM._seq, batch=BM._batch, loss=nn.functional.mse_loss,
+                      points=["2.2"], weights=str(path))
+    ms = spec.model_spec()
+    with torch.device("meta"):
+        meta = ms.stage(1, 2)
+    assert all(p.is_meta for p in meta.parameters())
+    for s in range(2):
+        for k, v in ms.stage(s, 2).state_dict().items():
+            assert torch.equal(v, other.state_dict()[k]), (s, k)
+
+
+@pytest.mark.parametrize(("fn", "points", "message"), [
+    ("seq_bad_point", None, "split point '2.9' is not a candidate; the candidates are 1, "
+                            "2.0, 2.1, 2.2, 2.3, 3"),
+    ("seq", ["3", "2.2"], "must be distinct and in model order"),
+])
+def test_bad_points_are_one_clear_error(fn: str, points: list[str] | None,
+                                        message: str) -> None:
+    spec = getattr(BM, fn)()
+    with pytest.raises(UsageError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        spec.at(points) if points is not None else spec.model_spec()
+
+
+def test_run_refuses_a_point_count_the_schedule_does_not_run(cli, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "4",
+                       "--model", f"{MODELS}:seq")
+    assert code == 2 and "Traceback" not in err
+    assert "the split points ['2.2'] make 2 stages; the schedule runs 4" in err
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                       "--model", f"{MODELS}:seq_bad_point")
+    assert code == 2 and "split point '2.9' is not a candidate" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.mp
+def test_module_specs_train_like_the_unsplit_module() -> None:
+    """Pruned and traced splits, a tied weight across ranks, Adam and clipping, on 1F1B,
+    interleaved (four traced stages on two ranks), zb-h1 (split backward) and a
+    synthesised schedule: every parameter equals single-process training of the unsplit
+    module (1e-5), under its original name."""
+    lib = pipeir.library.get
+    jobs = [
+        _job(lib("1f1b", 2, 4), "seq", 3),
+        _job(lib("1f1b", 2, 4), "seq_uniform", 2),
+        _job(lib("1f1b", 2, 4), "tied", 3),
+        _job(lib("interleaved-1f1b", 2, 4, v=2), "tied4", 3),
+        _job(lib("zb-h1", 2, 4), "tied", 2),
+        _job(_synthesised(), "tied", 2),
+    ]
+    result = launch(jobs, 2, timeout_s=TIMEOUT)
+    for j, job in enumerate(jobs):
+        spec = getattr(BM, job.model.rpartition(":")[2])()
+        want, want_grads = train_unsplit(spec, 4, job.steps)
+        got: dict[str, Any] = {}
+        grads: dict[str, Any] = {}
+        for s in sorted(result.params[j]):
+            got.update(result.params[j][s])
+            grads.update(result.grads[j][s])
+        assert set(got) <= set(want) and set(want) - set(got) <= {"head.weight"}, j
+        for k, v in want.items():
+            mine = torch.from_numpy(got.get(k, got.get("embed.weight")))
+            torch.testing.assert_close(mine, v, rtol=1e-5, atol=1e-5 * float(v.abs().max()),
+                                       msg=lambda m, k=k, j=j: f"job {j} {k}: {m}")
+        for k, g in grads.items():
+            torch.testing.assert_close(torch.from_numpy(g), want_grads[k], rtol=1e-5,
+                                       atol=1e-5 * float(want_grads[k].abs().max()))
+    tied = result.params[3]
+    assert (tied[0]["embed.weight"] == tied[3]["head.weight"]).all()
+
+
+def test_resolve_turns_a_module_spec_into_the_model_spec_run_trains() -> None:
+    ms = resolve(f"{MODELS}:tied")
+    assert ms.tied is not None and ms.tied(2) == [[(0, "embed.weight"), (1, "head.weight")]]
+    assert ms.clip_grad_norm == 0.5
