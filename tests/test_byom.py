@@ -206,3 +206,48 @@ def test_resolve_turns_a_module_spec_into_the_model_spec_run_trains() -> None:
     ms = resolve(f"{MODELS}:tied")
     assert ms.tied is not None and ms.tied(2) == [[(0, "embed.weight"), (1, "head.weight")]]
     assert ms.clip_grad_norm == 0.5
+
+
+@pytest.mark.mp
+def test_run_save_exports_one_state_dict_that_loads_into_the_unsplit_module(
+        cli, tmp_path: Path) -> None:
+    """`run --save` then `export-weights`: the file loads into the unsplit module with
+    strict=True and holds single-process training's parameters; as a ModuleSpec's
+    `weights` it gives the stages those parameters back."""
+    save, out = tmp_path / "ckpt", tmp_path / "w.safetensors"
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "4",
+                       "--steps", "2", "--model", f"{MODELS}:tied", "--save", save)
+    assert code == 0, err
+    code, printed, err = cli("export-weights", save, "--model", f"{MODELS}:tied", "-o", out)
+    assert code == 0, err
+    # every name of the unsplit module, head.weight (embed.weight's second name) included
+    assert f"wrote {len(BM.Tied().state_dict())} tensors" in printed
+    from safetensors.torch import load_file
+
+    state = load_file(str(out))
+    module = BM.Tied()
+    module.load_state_dict(state, strict=True)
+    want, _ = train_unsplit(BM.tied(), 4, 2)
+    for k, v in module.state_dict().items():
+        torch.testing.assert_close(v, want[k], rtol=1e-5, atol=1e-6)
+    back = ModuleSpec(module=BM.Tied, batch=BM._tokens, loss=BM._ce, points=["layers.2"],
+                      example=BM._tokens(0)[0][:2], weights=str(out)).model_spec()
+    for s in range(2):
+        for k, v in back.stage(s, 2).state_dict().items():
+            assert torch.equal(v, state[k]), (s, k)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("nowhere",), "nowhere: no checkpoint there"),
+    (("CKPT", "-o", "w.bin"), "-o w.bin: expected a .pt or .safetensors file"),
+])
+def test_export_weights_rejects_bad_input(cli, tmp_path: Path, args: tuple[str, ...],
+                                          message: str, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = [a.replace("CKPT", "nowhere") for a in args]
+    if "-o" not in argv:
+        argv += ["-o", "w.pt"]
+    code, _, err = cli("export-weights", *argv, "--model", f"{MODELS}:tied")
+    assert code == 2 and message in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []

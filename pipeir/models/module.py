@@ -116,6 +116,15 @@ class ModuleSpec:
                              f"{stages} stages")
         return [units[layers[s * len(layers) // stages]] for s in range(1, stages)]
 
+    def state_names(self) -> dict[str, list[str]]:
+        """Each state_dict name of the unsplit module -> every name of that tensor (a tied
+        weight has several): what an exported checkpoint must hold to load with
+        `strict=True`."""
+        by_id: dict[int, list[str]] = {}
+        for name, t in self._unsplit(real=False).state_dict(keep_vars=True).items():
+            by_id.setdefault(id(t), []).append(name)
+        return {n: names for names in by_id.values() for n in names}
+
     # ---- the split ------------------------------------------------------------------------
     def _model_spec(self, points_for: Callable[[int], list[str]]) -> ModelSpec:
         def stage(s: int, stages: int) -> nn.Module:
@@ -224,16 +233,6 @@ def split(module: nn.Module, points: Sequence[str], example: Any = None) -> list
     spec = ModuleSpec(module=module, batch=_no_batch, loss=_no_loss, example=example)
     ms = spec.at(points)
     return [ms.stage(s, len(points) + 1) for s in range(len(points) + 1)]
-
-
-def unsplit_names(spec: ModuleSpec) -> dict[str, list[str]]:
-    """Each state_dict name of the unsplit module -> every name of the same tensor (tied
-    weights have several), for export."""
-    root = spec._unsplit(real=False)
-    by_id: dict[int, list[str]] = {}
-    for name, t in root.state_dict(keep_vars=True).items():
-        by_id.setdefault(id(t), []).append(name)
-    return {n: names for names in by_id.values() for n in names}
 
 
 def read_weights(source: Weights) -> Mapping[str, torch.Tensor]:
@@ -358,7 +357,37 @@ def _trace(root: nn.Module, points: tuple[str, ...], example: Any) -> list[nn.Mo
                          "points (is every point a module the forward calls?)")
     stages = [pipe.get_stage_module(s) for s in range(pipe.num_stages)]
     _chain(pipe.split_gm.graph, stages)
+    for stage in stages:
+        _drop_unread(stage)
     return stages
+
+
+def _drop_unread(stage: nn.Module) -> None:
+    """Remove the tensors the stage's graphs never read. torch's split leaves some behind (a
+    tied weight's other name, in the stage of its first use): unread, such a copy would
+    never train, and a checkpoint would hold two values under one name."""
+    read = _reads(stage)
+    for name, _ in [*stage.state_dict(keep_vars=True).items()]:
+        if name not in read:
+            owner, _, leaf = name.rpartition(".")
+            m = stage.get_submodule(owner)
+            m._parameters.pop(leaf, None)
+            m._buffers.pop(leaf, None)
+
+
+def _reads(module: nn.Module, prefix: str = "") -> set[str]:
+    """The names of the tensors a (graph) module reads; all of a module that has no graph."""
+    graph = getattr(module, "graph", None)
+    if not isinstance(graph, fx.Graph):
+        return {prefix + n for n, _ in _all_tensors(module)}
+    out: set[str] = set()
+    for node in graph.nodes:
+        if node.op == "get_attr":
+            out.add(prefix + str(node.target))
+        elif node.op == "call_module":
+            out |= _reads(module.get_submodule(str(node.target)),
+                          prefix + str(node.target) + ".")
+    return out
 
 
 #: A value crossing a stage boundary: (the stage making it, its output index; -1: the

@@ -108,6 +108,10 @@ class HasModelSpec(Protocol):
     def model_spec(self) -> ModelSpec:
         ...
 
+    def state_names(self) -> dict[str, list[str]]:
+        """The unsplit module's state_dict names -> every name of the same tensor."""
+        ...
+
 
 def autocast_dtype(spec: ModelSpec) -> torch.dtype | None:
     """The autocast dtype of the spec, or None for full precision."""
@@ -210,7 +214,20 @@ def build_stage(spec: ModelSpec, s: int, stages: int) -> torch.nn.Module:
 
 def resolve(ref: str) -> ModelSpec:
     """`mlp`, `transformer`, `package.module:function` or `path/to/file.py[:function]`
-    (function defaults to `spec`) -> the ModelSpec it returns. Bad references are UsageErrors."""
+    (function defaults to `spec`) -> the ModelSpec it returns (a `ModuleSpec` is cut into
+    one). Bad references are UsageErrors."""
+    spec = load(ref)
+    if isinstance(spec, HasModelSpec):
+        try:
+            return spec.model_spec()
+        except UsageError as e:
+            raise UsageError(f"--model '{ref}': {e.message}") from None
+    return spec
+
+
+def load(ref: str) -> ModelSpec | HasModelSpec:
+    """What `--model ref`'s function returns: a ModelSpec, or a description that becomes
+    one (a `ModuleSpec`, which also knows the unsplit module's names for export)."""
     target = BUILTINS.get(ref, ref)
     where, sep, fn = target.rpartition(":")
     if not sep:
@@ -233,12 +250,7 @@ def resolve(ref: str) -> ModelSpec:
         spec = factory()
     except Exception as e:
         raise UsageError(f"--model '{ref}': {fn}() raised {type(e).__name__}: {e}") from None
-    if isinstance(spec, HasModelSpec):
-        try:
-            spec = spec.model_spec()
-        except UsageError as e:
-            raise UsageError(f"--model '{ref}': {e.message}") from None
-    if not isinstance(spec, ModelSpec):
+    if not isinstance(spec, ModelSpec | HasModelSpec):
         raise UsageError(f"--model '{ref}': {fn}() returned {type(spec).__name__}, "
                          "expected a pipeir.models.ModelSpec or ModuleSpec")
     return spec
