@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 import torch
 from torch import nn
+from torch.utils import _pytree as pytree
 
 import pipeir
 from pipeir.backend.codegen import rank_source
@@ -51,7 +52,7 @@ def train_unsplit(spec: ModuleSpec, microbatches: int, steps: int
         opt.zero_grad(set_to_none=True)
         xs, ys = split_batch(spec.batch(step), microbatches)
         for x, y in zip(xs, ys):
-            loss = spec.loss(module(x), y) / microbatches
+            loss = spec.loss(_flat(module(x)), y) / microbatches
             loss.backward()
         if spec.clip_grad_norm is not None:
             nn.utils.clip_grad_norm_(module.parameters(), spec.clip_grad_norm)
@@ -61,10 +62,19 @@ def train_unsplit(spec: ModuleSpec, microbatches: int, steps: int
     return {k: v.detach().clone() for k, v in module.state_dict().items()}, grads
 
 
-def _job(schedule: Schedule, fn: str, steps: int) -> Job:
+def _flat(output: Any) -> Any:
+    """A module's output as a traced last stage returns it: torch.export's leaves (a Hugging
+    Face ModelOutput without labels: its logits)."""
+    leaves = pytree.tree_leaves(output)
+    return leaves[0] if len(leaves) == 1 else tuple(leaves)
+
+
+def _job(schedule: Schedule, model: str, steps: int) -> Job:
+    """`model` (a `--model` reference; a bare name is a function of byom_models.py)."""
     low = pipeir.compile(schedule, None).lowered
-    return Job(low, tuple(rank_source(low, r) for r in range(low.ranks)), f"{MODELS}:{fn}",
-               steps, collect=True)
+    ref = model if ":" in model else f"{MODELS}:{model}"
+    return Job(low, tuple(rank_source(low, r) for r in range(low.ranks)), ref, steps,
+               collect=True)
 
 
 def _synthesised() -> Schedule:

@@ -204,7 +204,14 @@ class ModuleSpec:
     def _weights(self) -> Mapping[str, torch.Tensor]:
         if "weights" not in self._cache:
             assert self.weights is not None
-            self._cache["weights"] = read_weights(self.weights)
+            got = read_weights(self.weights)
+            for name, aliases in self.state_names().items():
+                other = next((a for a in aliases if a in got and a != name), None)
+                if name in got and other is not None and not torch.equal(got[name],
+                                                                         got[other]):
+                    raise UsageError(f"weights: '{name}' and '{other}' are one tied weight "
+                                     "in the module but differ in the file")
+            self._cache["weights"] = got
         got: Mapping[str, torch.Tensor] = self._cache["weights"]
         return got
 
@@ -357,8 +364,13 @@ def _trace(root: nn.Module, points: tuple[str, ...], example: Any) -> list[nn.Mo
                          "points (is every point a module the forward calls?)")
     stages = [pipe.get_stage_module(s) for s in range(pipe.num_stages)]
     _chain(pipe.split_gm.graph, stages)
+    persistent = set(root.state_dict())
     for stage in stages:
         _drop_unread(stage)
+        for name, _ in stage.named_buffers():  # a rotary table stays out of state_dicts
+            if name not in persistent:
+                owner, _, leaf = name.rpartition(".")
+                stage.get_submodule(owner)._non_persistent_buffers_set.add(leaf)
     return stages
 
 
