@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensor
 
 from pipeir.models import ModuleSpec
 
@@ -104,3 +105,37 @@ def tied4() -> ModuleSpec:
 def skip() -> ModuleSpec:
     return ModuleSpec(module=lambda: Tied(skip=True), batch=_tokens, loss=_ce,
                       example=_tokens(0)[0][:2], points=["layers.2"])
+
+
+class MaskWhenPadded(nn.Module):
+    """Hands over `(h, mask)` where the micro-batch has padding and `(h, None)` where it has
+    none, as Hugging Face's causal mask does: the structure depends on the data. Like
+    Hugging Face's, it keeps the mask when it cannot look at the values (fake tensors)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(nn.Linear(D, D), nn.Linear(D, D))
+
+    def forward(self, x: torch.Tensor) -> Any:
+        pad = x[:, 0] > 1.5
+        keep = isinstance(pad, FakeTensor) or bool(pad.any())
+        return self.layers[0](x), (pad if keep else None)
+
+
+class TakesMask(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.lin = nn.Linear(D, 2)
+
+    def forward(self, h: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+        out: torch.Tensor = self.lin(h if mask is None else h * (~mask)[:, None])
+        return out
+
+
+def data_dependent() -> Any:
+    from pipeir.models import ModelSpec
+
+    def stage(s: int, n: int) -> nn.Module:
+        return MaskWhenPadded() if s == 0 else TakesMask()
+
+    return ModelSpec(stage=stage, batch=_batch, loss=nn.functional.mse_loss)

@@ -47,6 +47,8 @@ def train_unsplit(spec: ModuleSpec, microbatches: int, steps: int
     Returns (state_dict, last step's gradients by every parameter name)."""
     torch.manual_seed(spec.seed)
     module = spec.module() if not isinstance(spec.module, nn.Module) else spec.module
+    if spec.weights is not None:
+        module.load_state_dict(torch.load(spec.weights, weights_only=True))  # type: ignore[arg-type]
     opt = spec.optimizer(module.parameters())
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
@@ -260,4 +262,22 @@ def test_export_weights_rejects_bad_input(cli, tmp_path: Path, args: tuple[str, 
         argv += ["-o", "w.pt"]
     code, _, err = cli("export-weights", *argv, "--model", f"{MODELS}:tied")
     assert code == 2 and message in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_hand_off_whose_structure_depends_on_the_data_is_refused_before_launch(
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Micro-batch 1 of batch(0) has no padding, so stage 0 hands over None for the mask;
+    the run stops before any process starts, naming the stage, micro-batch and element."""
+    monkeypatch.chdir(tmp_path)
+    xs, _ = split_batch(BM._batch(0), 4)
+    pads = [bool((x[:, 0] > 1.5).any()) for x in xs]
+    assert not all(pads) and any(pads)  # the data has both kinds of micro-batch
+    mb = pads.index(False)
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "4",
+                       "--model", f"{MODELS}:data_dependent")
+    assert code == 2 and "Traceback" not in err
+    assert (f"stage 0's output for micro-batch {mb} of batch(0) differs from the traced plan "
+            "at [1]: None here, bool[2] there: the hand-off's structure depends on the "
+            "data's values") in err
     assert list(tmp_path.iterdir()) == []

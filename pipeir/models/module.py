@@ -82,7 +82,7 @@ class ModuleSpec:
 
     def split_points(self) -> list[str]:
         """The names where a stage may begin, in the order the forward calls them."""
-        return list(self._units(self._unsplit(real=False))[1:])
+        return list(self._units()[1:])
 
     def at(self, points: Sequence[str]) -> ModelSpec:
         """The module cut into `len(points) + 1` stages (see `Splittable.at`)."""
@@ -109,7 +109,7 @@ class ModuleSpec:
     def uniform(self, stages: int) -> list[str]:
         """`stages - 1` points cutting the main layer list evenly (layer s * L // stages
         begins stage s), the modules before and after it going with the first and last."""
-        units = self._units(self._unsplit(real=False))
+        units = self._units()
         layers = [i for i, u in enumerate(units) if u in self._layers()]
         if stages > len(layers):
             raise UsageError(f"the module's layer list has {len(layers)} layers, too few for "
@@ -163,27 +163,46 @@ class ModuleSpec:
         return {f"{path}.{n}" if path else n for n, _ in
                 root.get_submodule(path).named_children()}
 
-    def _units(self, root: nn.Module) -> list[str]:
+    def _units(self) -> list[str]:
         """The modules a stage is made of, in the order the forward first calls them (the
         registration order where there is no example to run)."""
-        if "units" in self._cache:
-            units: list[str] = self._cache["units"]
-            return units
-        path = _main_container(root)
-        units = _units_along(root, path)
-        if self.example is not None:
-            units = _call_order(root, units, _like(self.example, root))
-        self._cache["units"] = units
-        return units
+        if "units" not in self._cache:
+            root = self._unsplit(real=False)
+            units = _units_along(root, _main_container(root))
+            if self.example is not None:
+                try:
+                    units = _call_order(root, units, _like(self.example, root))
+                except UsageError:
+                    if not self._on_meta(root):
+                        raise
+                    units = _call_order(self._unsplit(real=True), units, self.example)
+            self._cache["units"] = units
+        got: list[str] = self._cache["units"]
+        return got
+
+    def _on_meta(self, root: nn.Module) -> bool:
+        """Whether `root` is the meta build; a forward that cannot run there (one that
+        reads a value: `.item()`) marks the module to be split from a real build."""
+        if self._cache.get("meta_fails") or not any(t.is_meta for _, t in _tensors(root)):
+            return False
+        self._cache["meta_fails"] = True
+        return True
 
     def _pieces(self, points: tuple[str, ...], real: bool) -> list[nn.Module]:
-        key = ("pieces", points, real or self.weights is None)
+        units = self._units()
+        real = real or self.weights is None or bool(self._cache.get("meta_fails"))
+        key = ("pieces", points, real)
         if key not in self._cache:
-            root = self._unsplit(real=key[2])
+            root = self._unsplit(real=real)
             with _unfaked():
-                self._cache[key] = (_trace(root, points, _like(self.example, root))
-                                    if self.example is not None
-                                    else _prune(root, self._units(root), points))
+                try:
+                    self._cache[key] = (_trace(root, points, _like(self.example, root))
+                                        if self.example is not None
+                                        else _prune(root, units, points))
+                except UsageError:
+                    if not self._on_meta(root):
+                        raise
+                    return self._pieces(points, real=True)
         pieces: list[nn.Module] = self._cache[key]
         return pieces
 
@@ -204,14 +223,14 @@ class ModuleSpec:
     def _weights(self) -> Mapping[str, torch.Tensor]:
         if "weights" not in self._cache:
             assert self.weights is not None
-            got = read_weights(self.weights)
+            read = read_weights(self.weights)
             for name, aliases in self.state_names().items():
-                other = next((a for a in aliases if a in got and a != name), None)
-                if name in got and other is not None and not torch.equal(got[name],
-                                                                         got[other]):
+                other = next((a for a in aliases if a in read and a != name), None)
+                if name in read and other is not None and not torch.equal(read[name],
+                                                                          read[other]):
                     raise UsageError(f"weights: '{name}' and '{other}' are one tied weight "
                                      "in the module but differ in the file")
-            self._cache["weights"] = got
+            self._cache["weights"] = read
         got: Mapping[str, torch.Tensor] = self._cache["weights"]
         return got
 
