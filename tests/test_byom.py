@@ -17,6 +17,8 @@ import pipeir
 from pipeir.backend.codegen import rank_source
 from pipeir.diagnostics import UsageError
 from pipeir.models import ModuleSpec, resolve
+from pipeir.models.splittable import Splittable
+from pipeir.runtime.compare import differences
 from pipeir.runtime.launch import launch
 from pipeir.runtime.worker import Job, split_batch
 from pipeir.schedule import Schedule
@@ -212,9 +214,14 @@ def test_module_specs_train_like_the_unsplit_module() -> None:
                                        atol=1e-5 * float(want_grads[k].abs().max()))
     tied = result.params[3]
     assert (tied[0]["embed.weight"] == tied[3]["head.weight"]).all()
+    # --check's judgement passes these correct runs (Adam, clipping, a tied weight)
+    for j, job in enumerate(jobs):
+        rows = differences(resolve(job.model), job, result, j)
+        assert max(max(p, g) for _, p, g, _ in rows) <= 1e-5, (j, rows)
 
 
 def test_resolve_turns_a_module_spec_into_the_model_spec_run_trains() -> None:
+    assert isinstance(BM.tied(), Splittable)  # the seam `pipeirc plan` cuts through
     ms = resolve(f"{MODELS}:tied")
     assert ms.tied is not None and ms.tied(2) == [[(0, "embed.weight"), (1, "head.weight")]]
     assert ms.clip_grad_norm == 0.5
