@@ -62,7 +62,7 @@ def _train(spec: ModelSpec, stages: int, microbatches: int, accumulate: int, ste
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
         xs, ys = split_batch(spec.batch(step), n)
-        parts = []
+        parts: list[tuple[torch.Tensor | None, ...]] = []
         for x, y in zip(xs, ys):
             with _autocast(dtype):
                 h: Any = x
@@ -74,8 +74,8 @@ def _train(spec: ModelSpec, stages: int, microbatches: int, accumulate: int, ste
             else:  # each micro-batch's gradients apart, summed last to first below
                 parts.append(torch.autograd.grad(scaler.scale(loss / n), params,
                                                  allow_unused=True))
-        for grads in reversed(parts):
-            for p, g in zip(params, grads):
+        for part in reversed(parts):
+            for p, g in zip(params, part):
                 if g is not None:
                     p.grad = g if p.grad is None else p.grad + g
         if spec.clip_grad_norm is not None:
