@@ -11,6 +11,8 @@ from pipeir.diagnostics import Source
 from pipeir.frontend.elaborate import Elaborated, Value, elaborate
 from pipeir.frontend.parser import parse_source
 from pipeir.library import LIBRARY
+from pipeir.passes import PassContext, PassManager, Pipeline, parse_pipeline
+from pipeir.passes.context import UNIT_COSTS
 from pipeir.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -54,9 +56,6 @@ def compile(schedule: Schedule, passes: str | Pipeline | Sequence[PassBase] | No
     programs deadlock-free. `costs` place communication and drive cost-aware passes; `comm`
     defaults to the model the pipeline runs under (overlapped with `overlap`, else blocking).
     """
-    from pipeir.passes import PassContext, PassManager, Pipeline, parse_pipeline
-    from pipeir.passes.context import UNIT_COSTS
-
     if passes is None or (isinstance(passes, str) and not passes.strip()):
         pipeline = Pipeline.of(())
     elif isinstance(passes, str):

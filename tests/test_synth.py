@@ -23,22 +23,22 @@ import pipeir
 from pipeir.config import PipelineConfig
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
-from pipeir.sim import CostModel, simulate
-from pipeir.sim.engine import Timing
-from pipeir.synth import EXACT_OPS, Problem, _shapes, make_problem, synth, synthesize
-from pipeir.synth.decompose import extend, short_problem
-from pipeir.synth.greedy import greedy, reserve, variants, waves
-from pipeir.synth.lns import Window, improve
-from pipeir.synth.model import Integral, choose_scale, probe, solve
-from pipeir.synth.problem import (
+from pipeir.search.synth import EXACT_OPS, Problem, _shapes, make_problem, synth, synthesize
+from pipeir.search.synth.decompose import extend, short_problem
+from pipeir.search.synth.greedy import greedy, reserve, variants, waves
+from pipeir.search.synth.lns import Window, improve
+from pipeir.search.synth.model import Integral, choose_scale, probe, solve
+from pipeir.search.synth.problem import (
     _chain_work,
     _jackson,
     _memory_idle,
     _work_before,
     longest_paths,
 )
-from pipeir.synth.warmstart import Start, library, sequential, starts
-from pipeir.synth.zb_greedy import zb_greedy
+from pipeir.search.synth.warmstart import Start, library, sequential, starts
+from pipeir.search.synth.zb_greedy import zb_greedy
+from pipeir.sim import CostModel, simulate
+from pipeir.sim.engine import Timing
 from pipeir.verify import live_activations, verify
 
 REPO = Path(__file__).parent.parent
@@ -794,7 +794,7 @@ def test_rounds_drop_shapes_that_cannot_win_and_continue_the_fastest_open_one(
     V, bound 18.875), not to the closed one, then (the stand-in returns at once) to the
     two-chunk loop, whose bound, 19.25, is still below 19.3; the bound reported is the open
     shapes' least."""
-    import pipeir.synth as synth_module
+    import pipeir.search.synth as synth_module
 
     calls: list[tuple[tuple[int, str], float]] = []
 
@@ -822,7 +822,7 @@ def test_second_round_goes_on_to_the_next_open_shape_when_its_lead_closes(
     round's lead, two chunks in a V (20.0, bound 19.0), closes at its bound; the time left
     goes to the four-chunk V, whose bound (18.875) is below that, and no further (the loops'
     bounds, 19.25 and 19.625, are not). Once it spent 32 s idle on compute-bound."""
-    import pipeir.synth as synth_module
+    import pipeir.search.synth as synth_module
 
     second: list[tuple[int, str]] = []
     limits: list[float] = []
@@ -857,7 +857,7 @@ def test_large_problems_are_decomposed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Into a short pipeline of max(2 x stages, EXACT_OPS / ops per micro-batch) micro-batches
     (6 here), grown back; not where that is more than half of them (10 micro-batches: the
     short problem would be most of the long one)."""
-    import pipeir.synth as synth
+    import pipeir.search.synth as synth
 
     problem = make_problem(HETERO, 3, 16, split=True, memory_limit=3)
     assert len(problem.ops) > 60
@@ -873,7 +873,7 @@ def test_large_problems_are_decomposed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_above_full_ops_the_full_model_gets_its_large_share(monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
-    import pipeir.synth as synth
+    import pipeir.search.synth as synth
 
     problem = make_problem(HETERO, 3, 8, split=True, memory_limit=3)
     limits: list[float] = []
@@ -896,7 +896,7 @@ def test_above_full_ops_the_full_model_gets_its_large_share(monkeypatch: pytest.
 
 def test_window_search_alone_improves_from_the_warm_start(monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
-    import pipeir.synth as synth
+    import pipeir.search.synth as synth
 
     problem = make_problem(HETERO, 3, 8, split=True, memory_limit=3)
     monkeypatch.setattr(synth, "FULL_OPS", 10)
@@ -931,7 +931,7 @@ def test_warm_start_labels_say_what_the_order_is() -> None:
 def test_a_warm_start_at_the_bound_is_not_decomposed(monkeypatch: pytest.MonkeyPatch) -> None:
     """1F1B meets the bound of uniform costs with one stage per rank: nothing to decompose
     (at p = 64, m = 256 that was 6 s of a 10 s limit)."""
-    import pipeir.synth as synth
+    import pipeir.search.synth as synth
 
     costs = CostModel.load(REPO / "examples" / "costs" / "uniform.toml")
     problem = make_problem(costs, 8, 128, memory_limit=8)
@@ -949,11 +949,11 @@ def test_the_library_search_and_the_bounds_stay_within_the_time(
     p = 64, m = 256; simulated here by a slow bound). tune's best shape is bounded first, so
     its answer is never lost. Both wait for `FLOOR` seconds at least, so small problems do
     not depend on the machine's speed."""
-    import pipeir.synth as synth
-    import pipeir.tune
+    import pipeir.search.synth as synth
+    import pipeir.search.tune
 
     deadlines: list[float] = []
-    real_search, real_bound = pipeir.tune.search, Problem.lower_bound
+    real_search, real_bound = pipeir.search.tune.search, Problem.lower_bound
 
     def search(*args: object, **kwargs: object) -> object:
         deadlines.append(kwargs["deadline"] - time.perf_counter())  # type: ignore[operator]
@@ -963,7 +963,7 @@ def test_the_library_search_and_the_bounds_stay_within_the_time(
         time.sleep(0.5)
         return real_bound(self)
 
-    monkeypatch.setattr(pipeir.tune, "search", search)
+    monkeypatch.setattr(pipeir.search.tune, "search", search)
     monkeypatch.setattr(Problem, "lower_bound", slow)
     monkeypatch.setattr(synth, "FLOOR", 0.0)  # (2 s, which small problems never reach)
     got = synth.synth(HETERO, 2, 4, split=True, time_limit=0.8)
@@ -1133,7 +1133,7 @@ def test_large_shapes_start_from_the_list_scheduler_while_time_allows(
     """Above EXACT_OPS the list scheduler runs only before a deadline, its variants until
     then (at 8,192 ops it took one micro-batch at a time, 1,536, for the list scheduler's
     256)."""
-    import pipeir.synth.warmstart as warmstart
+    import pipeir.search.synth.warmstart as warmstart
 
     problem = make_problem(HETERO, 3, 8, split=True, memory_limit=3)
     monkeypatch.setattr(warmstart, "EXACT_OPS", 10)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from test_runtime import TIMEOUT, _assert_matches_reference, _job
 
 from pipeir.runtime.launch import launch
+from pipeir.search.synth import make_problem, synthesize
 from pipeir.sim import CostModel
-from pipeir.synth import make_problem, synthesize
 
 # heavy last stage, W < I, a non-free link: the solver's order is not a library one
 COSTS = CostModel.from_settings({"F": 1.0, "I": 1.2, "W": 0.6, "stage.1.F": 1.6,

@@ -17,7 +17,7 @@ from pipeir.argtypes import positive_int
 from pipeir.diagnostics import Note, UsageError
 from pipeir.frontend.elaborate import Elaborated, Value
 from pipeir.passes.context import costless_message
-from pipeir.sim.costs import TOP_KEYS
+from pipeir.sim.cost_settings import TOP_KEYS
 
 if TYPE_CHECKING:
     from pipeir.passes.base import PassBase

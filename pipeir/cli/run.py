@@ -151,7 +151,7 @@ def _planner(compiled: Compiled, args: argparse.Namespace) -> StepPlanner | None
     if not args.reorder:
         return None
     from pipeir.passes.reorder import StepPlanner
-    from pipeir.sim.costs import read_cost_file
+    from pipeir.sim.cost_files import read_cost_file
 
     if compiled.schedule.config.accumulate != 1:
         raise UsageError("--reorder plans one round of micro-batches; use accumulate = 1")

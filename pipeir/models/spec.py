@@ -2,7 +2,7 @@
 
 A model spec is a function (no arguments) returning a `ModelSpec`:
 
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
     from torch import nn
     from pipeir.models import ModelSpec
 
@@ -48,7 +48,7 @@ BUILTINS: dict[str, str] = {
 
 
 def _sgd(params: Iterable[Any]) -> Any:
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
 
     return torch.optim.SGD(list(params), lr=0.05)
 
@@ -115,7 +115,7 @@ class HasModelSpec(Protocol):
 
 def autocast_dtype(spec: ModelSpec) -> torch.dtype | None:
     """The autocast dtype of the spec, or None for full precision."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
 
     return None if spec.autocast is None else getattr(torch, AUTOCAST[spec.autocast])
 
@@ -157,7 +157,7 @@ def structure(spec: ModelSpec, stages: int, which: Iterable[int]) -> dict[int, t
     """Stages `which`, for their parameter and buffer names and shapes only: on the meta
     device (no memory), or for real where a stage cannot be built there (one that moves
     itself: `.to("cpu")` cannot copy from meta)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
 
     wanted = list(which)
     try:
@@ -206,7 +206,7 @@ def check_spec(spec: ModelSpec, stages: int) -> None:
 
 def build_stage(spec: ModelSpec, s: int, stages: int) -> torch.nn.Module:
     """Stage s with its deterministic initial weights (see the module NOTE)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
 
     torch.manual_seed(spec.seed + 1000 * s + 17)
     return spec.stage(s, stages)

@@ -32,7 +32,11 @@ from dataclasses import dataclass, replace
 
 from pipeir import library, limits
 from pipeir.diagnostics import PipeirError, UsageError
+from pipeir.passes import PassContext, PassManager
 from pipeir.passes.base import Pass
+from pipeir.passes.dp_reduce import DpReduce
+from pipeir.passes.reorder import Reorder
+from pipeir.passes.split_backward import SplitBackward
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, simulate
 from pipeir.sim.chunks import rescale
@@ -247,10 +251,6 @@ def _families(ranks: int, m: int, max_v: int) -> list[tuple[str, int]]:
 
 def _evaluate(base: Schedule, costs: CostModel, family: str, v: int, m: int,
               split: str | None, comm: str, reorder: bool, scale: float) -> Candidate:
-    from pipeir.passes import PassContext, PassManager
-    from pipeir.passes.dp_reduce import DpReduce
-    from pipeir.passes.reorder import Reorder
-    from pipeir.passes.split_backward import SplitBackward
 
     passes: list[Pass] = [] if split is None else [SplitBackward(mode=split)]  # type: ignore[arg-type]
     if reorder:
