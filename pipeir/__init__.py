@@ -35,7 +35,7 @@ def split(module: Any, points: Any, example: Any = None) -> Any:
     """`module` (an nn.Module) cut into pipeline stages, stage k beginning at the module
     named `points[k - 1]`, keeping the module's parameter names and weights; see
     `pipeir.models.module.split`. Imports torch (only when called)."""
-    from pipeir.models.module import split as cut
+    from pipeir.models.module import split as cut  # noqa: PLC0415 - torch
 
     return cut(module, points, example)
 

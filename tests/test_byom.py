@@ -23,7 +23,6 @@ from pipeir.runtime.launch import launch
 from pipeir.runtime.worker import Job, split_batch
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel
-from pipeir.synth import synth
 
 HERE = Path(__file__).parent
 MODELS = HERE / "byom_models.py"
@@ -82,6 +81,11 @@ def _job(schedule: Schedule, model: str, steps: int) -> Job:
 
 
 def _synthesised() -> Schedule:
+    """A schedule synthesised for two ranks and four micro-batches (skips without the
+    `synth` extra, OR-Tools)."""
+    pytest.importorskip("ortools")
+    from pipeir.search.synth import synth
+
     return synth(CostModel(F=1.0, B=2.0), 2, 4, v=1, time_limit=5).schedule
 
 

@@ -270,11 +270,12 @@ def read_weights(source: Weights) -> Mapping[str, torch.Tensor]:
         raise UsageError(f"weights '{path}': no such file")
     if path.suffix == ".safetensors":
         try:
-            from safetensors.torch import load_file
+            from safetensors.torch import load_file  # noqa: PLC0415 - optional extra (hf)
         except ImportError:
             raise UsageError(f"weights '{path}': reading .safetensors needs the safetensors "
                              "package (pip install 'pipeir[hf]')") from None
-        return load_file(str(path))
+        loaded: dict[str, torch.Tensor] = load_file(str(path))
+        return loaded
     try:
         got = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:

@@ -81,7 +81,8 @@ def encode(state: Mapping[str, torch.Tensor], suffix: str) -> bytes:
             raise UsageError("writing .safetensors needs the safetensors package (pip install "
                              "'pipeir[hf]')") from None
         # safetensors refuses tensors sharing memory (a tied weight's names): one copy each
-        return save({k: v.detach().clone().contiguous() for k, v in state.items()})
+        data: bytes = save({k: v.detach().clone().contiguous() for k, v in state.items()})
+        return data
     buf = io.BytesIO()
     torch.save(dict(state), buf)
     return buf.getvalue()
