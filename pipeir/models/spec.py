@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pipeir._importing import import_file
 from pipeir.diagnostics import UsageError, did_you_mean
@@ -91,6 +91,26 @@ class ModelSpec:
     autocast: str | None = None
     tied: Callable[[int], Sequence[TiedGroup]] | None = None
     tokens: Callable[[Any], int] | None = None
+
+
+def call_stage(module: torch.nn.Module, value: Any) -> Any:
+    """Run a stage on its input as torch's `PipelineStage` does: a tuple (or list) is the
+    stage's positional arguments, anything else (a tensor, a dict) its one argument. So the
+    tuple a stage returns becomes the next stage's arguments, and one stage module serves
+    pipeir and torch alike."""
+    return module(*value) if isinstance(value, tuple | list) else module(value)
+
+
+@runtime_checkable
+class HasModelSpec(Protocol):
+    """A model description that becomes a `ModelSpec` (`pipeir.models.ModuleSpec`)."""
+
+    def model_spec(self) -> ModelSpec:
+        ...
+
+    def state_names(self) -> dict[str, list[str]]:
+        """The unsplit module's state_dict names -> every name of the same tensor."""
+        ...
 
 
 def autocast_dtype(spec: ModelSpec) -> torch.dtype | None:
@@ -194,13 +214,26 @@ def build_stage(spec: ModelSpec, s: int, stages: int) -> torch.nn.Module:
 
 def resolve(ref: str) -> ModelSpec:
     """`mlp`, `transformer`, `heavy-lm`, `package.module:function` or
-    `path/to/file.py[:function]` (function defaults to `spec`) -> the ModelSpec it returns.
-    Bad references are UsageErrors. (`pipeir.models.refs.resolve` adds `REF@POINT,...`.)"""
-    spec = call_factory(ref, BUILTINS.get(ref, ref))
-    if not isinstance(spec, ModelSpec):
-        raise UsageError(f"--model '{ref}': returned {type(spec).__name__}, "
-                         "expected a pipeir.models.ModelSpec")
+    `path/to/file.py[:function]` (function defaults to `spec`) -> the ModelSpec it returns (a
+    `ModuleSpec` is cut into one). Bad references are UsageErrors.
+    (`pipeir.models.refs.resolve` adds `REF@POINT,...`.)"""
+    spec = load(ref)
+    if isinstance(spec, HasModelSpec):
+        try:
+            return spec.model_spec()
+        except UsageError as e:
+            raise UsageError(f"--model '{ref}': {e.message}") from None
     return spec
+
+
+def load(ref: str) -> ModelSpec | HasModelSpec:
+    """What `--model ref`'s function returns: a ModelSpec, or a description that becomes
+    one (a `ModuleSpec`, which also knows the unsplit module's names for export)."""
+    got = call_factory(ref, BUILTINS.get(ref, ref))
+    if not isinstance(got, ModelSpec | HasModelSpec):
+        raise UsageError(f"--model '{ref}': returned {type(got).__name__}, expected a "
+                         "pipeir.models.ModelSpec or ModuleSpec")
+    return got
 
 
 def call_factory(ref: str, target: str) -> Any:

@@ -44,6 +44,7 @@ def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps
     try:
         for x in first[0]:
             plan.trace(x)
+        plan.trace_real(first[0])
     except PlanError as e:
         raise UsageError(f"--model {model}: {e}") from None
     if placement is not None:

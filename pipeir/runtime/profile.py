@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from pipeir.models.spec import ModelSpec, autocast_dtype, build_stage
+from pipeir.models.spec import ModelSpec, autocast_dtype, build_stage, call_stage
 from pipeir.models.splittable import Splittable
 from pipeir.runtime.memory import SavedActivations, input_bytes
 from pipeir.runtime.shapes import grad_leaves, tensor_leaves
@@ -160,7 +160,7 @@ def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
         inp = pytree.tree_map(_leaf, x)
         with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
             with record():
-                o = module(inp)
+                o = call_stage(module, inp)
             return inp, spec.loss(o, y) if last else o
 
     # the bytes autograd saves, counted as the runtime counts them (parameters are not
