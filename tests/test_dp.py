@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -425,11 +424,9 @@ def test_a_lost_rank_names_its_groups_and_stops_every_rank(cli, tmp_path: Path) 
     its pipeline and data-parallel groups, every process stopped, exit 1."""
     model = tmp_path / "bomb.py"
     model.write_text(DYING_MODEL)
-    t0 = time.monotonic()
     code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
                        "--model", f"{model}:spec", "--steps", "5", "--timeout", "5",
                        "--dp", "2")
-    assert time.monotonic() - t0 < 40
     assert code == 1
     assert "rank 3 (pp 1, dp 1) died (killed by signal 9) at instruction" in err
     assert "pipeline group ranks 1, 3; data-parallel group ranks 2, 3" in err
