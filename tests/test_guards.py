@@ -83,4 +83,7 @@ def test_batch_digest() -> None:
     assert batch_digest(x) != batch_digest(y)
     assert batch_digest(x) != batch_digest(x.reshape(4, 3))  # same bytes, other shape
     assert batch_digest(x) != batch_digest(x.double())
-    assert batch_digest(torch.tensor(1.0, dtype=torch.bfloat16)) >= 0
+    half = torch.tensor([1.0, 2.5], dtype=torch.bfloat16)  # no numpy dtype: digested too
+    assert batch_digest(half) == batch_digest(half.clone())
+    assert batch_digest(half) != batch_digest(half.float())
+    assert batch_digest(half) != batch_digest(torch.tensor([1.0, 3.0], dtype=torch.bfloat16))

@@ -133,7 +133,10 @@ def test_integers_are_64_bit() -> None:
     assert d.span is not None and (d.span.line, d.span.col) == (2, 30)
     with pytest.raises(pipeir.UsageError, match="integer overflow: 4294967296 \\* 4294967296"):
         pipeir.parse(HEAD + BODY % "let k = 4294967296 * 4294967296")
-    assert pipeir.parse(HEAD + BODY % f"let k = {limits.MAX_INT} - 1") is not None
+    # the largest integers compute exactly: k - (MAX_INT - 1) is micro-batch 0
+    text = HEAD + BODY.replace("F(r, 0)", "F(r, k - %d)") % (
+        f"let k = {limits.MAX_INT} - 1", limits.MAX_INT - 1)
+    assert set(pipeir.parse(text)) == {F(0, 0), B(0, 0)}
 
 
 def test_torch_csv_stage_numbers_are_not_listed() -> None:
