@@ -264,6 +264,7 @@ def test_tune_with_dp_adds_the_reductions_to_every_candidate(cli) -> None:
 
 
 # ---- lowering --------------------------------------------------------------------------------
+@pytest.mark.mp
 def test_gradient_all_reduces_run_on_one_gloo_thread() -> None:
     """The simulator's reduction channel runs a rank's all-reduces one after another. torch
     builds a gloo group of `new_group` (and `init_device_mesh`) with its default two threads
@@ -307,6 +308,7 @@ def test_lowering_posts_reductions_in_the_last_round_and_waits_before_the_step()
 MLP = "pipeir.models.mlp:small"
 
 
+@pytest.mark.mp
 def test_pp2_x_dp2_trains_like_single_process_on_the_global_batch(tmp_path: Path) -> None:
     """... and saves a complete checkpoint (replica 0 writes it: its barrier once waited for
     replicas that never came, and `run --dp --save` always failed with a half-written one)."""
@@ -419,6 +421,7 @@ def test_a_world_past_32_bit_ranks_is_refused_before_anything_is_written(cli, tm
     assert code == 0, err
 
 
+@pytest.mark.mp
 def test_a_lost_rank_names_its_groups_and_stops_every_rank(cli, tmp_path: Path) -> None:
     """Replica 1's pipeline rank 1 (global rank 3) is killed mid-step: one message naming it,
     its pipeline and data-parallel groups, every process stopped, exit 1."""
@@ -438,6 +441,7 @@ def _torchrun(gen: Path, port: int, *extra: str) -> list[str]:
             "--steps", "2", "--model", MLP, "--timeout", "30"]
 
 
+@pytest.mark.mp
 def test_two_torchrun_nodes_on_localhost_train_pp2_x_dp2(tmp_path: Path) -> None:
     """`compile -o DIR` output launched unchanged as two torchrun "nodes" of two processes
     (c10d rendezvous on 127.0.0.1), and a world that is not P x D under plain env://."""

@@ -195,6 +195,7 @@ def _trained_state_bytes(stage: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+@pytest.mark.mp
 def test_training_that_cannot_fit_is_refused_before_any_process(
         budget: pytest.MonkeyPatch, cli, tmp_path: Path) -> None:
     import re

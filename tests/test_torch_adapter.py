@@ -24,6 +24,8 @@ import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 import pipeir
 
+pytestmark = pytest.mark.mp
+
 warnings.simplefilter("ignore")
 rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 orders = json.loads(sys.argv[4])
