@@ -495,6 +495,7 @@ def test_torch_csv_carries_reduce_grad(cli, tmp_path: Path) -> None:
     assert code == 0 and pipeir.parse(printed).programs == s.programs
 
 
+@pytest.mark.mp
 def test_replicas_of_a_program_without_reductions_are_refused(tmp_path: Path) -> None:
     """A program compiled without --dp, started on P x 2 processes, used to train two
     replicas apart without a word (each on its shard, never all-reduced). main.py refuses it
@@ -522,6 +523,7 @@ def test_replicas_of_a_program_without_reductions_are_refused(tmp_path: Path) ->
     Job(half, ("", ""), "mlp", 1, dp=3)
 
 
+@pytest.mark.mp
 @pytest.mark.parametrize(("env", "args", "message"), [
     ({"RANK": "0", "WORLD_SIZE": "0"}, [], "RANK=0 is not a rank of a world of WORLD_SIZE=0"),
     ({"RANK": "abc", "WORLD_SIZE": "2"}, [], "RANK='abc' and WORLD_SIZE='2' must be integers"),
