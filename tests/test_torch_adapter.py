@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from pipeir.runtime.launch import free_port
+
+pytestmark = pytest.mark.mp
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 M = 4  # micro-batches
@@ -23,8 +26,6 @@ import torch
 import torch.distributed as dist
 from torch.distributed.pipelining import PipelineStage
 import pipeir
-
-pytestmark = pytest.mark.mp
 
 warnings.simplefilter("ignore")
 rank, port, out = int(sys.argv[1]), sys.argv[2], sys.argv[3]
