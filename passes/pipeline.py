@@ -120,6 +120,7 @@ class _Parser:
         cls = self._lookup(name, name_span)
         raw: dict[str, tuple[str, Span]] = {}
         self._ws()
+        self._no_parentheses(name)
         if self.i < len(self.text) and self.text[self.i] == "{":
             open_at = self.i
             self.i += 1
@@ -149,6 +150,18 @@ class _Parser:
                                   f"'{self.text[self.i]}'", self.i)
         span = _span(self.src, start, self.i - start)
         return build_pass(cls, raw, span, name_span), span
+
+    def _no_parentheses(self, name: str) -> None:
+        """`interleave(v=2)`, as a Python call is written: say that options go in braces and
+        show the pass spelt that way, rather than "expected ','" at the parenthesis."""
+        if self.i == len(self.text) or self.text[self.i] not in "([":
+            return
+        close = self.text.find(")" if self.text[self.i] == "(" else "]", self.i)
+        inner = self.text[self.i + 1:close] if close >= 0 else "..."
+        raise UsageError(f"options of pass '{name}' go in braces, not "
+                         f"'{self.text[self.i]}'", _span(self.src, self.i, 1),
+                         (Note(f"did you mean '{name}{{{inner}}}'?" if inner.strip() else
+                               f"did you mean '{name}'?"),))
 
     def _option(self) -> tuple[str, str, Span, Span]:
         kstart = self.i

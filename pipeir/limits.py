@@ -112,13 +112,19 @@ def max_input_bytes() -> int:
     return budget() // BYTES_PER_INPUT_BYTE
 
 
+def binary_unit(n: float) -> tuple[str, int]:
+    """The binary unit to show `n` bytes in, and its size: ("GiB", 2**30) for 3e9."""
+    for unit, scale in (("TiB", 2**40), ("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return unit, scale
+    return "B", 1
+
+
 def _size(n: float) -> str:
     if n > _ABSURD:
         return "more than 1 PiB"
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n:.0f} B"
+    unit, scale = binary_unit(min(n, 2**40 - 1))  # (messages stop at GiB, as before)
+    return f"{n / scale:.3g} {unit}" if scale > 1 else f"{n:.0f} B"
 
 
 def _raise_to(need: float) -> str:

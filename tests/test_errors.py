@@ -72,6 +72,24 @@ def test_usage_errors_point_at_the_source(case: str, line: int, col: int, fragme
     assert e.value.exit_code == 2
 
 
+@pytest.mark.parametrize(("case", "line", "col", "note"), [
+    # the '}'s that follow close the `rank` and `schedule` blocks by count, but their
+    # indentation shows the `for` on line 4 is the one left open, not the outer `schedule`
+    ("syntax_eof", 3, 12, "this '{' has no matching '}'"),
+    ("syntax_unclosed_inner", 4, 25,
+     "this '{' has no matching '}' (the '}' on line 6 is indented for an outer block)"),
+    ("syntax_unclosed_before", 1, 10,
+     "this '{' is still open: its '}' belongs before 'schedule'"),
+])
+def test_an_unclosed_brace_is_the_one_pointed_at(case: str, line: int, col: int,
+                                                 note: str) -> None:
+    with pytest.raises(pipeir.UsageError) as e:
+        pipeir.parse(ERRORS / f"{case}.sched")
+    notes = e.value.diagnostics[0].notes
+    assert [n.message for n in notes] == [note]
+    assert notes[0].span is not None and (notes[0].span.line, notes[0].span.col) == (line, col)
+
+
 def test_did_you_mean_notes() -> None:
     with pytest.raises(pipeir.UsageError) as e:
         pipeir.parse(ERRORS / "unknown_name.sched")

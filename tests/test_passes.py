@@ -246,7 +246,7 @@ def test_opt_output_is_accepted_by_check_and_reparses_equal(cli, tmp_path: Path)
     out_file = tmp_path / "out.sched"
     code, out, err = cli("opt", REPO / "examples" / "1f1b.sched", "--passes",
                          "interleave{v=2},split-backward{mode=h2}", "-o", out_file)
-    assert (code, out, err) == (0, "", "")
+    assert (code, out, err) == (0, f"wrote {out_file} (pipeirc simulate {out_file})\n", "")
     expected = PassManager(parse_pipeline("interleave{v=2},split-backward{mode=h2}")).run(
         pipeir.parse(REPO / "examples" / "1f1b.sched"))
     assert pipeir.parse(out_file) == expected

@@ -469,8 +469,11 @@ def test_generated_program_with_a_bad_model_says_so_once(tmp_path: Path) -> None
          "--steps", "1", "--model", "no_such_module"],
         capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0
-    assert proc.stderr.count("--model 'no_such_module'") == 1, proc.stderr
+    # rank 0's line, and again at the end of torchrun's report (its root cause)
+    assert proc.stderr.count("--model 'no_such_module'") == 2, proc.stderr
     assert "main.py: error: --model 'no_such_module': cannot import" in proc.stderr
+    assert [ln for ln in proc.stderr.splitlines() if ln.strip("=")][-1].startswith(
+        "  traceback : main.py: error: --model 'no_such_module': cannot import")
     assert "pipeir/runtime" not in proc.stderr  # no frame of ours
 
 

@@ -59,6 +59,11 @@ try:
     pipeir.torch_schedule(stages, "zb-v", n_microbatches=m)
 except pipeir.UsageError as e:
     open(os.path.join(out, f"error-rank{{rank}}.txt"), "w").write(str(e))
+# torch's class name for a schedule the library has: the library's name in a note
+try:
+    pipeir.torch_schedule(stages, "ZBVZeroBubble", n_microbatches=m)
+except pipeir.UsageError as e:
+    open(os.path.join(out, f"torch-name-rank{{rank}}.txt"), "w").write(str(e))
 dist.destroy_process_group()
 '''
 
@@ -104,3 +109,8 @@ def test_pipeir_schedules_train_under_torch_pipelining(tmp_path: Path) -> None:
                                            msg=lambda m, w=f"{name} stage {s} {key}": f"{w}: {m}")
     assert ("torch_schedule: schedule 'zb_v' places stages [0, 3] on rank 0, which holds "
             "stages [0, 2]") in (tmp_path / "error-rank0.txt").read_text()
+    assert (tmp_path / "torch-name-rank0.txt").read_text().splitlines() == [
+        "error: torch_schedule: 'ZBVZeroBubble' is neither a library schedule nor a .sched "
+        "file; the library has 1f1b, dualpipe-v, gpipe, interleaved-1f1b, looped-bfs, zb-h1, "
+        "zb-h2, zb-v",
+        "note: did you mean 'zb-v'? (torch's ScheduleZBVZeroBubble)"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import shlex
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING
 from pipeir import library, limits
 from pipeir.api import load
 from pipeir.argtypes import positive_int
-from pipeir.diagnostics import UsageError
+from pipeir.diagnostics import Note, UsageError
 from pipeir.frontend.elaborate import Elaborated, Value
 from pipeir.passes.context import costless_message
 from pipeir.sim.costs import TOP_KEYS
@@ -116,6 +117,12 @@ def _literal(raw: str, where: str) -> Value:
 
 
 
+
+
+def wrote_schedule(path: str) -> None:
+    """The one line a command that writes a `.sched` with -o prints (as compile, tune and
+    synth do for theirs): silence after a write left users unsure anything was written."""
+    print(f"wrote {path} (pipeirc simulate {shlex.quote(path)})")
 
 
 def warn_shadowed(names: Iterable[str]) -> None:
@@ -235,7 +242,19 @@ def _load_schedules(args: argparse.Namespace) -> list[Elaborated]:
         if str(f).lower().endswith(".csv"):
             raise UsageError(f"{f}: this is a torch schedule CSV: use `pipeirc import-torch "
                              f"{f} -o FILE.sched` first (check and export-torch read it too)")
+        library_name(str(f))
     return [load(Path(f), overrides=overrides) for f in files]
+
+
+def library_name(f: str) -> None:
+    """FILE that is no file but names a library schedule (`pipeirc run 1f1b`): the error
+    shows the flags that name it, which a first-time user cannot guess from "no such file"."""
+    found = library.find(f) if not Path(f).exists() else None
+    if found is not None:
+        v = " --v V" if "v" in found.params else ""
+        raise UsageError(f"{f}: no such .sched file", notes=(Note(
+            f"'{found.name}' is a library schedule: use --schedule {found.name} --ranks P "
+            f"--microbatches M{v}"),))
 
 
 def load_one(args: argparse.Namespace) -> Elaborated:

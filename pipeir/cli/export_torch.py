@@ -37,6 +37,8 @@ def run(args: argparse.Namespace) -> int:
     text = dumps_csv(schedule, args.format)
     if args.output is not None:
         write_atomic(args.output, text, "-o")
+        print(f"wrote {args.output} ({args.format} CSV for torch.distributed.pipelining: "
+              f"{schedule.config.ranks} ranks, {schedule.config.microbatches} micro-batches)")
     else:
         print(text, end="")
     return EXIT_OK

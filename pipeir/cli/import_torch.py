@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from pipeir.cli.common import wrote_schedule
 from pipeir.diagnostics import EXIT_OK
 from pipeir.files import write_atomic
 from pipeir.interop import FORMATS, load_csv, prove_comms
@@ -37,6 +38,7 @@ def run(args: argparse.Namespace) -> int:
     text = print_schedule(imported.schedule)
     if args.output is not None:
         write_atomic(args.output, text, "-o")
+        wrote_schedule(args.output)
         if imported.has_comms:
             print(f"{args.file}: note: the communication actions were proved deadlock-free "
                   f"and are not part of the .sched; export-torch --format compute_comms "

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeir.cli.common import add_schedule_args, warn_costless, warn_shadowed
+from pipeir.cli.common import add_schedule_args, warn_costless, warn_shadowed, wrote_schedule
 from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.diagnostics import UsageError
 from pipeir.files import resolve_output, write_atomic
@@ -80,6 +80,7 @@ def run(args: argparse.Namespace) -> int:
                                              elab.schedule.config.stages, out.config.stages))
     if args.output is not None:
         write_atomic(args.output, text, "-o")
+        wrote_schedule(args.output)
     else:
         print(text, end="")
     return 0

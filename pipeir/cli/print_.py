@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from pipeir.cli.common import add_schedule_args
+from pipeir.cli.common import add_schedule_args, wrote_schedule
 from pipeir.cli.simulate import add_costs_arg, load_with_costs
 from pipeir.files import write_atomic
 from pipeir.printer import print_schedule
@@ -25,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
     text = print_schedule(elab.schedule, {k: v for k, (v, _) in elab.costs.items()})
     if args.output is not None:
         write_atomic(args.output, text, "-o")
+        wrote_schedule(args.output)
     else:
         print(text, end="")
     return 0

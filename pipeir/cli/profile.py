@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from pipeir.argtypes import timeout_seconds
 from pipeir.diagnostics import PipeirError, UsageError
@@ -88,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
         "communication-bound": "avoid interleaving (it multiplies messages by v); prefer "
                                "1F1B or zero bubble (split-backward) with v = 1",
     }[kind]
+    for line in prof.unstable(stages):
+        print(f"warning: unstable measurement: {line}; close other programs or raise --iters "
+              "and profile again", file=sys.stderr)
     if link is None:
         print("one rank: no transfers measured (latency 0)")
     print(f"{kind}: a transfer costs {ratio:.2%} of a forward; {advice}")

@@ -106,6 +106,10 @@ def _syntax_error(source: Source, e: UnexpectedInput) -> UsageError:
                     tok.end_column or tok.column + len(tok))
         what = f"'{tok}'" if tok.type not in ("INT", "FLOAT", "STRING") else \
             f"{_describe(tok.type)} {tok}"
+        opener = _unclosed_brace(source, (tok.line, tok.column)) if "'}'" in expected else None
+        if opener is not None and opener[0].line < tok.line:  # (a '{' on the line is plain)
+            notes = (*notes, Note(f"this '{{' is still open: its '}}' belongs before '{tok}'",
+                                      opener[0]))
         return UsageError(f"unexpected {what}; expected {shown}", span, notes)
     text = source.text[:-1] if source.text.endswith("\n") else source.text
     lines = text.split("\n")  # as Lark counts lines: "\r" or "\x0c" do not end one
@@ -115,16 +119,29 @@ def _syntax_error(source: Source, e: UnexpectedInput) -> UsageError:
     opener = _unclosed_brace(source)
     if "'}'" in expected and opener is not None:
         return UsageError("unexpected end of file: a '{' is never closed", eof,
-                          (Note("this '{' has no matching '}'", opener), *notes))
+                          (Note(opener[1], opener[0]), *notes))
     return UsageError(f"unexpected end of file; expected {shown}", eof, notes)
 
 
-def _unclosed_brace(source: Source) -> Span | None:
-    """The innermost '{' left open at the end of the text (comments and strings skipped)."""
-    stack: list[tuple[int, int]] = []
+def _unclosed_brace(source: Source, before: tuple[int, int] | None = None
+                    ) -> tuple[Span, str] | None:
+    """The '{' left open at the end of the text (or before `before`, a (line, col)), comments
+    and strings skipped, with a note's text; None when every '{' is closed.
+
+    NOTE: counting alone blames the outermost block: in `schedule s { rank r { for ... { F(r,
+    i)` followed by two '}'s, those close the `for` and the `rank`, and the `schedule`'s '{'
+    is the one left. Indentation tells which '{' the writer forgot to close: a '}' that begins
+    its line less indented than the line of the '{' it would match was written for an outer
+    block, so that '{' (the first such, in reading order) is the unclosed one.
+    """
+    stack: list[tuple[int, int, int]] = []  # (line, col, indentation of the '{'s line)
+    misaligned: tuple[int, int, int, int] | None = None  # the '{' and the line of its '}'
     for lineno, text in enumerate(source.text.split("\n"), 1):
+        indent = len(text) - len(text.lstrip(" \t"))
         in_str = False
         for col, ch in enumerate(text, 1):
+            if before is not None and (lineno, col) >= before:
+                break
             if ch == '"':
                 in_str = not in_str
             elif in_str:
@@ -132,13 +149,20 @@ def _unclosed_brace(source: Source) -> Span | None:
             elif ch == "#":
                 break
             elif ch == "{":
-                stack.append((lineno, col))
+                stack.append((lineno, col, indent))
             elif ch == "}" and stack:
-                stack.pop()
+                line, col0, opened = stack.pop()
+                if misaligned is None and col == indent + 1 and indent < opened:
+                    misaligned = (line, col0, opened, lineno)
     if not stack:
         return None
-    line, col = stack[-1]
-    return Span(source, line, col, line, col + 1)
+    if misaligned is not None:
+        line, col, _, closer = misaligned
+        return (Span(source, line, col, line, col + 1),
+                f"this '{{' has no matching '}}' (the '}}' on line {closer} is indented for an "
+                "outer block)")
+    line, col, _ = stack[-1]
+    return Span(source, line, col, line, col + 1), "this '{' has no matching '}'"
 
 
 # ---- tree -> AST ------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from functools import cache
 from importlib.resources import files
 from typing import Any, Final
 
-from pipeir.diagnostics import Source, UsageError, did_you_mean
+from pipeir.diagnostics import Note, Source, UsageError, did_you_mean
 from pipeir.frontend import ast
 from pipeir.frontend.elaborate import Definition, Elaborated, Library, Value, elaborate
 from pipeir.frontend.parser import parse_source
@@ -105,7 +105,32 @@ def get(name: str, ranks: int, microbatches: int, **kwargs: Any) -> Schedule:
     return instantiate(found, overrides, sched_kw).schedule
 
 
+#: torch.distributed.pipelining's schedule classes and the library schedule each one runs, so a
+#: torch user's `ZBVZeroBubble` (or `ScheduleZBVZeroBubble`) gets "did you mean 'zb-v'?".
+#: ScheduleInterleavedZeroBubble has no library twin (its order is torch's own).
+TORCH_CLASSES: Final = {
+    "Schedule1F1B": "1f1b",
+    "ScheduleDualPipeV": "dualpipe-v",
+    "ScheduleGPipe": "gpipe",
+    "ScheduleInterleaved1F1B": "interleaved-1f1b",
+    "ScheduleLoopedBFS": "looped-bfs",
+    "ScheduleZBVZeroBubble": "zb-v",
+}
+
+
+def suggest(name: str) -> tuple[Note, ...]:
+    """A "did you mean" for a name the library does not have: the library's twin of a torch
+    schedule class (with or without its `Schedule` prefix), else the closest library name."""
+    def key(n: str) -> str:
+        return _norm(n).removeprefix("schedule").replace("_", "")
+
+    for cls, ours in TORCH_CLASSES.items():
+        if key(cls) == key(name):
+            return (Note(f"did you mean '{ours}'? (torch's {cls})"),)
+    return did_you_mean(name, names())
+
+
 def unknown_schedule(name: str) -> UsageError:
     """The error for a name the library does not have, with a "did you mean"."""
     return UsageError(f"unknown library schedule '{name}'; the library has "
-                      f"{', '.join(names())}", None, did_you_mean(name, names()))
+                      f"{', '.join(names())}", None, suggest(name))

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from pipeir._importing import import_file
-from pipeir.diagnostics import UsageError
+from pipeir.diagnostics import UsageError, did_you_mean
 
 if TYPE_CHECKING:
     import torch
@@ -208,8 +208,10 @@ def resolve(ref: str) -> ModelSpec:
         try:
             module = importlib.import_module(where)
         except ImportError as e:
+            # a bare word is far more often a mistyped built-in than a module name
+            notes = did_you_mean(ref, BUILTINS) if "." not in where else ()
             raise UsageError(f"--model '{ref}': cannot import {where}: {e}",
-                             notes=()) from None
+                             notes=notes) from None
     factory = getattr(module, fn, None)
     if not callable(factory):
         raise UsageError(f"--model '{ref}': {where} has no function '{fn}'")

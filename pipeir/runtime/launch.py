@@ -64,7 +64,7 @@ class StepReport:
     ranks: int = 0
     time: float = 0.0
     #: from the last stage's rank: samples, tokens (None unless the spec counts them),
-    #: grad_norm (None without clipping), lr, skipped (fp16: non-finite gradients)
+    #: grad_norm (before clipping), lr, skipped (fp16: non-finite gradients)
     info: dict[str, Any] = field(default_factory=dict)
 
 

@@ -11,7 +11,7 @@ from pipeir.runtime.launch import StepReport
 
 def metrics(rep: StepReport) -> dict[str, Any]:
     """loss, time (s), samples/s, tokens/s (None unless the spec counts tokens), lr, the
-    global gradient norm before clipping (None without clipping), skipped (fp16 overflow)."""
+    global gradient norm before clipping, skipped (fp16 overflow)."""
     info, t = rep.info, rep.time
     tokens = info.get("tokens")
     return {"step": rep.step + 1, "loss": rep.loss, "time_s": t,

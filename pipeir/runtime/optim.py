@@ -38,7 +38,7 @@ INIT_SCALE, GROWTH, BACKOFF, GROWTH_INTERVAL = 2.0**16, 2.0, 0.5, 2000
 
 @dataclass
 class StepStats:
-    grad_norm: float | None  # before clipping; None without clipping
+    grad_norm: float | None  # the global norm before clipping (fp16: unscaled); None until a step
     skipped: bool  # fp16: non-finite gradients, no update
     lr: float | None  # the step's learning rate (this rank's first optimizer)
 
@@ -126,14 +126,18 @@ class Optim:
         if self.fp16:
             for g in grads:
                 g.div_(self.scale)
-        norm = self._global_norm(grads) if (self.spec.clip_grad_norm is not None
-                                            or self.fp16) else None
-        skipped = norm is not None and not math.isfinite(norm)
+        # NOTE: the norm is computed at every step, clipping or not: the progress line and
+        # --metrics show it for every model. Its cost is one pass over the gradients and one
+        # scalar all-reduce among the pipeline ranks (bench/grad_norm.py measures it against
+        # the step). Only clipping and fp16 act on it: a non-finite norm skips the step there
+        # alone, as before.
+        norm = self._global_norm(grads)
+        skipped = (self.spec.clip_grad_norm is not None or self.fp16) and not math.isfinite(norm)
         if skipped:
             self.scale *= BACKOFF
             self.good_steps = 0
         else:
-            if self.spec.clip_grad_norm is not None and norm is not None:
+            if self.spec.clip_grad_norm is not None:
                 coef = min(1.0, self.spec.clip_grad_norm / (norm + 1e-6))
                 for g in grads:
                     g.mul_(coef)
@@ -147,7 +151,7 @@ class Optim:
         lr = next((float(o.param_groups[0]["lr"]) for o in self.optimizers.values()), None)
         for sched in self.schedulers.values():
             sched.step()
-        return StepStats(norm if self.spec.clip_grad_norm is not None else None, skipped, lr)
+        return StepStats(norm, skipped, lr)
 
     def _sum_tied(self) -> None:
         for t in self.tied:

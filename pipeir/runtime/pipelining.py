@@ -75,5 +75,6 @@ def _instantiate(schedule: str | os.PathLike[str] | Schedule, ranks: int, microb
         return library.get(schedule, ranks, microbatches, **kw)
     if not Path(schedule).is_file():
         raise UsageError(f"torch_schedule: '{schedule}' is neither a library schedule nor a "
-                         f".sched file; the library has {', '.join(library.names())}")
+                         f".sched file; the library has {', '.join(library.names())}",
+                         notes=library.suggest(str(schedule)))
     return parse(Path(schedule), overrides={"ranks": ranks, "microbatches": microbatches})

@@ -14,6 +14,14 @@ of a fresh gloo group
 ping-pong a small and a large message; latency is half the fastest small round trip,
 bandwidth the extra bytes over the extra time (fastest of a few: the usual microbenchmark
 figure, least disturbed by other load).
+
+NOTE (unstable measurements). A median of a handful of runs hides a machine that was busy
+for some of them, and a cost file measured so sends `tune` after a phantom (a W of 14.5 ms
+in one profile, 0.35 ms in the next). Each op's spread across its measured runs is kept
+(`Spread`): the coefficient of variation, stdev / mean. Above `UNSTABLE_CV` the op is
+flagged (`unstable`) and `pipeirc profile` warns, naming the stage, the op and the runs'
+range; the cost file's `meta.spread` records every op's figure. One profile cannot see noise
+that lasts its whole run: only a second profile shows that.
 """
 
 from __future__ import annotations
@@ -21,8 +29,8 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -37,6 +45,34 @@ from pipeir.runtime.worker import split_batch
 SMALL_BYTES = 64
 LARGE_BYTES = 16 * 2**20
 
+#: The coefficient of variation (stdev / mean of an op's measured runs) above which the op's
+#: time is flagged unstable. Quiet CPU runs of these ops vary by a few percent; 0.5 means a
+#: run took about twice the others (or one took ten times): the median may then be either.
+UNSTABLE_CV = 0.5
+
+#: The timer profiling reads (seconds); a test replaces it with a noisy one.
+Clock = Callable[[], float]
+
+
+@dataclass(frozen=True)
+class Spread:
+    """How an op's measured runs (ms) varied: the coefficient of variation (0 with fewer
+    than two runs), the fastest and slowest run, and how many there were."""
+
+    cv: float
+    low: float
+    high: float
+    runs: int
+
+    @classmethod
+    def of(cls, times: list[float]) -> Spread:
+        mean = statistics.fmean(times)
+        cv = statistics.stdev(times) / mean if len(times) > 1 and mean > 0 else 0.0
+        return cls(cv, min(times), max(times), len(times))
+
+
+NO_SPREAD = Spread(0.0, 0.0, 0.0, 0)  # an op not measured (stage 0's I, a stage without W)
+
 
 @dataclass(frozen=True)
 class StageTimes:
@@ -48,24 +84,34 @@ class StageTimes:
     memory_bytes: float  # what autograd keeps from F until the backward
     param_bytes: float = 0.0  # the weight gradients data parallelism all-reduces
     input_bytes: float = 0.0  # the stage input, which a checkpointed forward keeps
+    spread: Mapping[str, Spread] = field(default_factory=dict)  # "F", "B", "I", "W"
 
 
-def _median_ms(fn: Callable[[], Any], warmup: int, iters: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(iters):
-        t0 = time.perf_counter()
-        fn()
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+def unstable(stages: Sequence[StageTimes], threshold: float = UNSTABLE_CV) -> list[str]:
+    """One line for each op whose runs varied more than `threshold` (see the module NOTE),
+    naming the stage, the op and the runs' range."""
+    out = []
+    for k, st in enumerate(stages):
+        for op, sp in st.spread.items():
+            if sp.cv > threshold:
+                out.append(f"stage {k} {op}: {sp.runs} runs took {sp.low:.3g} to "
+                           f"{sp.high:.3g} ms (coefficient of variation {sp.cv:.2f}, over "
+                           f"{threshold:g}); the cost file keeps the median, "
+                           f"{getattr(st, op):.3g} ms, which may not be this op's time")
+    return out
+
+
+def _median_ms(fn: Callable[[], Any], warmup: int, iters: int, clock: Clock
+               ) -> tuple[float, Spread]:
+    """Median ms of `fn()` over `iters` runs after `warmup`, and the runs' spread."""
+    return _timed_after(lambda: (), fn, warmup, iters, clock)
 
 
 def profile_stages(spec: ModelSpec, stages: int, microbatches: int, warmup: int = 2,
-                   iters: int = 5, progress: Callable[[str], None] | None = None
-                   ) -> list[StageTimes]:
+                   iters: int = 5, progress: Callable[[str], None] | None = None,
+                   clock: Clock = time.perf_counter) -> list[StageTimes]:
     """Per-stage op times and sizes for one micro-batch (see the module NOTE); `progress`
-    hears of each stage before it is measured (`pipeir.progress`).
+    hears of each stage before it is measured (`pipeir.progress`); `clock` is the timer.
 
     Runs with one intra-op thread: a pipeline rank is one process per core, and OpenMP
     threads spinning against each other on a shared CPU make timings 1000x noisier.
@@ -80,7 +126,7 @@ def profile_stages(spec: ModelSpec, stages: int, microbatches: int, warmup: int 
             if progress is not None:
                 progress(f"timing stage {s + 1}/{stages} ({warmup} warm-up, {iters} measured "
                          "runs of F, B, I and W)")
-            times, x = _profile_stage(spec, s, stages, x, y, warmup, iters)
+            times, x = _profile_stage(spec, s, stages, x, y, warmup, iters, clock)
             out.append(times)
         return out
     finally:
@@ -88,7 +134,7 @@ def profile_stages(spec: ModelSpec, stages: int, microbatches: int, warmup: int 
 
 
 def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
-                   warmup: int, iters: int) -> tuple[StageTimes, Any]:
+                   warmup: int, iters: int, clock: Clock) -> tuple[StageTimes, Any]:
     """Stage s's times on input `x` (a tensor or a structure whose tensors that carry a
     gradient require grad), and its output (the next stage's input, likewise)."""
     module = build_stage(spec, s, stages)
@@ -119,24 +165,26 @@ def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
     def split(i: Any, o: Any) -> tuple[Any, Any]:
         return backward_input_many(grad_leaves(o), grads, grad_leaves(i) if s else [])
 
-    f = _median_ms(fresh, warmup, iters)
-    b = _timed_after(fresh, full, warmup, iters)
+    f, f_spread = _median_ms(fresh, warmup, iters, clock)
+    b, b_spread = _timed_after(fresh, full, warmup, iters, clock)
     # I and W as the runtime computes them (pipeir.runtime.splitgrad): I saves what W needs,
     # so W does not walk the activation-gradient path again
-    i_t = 0.0
+    i_t, i_spread = 0.0, NO_SPREAD
     if needs_grad:
-        i_t = _timed_after(fresh, split, warmup, iters)
-    w = 0.0
+        i_t, i_spread = _timed_after(fresh, split, warmup, iters, clock)
+    w, w_spread = 0.0, NO_SPREAD
     if params:
         def after_input() -> tuple[Any, Any]:
             return split(*fresh())[1], None
-        w = _timed_after(after_input, lambda work, _: backward_weight(work), warmup, iters)
+        w, w_spread = _timed_after(after_input, lambda work, _: backward_weight(work), warmup,
+                                   iters, clock)
+    spread = {"F": f_spread, "B": b_spread, "I": i_spread, "W": w_spread}
     for p in module.parameters():
         p.grad = None
     act = 0.0 if last else float(sum(t.numel() * t.element_size() for t in tensor_leaves(o)))
     weights = float(sum(p.numel() * p.element_size() for p in params))
     return (StageTimes(f, b, i_t, w, act, float(saved.per_stage[s]), weights,
-                       float(input_bytes(x))),
+                       float(input_bytes(x)), spread),
             pytree.tree_map(lambda t: _leaf(t, keep=True), o))
 
 
@@ -148,17 +196,19 @@ def _leaf(t: Any, keep: bool = False) -> Any:
     return t.detach().requires_grad_(t.requires_grad and (keep or t.is_floating_point()))
 
 
-def _timed_after(setup: Callable[[], tuple[Any, Any]], fn: Callable[[Any, Any], Any],
-                 warmup: int, iters: int) -> float:
-    """Median ms of `fn(*setup())`, the setup (e.g. a fresh forward) not timed."""
+def _timed_after(setup: Callable[[], tuple[Any, ...]], fn: Callable[..., Any],
+                 warmup: int, iters: int, clock: Clock) -> tuple[float, Spread]:
+    """Median ms of `fn(*setup())`, the setup (e.g. a fresh forward) not timed, and the
+    spread of the measured runs."""
     times = []
     for k in range(warmup + iters):
         args = setup()
-        t0 = time.perf_counter()
+        t0 = clock()
         fn(*args)
+        t1 = clock()
         if k >= warmup:
-            times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+            times.append((t1 - t0) * 1e3)
+    return statistics.median(times), Spread.of(times)
 
 
 def measure_link(timeout_s: float = 60.0, rounds: int = 10) -> tuple[float, float | None]:
@@ -227,8 +277,14 @@ def _link_worker(rank: int, init: str, rounds: int, timeout_s: float, q: Any) ->
 def cost_settings(stages: list[StageTimes], link: tuple[float, float | None] | None,
                   meta: dict[str, Any]) -> dict[str, Any]:
     """A cost file's contents (the JSON object) from the measurements."""
+    spread = {"measure": "coefficient of variation (stdev / mean) of each op's measured "
+                         "runs; over the threshold, profile warned",
+              "threshold": UNSTABLE_CV,
+              "stage": {str(k): {op: round(sp.cv, 4) for op, sp in s.spread.items()
+                                 if sp.runs}
+                        for k, s in enumerate(stages)}}
     out: dict[str, Any] = {"version": 1, "unit": "ms",
-                           "meta": {**meta, "torch": torch.__version__}}
+                           "meta": {**meta, "torch": torch.__version__, "spread": spread}}
     out["F"] = statistics.median(s.F for s in stages)
     out["I"] = statistics.median(s.I for s in stages)
     out["W"] = statistics.median(s.W for s in stages)

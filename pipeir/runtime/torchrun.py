@@ -12,6 +12,16 @@ one line per step (loss and step time) to stdout. A failure (a bad world size, a
 does not split over the replicas, a lost peer) is one line on stderr naming the rank and its
 groups, and exit code 1, on which torchrun stops every other process. A bad `--model` is
 found before the process group starts: global rank 0 says why, every rank exits with 2.
+
+NOTE (torchrun's report). When a worker fails, torchrun prints its own 40-line report (a
+traceback of the launcher and a `ChildFailedError` table) after everything the workers
+wrote, which pushed pipeir's one line out of sight. Nothing a worker does silences it, but
+its "Root Cause" entry shows what the worker left in the error file torchrun names in
+TORCHELASTIC_ERROR_FILE (else "To enable traceback see: ..."). So the failing worker writes
+its one line there too (`_report`): it is then the last line of text torchrun prints, under
+"Root Cause". torchrun picks the root cause by the earliest timestamp, in whole seconds, and
+stamps the peers it stopped (no file) with the time it reads their exit: pipeir's is stamped
+one second early so that a peer stopped within the same second never wins the tie.
 """
 
 from __future__ import annotations
@@ -60,8 +70,8 @@ def main(directory: Path, argv: list[str]) -> int:
                                  "runs only rank files that agree with it: compile again")
     except PipeirError as e:
         if place[0] == 0:
-            sys.stderr.write(f"main.py: {e.render()}\n(every rank stops; torchrun reports "
-                             "their exit codes below)\n")
+            _report(f"main.py: {e.render()}")
+            sys.stderr.write("(every rank stops; torchrun reports their exit codes below)\n")
         else:  # torchrun stops the others at the first exit: let rank 0 say why first
             time.sleep(1.0)
         return 2
@@ -112,7 +122,7 @@ def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
         shape = check_world(world, job.lowered.ranks, dp)
         job = replace(job, dp=shape.dp)  # (Job refuses replicas that never all-reduce)
     except ValueError as e:
-        sys.stderr.write(f"main.py: rank {rank}: {e}\n")
+        _report(f"main.py: rank {rank}: {e}")
         return 2
     pp, replica = shape.coords(rank)
     sys.stdout.write(f"rank {rank}/{world} = pp {pp} of {shape.pp}, dp {replica} of {shape.dp} "
@@ -132,10 +142,27 @@ def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
     try:
         run_rank(rank, world, "env://", [job], emit, lambda j, pc: None, timeout_s)
     except Exception as e:
-        sys.stderr.write(f"main.py: {_failure(shape, rank, e)}\n")
-        sys.stderr.flush()
+        _report(f"main.py: {_failure(shape, rank, e)}")
         os._exit(1)  # do not wait for peers that may be gone; torchrun stops the rest
     return 0
+
+
+def _report(message: str) -> None:
+    """`message` on stderr, and in torchrun's error file when there is one (see the module
+    NOTE), so that torchrun's report ends with it."""
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path:
+        return
+    stamp = str(int(time.time()) - 1)
+    data = {"message": {"message": message,
+                        "extraInfo": {"py_callstack": message, "timestamp": stamp}}}
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(data, f)
+    except OSError:
+        pass  # the line on stderr stands alone, as it did before torchrun read files
 
 
 def _failure(shape: MeshShape, rank: int, e: BaseException) -> str:

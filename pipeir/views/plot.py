@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 from typing import Any
 
+from pipeir import limits
 from pipeir.diagnostics import UsageError
 from pipeir.ops import CHANNEL, KIND_NAMES, Op
 from pipeir.sim.result import SimResult
@@ -133,14 +134,29 @@ def _time(step: tuple[float, float]) -> float:
     return step[0]
 
 
+#: Line styles and widths for the memory lines, rank by rank: ranks often hold the same
+#: number of activations at once (GPipe's plateau, 1F1B's steady state), and same-width lines
+#: drawn in order hide all but the last. Each later rank is drawn thinner and in another dash
+#: on top of the earlier ones, so every rank stays visible where they coincide.
+LINE_STYLES = ("-", "--", ":", "-.")
+
+
 def _draw_memory(ax: Any, result: SimResult) -> None:
-    for r, steps in enumerate(memory_over_time(result)):
+    lines = memory_over_time(result)
+    top = max((v for steps in lines for _, v in steps), default=0.0)
+    unit, scale = limits.binary_unit(top) if result.costs.knows_memory else ("", 1)
+    widest, thinnest = 2.8, 0.9
+    for r, steps in enumerate(lines):
         xs = [t for t, _ in steps] + [result.makespan]
-        ys = [v for _, v in steps] + [steps[-1][1]]
-        ax.step(xs, ys, where="post", label=f"rank {r}", linewidth=1.2)
-    ax.set_ylabel("saved activations" + (" (bytes)" if result.costs.knows_memory else ""),
-                  fontsize=8)
-    ax.legend(fontsize=7, frameon=False, loc="upper right", ncol=min(4, result.ranks))
+        ys = [v / scale for _, v in steps] + [steps[-1][1] / scale]
+        width = widest - (widest - thinnest) * r / max(1, len(lines) - 1)
+        ax.step(xs, ys, where="post", label=f"rank {r}", linewidth=width,
+                linestyle=LINE_STYLES[r % len(LINE_STYLES)], zorder=2 + r)
+    ax.set_ylabel("saved activations" + (f" ({unit})" if unit else ""), fontsize=8)
+    ax.set_ylim(0, (top / scale or 1.0) * 1.08)
+    # outside the axes: inside, it covered the lines at their peak
+    ax.legend(fontsize=7, frameon=False, loc="upper left", bbox_to_anchor=(1.0, 1.0),
+              ncol=1 + (result.ranks - 1) // 8)
     ax.grid(axis="both", color="#eeeeee", linewidth=0.5)
 
 
