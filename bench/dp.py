@@ -41,7 +41,7 @@ from torch import nn
 
 import pipeir
 from pipeir.backend.codegen import rank_source
-from pipeir.backend.lower import Lowered
+from pipeir.backend.instructions import Lowered
 from pipeir.models import ModelSpec
 from pipeir.runtime.launch import launch
 from pipeir.runtime.measure import (

@@ -4,9 +4,9 @@ scheduler and `synth` side by side, per cost file, at 1F1B's memory and at twice
     python bench/synth.py [--repeat 3] [--rows NAME,...] [--workers 2] [--quick]
 
 Columns: the memory budget K (micro-batches of one stage per rank; 1F1B needs P); tune: the
-fastest library schedule with passes at the same P, M and K (`pipeir.tune.search`, overlapped
+fastest library schedule with passes at the same P, M and K (`pipeir.search.tune.search`, overlapped
 communication) and its step; zb: the re-implemented Zero Bubble greedy scheduler
-(`pipeir.synth.zb_greedy`, one stage per rank, I + W, at K); synth: `synth(..., v=None,
+(`pipeir.search.synth.zb_greedy`, one stage per rank, I + W, at K); synth: `synth(..., v=None,
 split=True)` (shapes 1, 2, 4 loop/V and tune's best, I + W), its step, the proven lower bound,
 the gap and the wall time; vs tune: how much faster synth is. Every step is the simulator's
 (`pipeir.simulate` of the emitted schedule). Steps, bounds and times are medians over
@@ -53,10 +53,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="a tenth of every time limit")
     args = ap.parse_args(argv)
 
+    from pipeir.search.synth import make_problem, synth
+    from pipeir.search.synth.zb_greedy import zb_greedy
+    from pipeir.search.tune import search
     from pipeir.sim import CostModel, simulate
-    from pipeir.synth import make_problem, synth
-    from pipeir.synth.zb_greedy import zb_greedy
-    from pipeir.tune import search
     from pipeir.verify import verify
 
     wanted = args.rows.split(",")

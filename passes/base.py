@@ -19,7 +19,7 @@ from pipeir.diagnostics import UsageError
 from pipeir.passes.context import DEFAULT_CONTEXT, CommModel, PassContext
 
 if TYPE_CHECKING:
-    from pipeir.backend.lower import Lowered
+    from pipeir.backend.instructions import Lowered
     from pipeir.schedule import Schedule
 
 

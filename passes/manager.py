@@ -20,6 +20,9 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
+import pipeir
+from pipeir.backend.commcheck import check_comm
+from pipeir.backend.lower import lower
 from pipeir.diagnostics import Diagnostic, Note, PipeirError, UsageError, VerifyError
 from pipeir.files import make_dir, write_atomic
 from pipeir.passes.base import LoweredPass, Pass, PassBase
@@ -31,12 +34,13 @@ from pipeir.passes.context import (
     printed_costs,
 )
 from pipeir.passes.pipeline import Pipeline
+from pipeir.passes.verify import Verify
 from pipeir.printer import print_schedule
 from pipeir.schedule import Schedule
 from pipeir.verify import verify
 
 if TYPE_CHECKING:
-    from pipeir.backend.lower import Lowered
+    from pipeir.backend.instructions import Lowered
 
 
 class Instrument:
@@ -165,8 +169,6 @@ def _callers_level() -> int:
     """The `stacklevel` of the first frame outside pipeir (its `pipeir/` and `passes/`
     folders), so a warning names the user's line, whichever API entry they called (3.11
     has no `skip_file_prefixes`)."""
-    import pipeir
-
     ours = tuple(str(Path(f).parent) + os.sep for f in (pipeir.__file__, __file__))
     level = 1
     frame: FrameType | None = sys._getframe(1)
@@ -211,8 +213,6 @@ class PassManager:
     def compile(self, schedule: Schedule) -> Compiled:
         """Run the schedule-level passes, lower (placing communication by the context's
         costs), run the lowered-level passes, and prove the programs deadlock-free."""
-        from pipeir.backend.commcheck import check_comm
-        from pipeir.backend.lower import lower
 
         passes, spans = self.pipeline.passes, self.pipeline.spans
         n = next((i for i, p in enumerate(passes) if isinstance(p, LoweredPass)), len(passes))
@@ -248,7 +248,6 @@ class PassManager:
             inst.phase(text)
 
     def _run_schedule(self, schedule: Schedule, n: int) -> Optimized:
-        from pipeir.passes.verify import Verify  # the `verify` pass needs no re-check
 
         passes, spans = self.pipeline.passes, self.pipeline.spans
         context = self.context
@@ -298,7 +297,6 @@ class PassManager:
         return f"pass {i + 1} of {len(passes)}, '{passes[i].spec()}'"
 
     def _blame(self, e: PipeirError, i: int, during: bool) -> PipeirError:
-        from pipeir.passes.verify import Verify
 
         passes, span = self.pipeline.passes, self.pipeline.spans[i]
         before = ", ".join(p.spec() for p in passes[:i])

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-from pipeir.backend.lower import (
+from pipeir.backend.instructions import (
     Backward,
     BackwardInput,
     Batch,

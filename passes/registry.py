@@ -35,7 +35,7 @@ BUILTINS: Final[dict[str, str]] = {
     "dp-reduce": "pipeir.passes.dp_reduce:DpReduce",
     "recompute": "pipeir.passes.memory:Recompute",
     "offload": "pipeir.passes.memory:Offload",
-    "synth": "pipeir.passes.synth:Synth",
+    "synth": "pipeir.search.synth_pass:Synth",
 }
 
 

@@ -37,10 +37,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Literal
 
+from pipeir._gc import paused_gc  # NOTE: the sweeps allocate many short lists, no cycles
+from pipeir.config import PipelineConfig
+from pipeir.diagnostics import VerifyError
 from pipeir.ops import NO_MB, Kind, Op
 from pipeir.passes.base import OptionError, Pass
 from pipeir.passes.context import PassContext, given
 from pipeir.schedule import Schedule
+from pipeir.sim.costs import CostModel
+from pipeir.sim.engine import Timing
+from pipeir.verify import check_deadlock
 
 if TYPE_CHECKING:
     from pipeir.sim.costs import CostModel
@@ -110,12 +116,9 @@ class SlotSimulator:
     each call is one sweep with durations looked up through the order."""
 
     def __init__(self, schedule: Schedule, costs: CostModel, comm: str = "overlapped"):
-        from pipeir.sim.engine import Timing
 
         self.timing = Timing(schedule, costs, comm)
         if not self.timing.complete:
-            from pipeir.diagnostics import VerifyError
-            from pipeir.verify import check_deadlock
 
             raise VerifyError(check_deadlock(schedule), "deadlock")
         self.microbatches = m = schedule.config.microbatches
@@ -187,8 +190,6 @@ def search(sim: SlotSimulator, budget_s: float = 0.02, evals: int = 2000,
 def plan_order(schedule: Schedule, costs: CostModel, comm: str = "overlapped",
                budget_s: float = 0.02, evals: int = 2000, seed: int = 0) -> Plan:
     """The micro-batch entry order for `schedule` under `costs` (see `search`)."""
-    from pipeir._gc import paused_gc  # NOTE: the sweeps allocate many short lists, no cycles
-
     t0 = time.perf_counter()
     with paused_gc():
         sim = SlotSimulator(schedule, costs, comm)
@@ -235,7 +236,6 @@ class StepPlanner:
     def order(self, lengths: Sequence[float]) -> tuple[int, ...]:
         """The entry order for micro-batches of these lengths: slot k runs micro-batch
         `order[k]`. The identity when reordering would not shorten the simulated step."""
-        from pipeir.sim.costs import CostModel
 
         if len(lengths) != self.microbatches:
             raise ValueError(f"{len(lengths)} lengths for {self.microbatches} micro-batches")
@@ -248,7 +248,6 @@ def _schedule_of(p: StepPlanner) -> Schedule:
     """The planner's schedule, built once per process."""
     got = _BUILT.get(p)
     if got is None:
-        from pipeir.config import PipelineConfig
 
         config = PipelineConfig(p.ranks, p.microbatches, p.stages, p.placement)
         got = Schedule.from_programs(config, [[Op(k, s, m) for k, s, m in prog]  # type: ignore[arg-type]

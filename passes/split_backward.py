@@ -40,6 +40,7 @@ from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
 from pipeir.passes.dp_reduce import reject_reductions
 from pipeir.passes.memory import reject_memory_ops
 from pipeir.schedule import Schedule
+from pipeir.sim import simulate  # only this check needs the simulator
 from pipeir.verify import memory_report
 
 Mode = Literal["h1", "h2"]
@@ -173,6 +174,5 @@ def list_schedule(schedule: Schedule) -> list[list[Op]]:
 
 
 def _slower(candidate: Schedule, baseline: Schedule) -> bool:
-    from pipeir.sim import simulate  # only this check needs the simulator
 
     return simulate(candidate).makespan > simulate(baseline).makespan

@@ -26,7 +26,7 @@ def torch_schedule(stages: Any, schedule: Any, *, n_microbatches: int, loss_fn: 
     """A torch.distributed.pipelining schedule object running a verified pipeir schedule (a
     library name, a `.sched` path or a `Schedule`) on this rank's `PipelineStage`s; see
     `pipeir.runtime.pipelining.torch_schedule`. Imports torch (only when called)."""
-    from pipeir.runtime.pipelining import torch_schedule as build
+    from pipeir.runtime.pipelining import torch_schedule as build  # noqa: PLC0415 - torch
 
     return build(stages, schedule, n_microbatches=n_microbatches, loss_fn=loss_fn, **kwargs)
 

@@ -11,6 +11,8 @@ from pipeir.diagnostics import Source
 from pipeir.frontend.elaborate import Elaborated, Value, elaborate
 from pipeir.frontend.parser import parse_source
 from pipeir.library import LIBRARY
+from pipeir.passes import PassContext, PassManager, Pipeline, parse_pipeline
+from pipeir.passes.context import UNIT_COSTS
 from pipeir.schedule import Schedule
 
 if TYPE_CHECKING:
@@ -24,7 +26,9 @@ def read_source(path: str | os.PathLike[str]) -> Source:
     return limits.read_input(path, ".sched file")
 
 
-def _source(src: str | os.PathLike[str]) -> Source:
+def _source(src: str | os.PathLike[str] | Source) -> Source:
+    if isinstance(src, Source):  # text with the name its diagnostics give (a plan's schedule)
+        return src
     if isinstance(src, os.PathLike):
         return read_source(src)
     if "\n" not in src and "{" not in src and (src.endswith(".sched") or os.path.exists(src)):
@@ -32,7 +36,7 @@ def _source(src: str | os.PathLike[str]) -> Source:
     return Source("<string>", src)
 
 
-def load(src: str | os.PathLike[str], *, overrides: Mapping[str, Value] | None = None,
+def load(src: str | os.PathLike[str] | Source, *, overrides: Mapping[str, Value] | None = None,
          use: tuple[str, Mapping[str, Value]] | None = None) -> Elaborated:
     """Parse and elaborate a `.sched` file (a path) or text; keeps the file's cost settings."""
     return elaborate(parse_source(_source(src)), library=LIBRARY, overrides=overrides,
@@ -54,9 +58,6 @@ def compile(schedule: Schedule, passes: str | Pipeline | Sequence[PassBase] | No
     programs deadlock-free. `costs` place communication and drive cost-aware passes; `comm`
     defaults to the model the pipeline runs under (overlapped with `overlap`, else blocking).
     """
-    from pipeir.passes import PassContext, PassManager, Pipeline, parse_pipeline
-    from pipeir.passes.context import UNIT_COSTS
-
     if passes is None or (isinstance(passes, str) and not passes.strip()):
         pipeline = Pipeline.of(())
     elif isinstance(passes, str):

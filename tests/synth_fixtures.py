@@ -20,11 +20,11 @@ from hypothesis import strategies as st
 import pipeir
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
+from pipeir.search.synth import Problem
+from pipeir.search.synth.lns import Window
+from pipeir.search.synth.model import Integral
 from pipeir.sim import CostModel
 from pipeir.sim.engine import Timing
-from pipeir.synth import Problem
-from pipeir.synth.lns import Window
-from pipeir.synth.model import Integral
 from pipeir.verify import live_activations, verify
 
 REPO = Path(__file__).parent.parent
@@ -218,7 +218,7 @@ def fixture_step(problem: Problem, name: str) -> float:
 
 
 class Clock:
-    """A stand-in for the `time` module of `pipeir.synth`: the real clock plus `spent`, the
+    """A stand-in for the `time` module of `pipeir.search.synth`: the real clock plus `spent`, the
     seconds a stand-in solver or bound says it used (no sleeping). `first` is the first
     reading, synth's start, so a deadline it sets can be checked exactly: the real time
     that passes in between only makes the readings later, never earlier."""

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 import pipeir
 from pipeir.backend.codegen import Namespace, generate
 from pipeir.backend.commcheck import check_comm
-from pipeir.backend.lower import (
+from pipeir.backend.instructions import (
     COMPUTE,
     Batch,
     Comm,
@@ -25,11 +25,9 @@ from pipeir.backend.lower import (
     Lowered,
     Send,
     WaitRecv,
-    format_lowered,
-    from_json,
-    lower,
-    to_json,
 )
+from pipeir.backend.lower import lower
+from pipeir.backend.program_io import format_lowered, from_json, to_json
 from pipeir.diagnostics import VerifyError
 from pipeir.passes.overlap import Overlap
 from pipeir.sim import CostModel
@@ -269,7 +267,8 @@ def test_check_lowered_cli(cli, tmp_path: Path) -> None:
     assert "rank 0 -> rank 1 -> rank 0" in err and "good.json: lowered ok" in out
     (tmp_path / "junk.json").write_text("{")
     code, _, err = cli("check", "--lowered", tmp_path / "junk.json")
-    assert code == 2 and "not a readable JSON file" in err and "Traceback" not in err
+    assert code == 2 and "junk.json:1:2: error: malformed lowered-program JSON file" in err
+    assert "Traceback" not in err
     (tmp_path / "other.json").write_text("{}")
     code, _, err = cli("check", "--lowered", tmp_path / "other.json")
     assert code == 2 and "not a pipeir lowered-program JSON file" in err

@@ -12,7 +12,8 @@ from typing import Any
 import pytest
 
 import pipeir
-from pipeir.backend.lower import lower, to_json
+from pipeir.backend.lower import lower
+from pipeir.backend.program_io import to_json
 
 Cli = Callable[..., tuple[int, str, str]]
 Edit = Callable[[dict[str, Any]], None]
@@ -190,8 +191,8 @@ def test_a_bad_header_is_named(cli: Cli, tmp_path: Path, edit: Edit, message: st
 
 @pytest.mark.parametrize(("text", "message"), [
     ('{"format": "pipeir-lowered", "ranks": ' + "1" * 5000 + "}",
-     "not a readable JSON file: a number with thousands of digits"),
-    ("[" * 100_000, "not a readable JSON file: nested too deeply"),
+     "malformed lowered-program JSON file: a number has too many digits to read"),
+    ("[" * 100_000, "malformed lowered-program JSON file: nested too deeply"),
     ('{"format": "pipeir-lowered", "version": 1, "name": "x", "ranks": 1, "stages": 1, '
      '"microbatches": 1, "accumulate": 1, "placement": [0], "programs": [[{"i": "loss", '
      '"stage": 0, "mb": 0, "scale": NaN}, {"i": "backward", "stage": 0, "mb": 0}]]}',
@@ -202,6 +203,22 @@ def test_unreadable_json_is_one_line(cli: Cli, tmp_path: Path, text: str, messag
     path.write_text(text, encoding="utf-8")
     err = _refused(cli, "--lowered", path)
     assert f"error: {path}: {message}" in err, err
+
+
+@pytest.mark.parametrize(("text", "where", "message"), [
+    ('{"format": "pipeir-lowered", "ranks": 1,\n "ranks": 2}', "2:2",
+     "field 'ranks' is given twice in one object (JSON would keep the last without a word)"),
+    ('{"format": "pipeir-lowered",\n "ranks": }', "2:11", "malformed lowered-program JSON "
+     "file: Expecting value"),
+], ids=["duplicate-key", "malformed"])
+def test_unreadable_json_points_at_the_fault(cli: Cli, tmp_path: Path, text: str, where: str,
+                                             message: str) -> None:
+    path = tmp_path / "odd.json"
+    path.write_text(text, encoding="utf-8")
+    code, out, err = cli("check", "--lowered", path)
+    assert (code, out) == (2, "") and "Traceback" not in err
+    assert err.startswith(f"{path}:{where}: error: {message}"), err
+    assert err.count("error: ") == 1, err
 
 
 @pytest.mark.parametrize(("edit", "message"), [

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 import pipeir
 from pipeir.backend.commcheck import Key, check_comm, schedule_locator, what
-from pipeir.backend.lower import (
+from pipeir.backend.instructions import (
     Backward,
     BackwardInput,
     BackwardWeight,
@@ -45,8 +45,8 @@ from pipeir.backend.lower import (
     WaitReduce,
     WaitSend,
     ZeroGrad,
-    lower,
 )
+from pipeir.backend.lower import lower
 from pipeir.diagnostics import PipeirError, VerifyError
 from pipeir.interop.check import check_csv
 from pipeir.passes.overlap import Overlap
@@ -533,8 +533,8 @@ def test_findings_of_one_rule_are_capped() -> None:
 def test_instruction_spans_find_each_mnemonic_in_any_layout(indent: int | None) -> None:
     """The walk behind `check --lowered`'s locations: keys in reverse order (a batch's posts,
     each with its own "i", before the batch's own), compact or indented, CRLF line ends."""
-    from pipeir.backend.jsonspans import instruction_spans
-    from pipeir.backend.lower import to_json
+    from pipeir.backend.commcheck import instruction_spans
+    from pipeir.backend.program_io import to_json
     from pipeir.diagnostics import Source
 
     def reverse(x: object) -> object:

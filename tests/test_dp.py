@@ -206,7 +206,7 @@ def test_run_measurements_read_a_timeline_as_the_simulator_writes_it() -> None:
     """Instruction times laid out as the simulator times the ops, on two identical replicas:
     `allreduce_seconds` gives back each all-reduce's time (R(0) queued behind R(1)) and
     `exposed_reduction` the simulator's exposed time, with or without the finish times."""
-    from pipeir.backend.lower import Backward, Forward, ReduceGrad, WaitReduce
+    from pipeir.backend.instructions import Backward, Forward, ReduceGrad, WaitReduce
     from pipeir.runtime.measure import allreduce_seconds, exposed_reduction
 
     compiled = pipeir.compile(pipeir.parse(ONE_RANK_TWO_STAGES), "dp-reduce")
@@ -250,7 +250,7 @@ def test_simulate_shows_reductions_on_the_timeline_trace_and_json(cli, tmp_path:
 
 
 def test_tune_with_dp_adds_the_reductions_to_every_candidate(cli) -> None:
-    from pipeir.tune import search
+    from pipeir.search.tune import search
 
     costs = CostModel(F=4, I=4, W=4, latency=0.005, param_bytes=4e8, dp_bandwidth=2.5e7,
                       stage={3: {"F": 4.4}})
@@ -288,7 +288,7 @@ dist.destroy_process_group()
 
 
 def test_lowering_posts_reductions_in_the_last_round_and_waits_before_the_step() -> None:
-    from pipeir.backend.lower import OptimizerStep, ReduceGrad, WaitReduce
+    from pipeir.backend.instructions import OptimizerStep, ReduceGrad, WaitReduce
 
     s = pipeir.parse(EXAMPLES / "1f1b.sched", overrides={"ranks": 2, "microbatches": 2,
                                                          "accumulate": 2})

@@ -250,8 +250,8 @@ def test_a_search_with_a_deadline_keeps_what_fits(budget: pytest.MonkeyPatch) ->
     split copy (4,096 each); interleaved v = 2 twice that (16,384 so far); v = 4 (4,096 + 2 x
     6,144) and v = 8 do not fit and are skipped; ZB-V (3,072, no passes) fits (19,456);
     DualPipe-V no longer does. A candidate with no passes is the library schedule itself."""
+    from pipeir.search.tune import search
     from pipeir.sim import CostModel
-    from pipeir.tune import search
 
     budget.setenv(limits.ENV, "40MB")
     costs = CostModel.load(REPO / "examples" / "costs" / "uniform.toml")

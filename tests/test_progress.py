@@ -9,8 +9,8 @@ from pathlib import Path
 import pipeir
 from pipeir.passes import PassManager, Phases, parse_pipeline
 from pipeir.progress import Progress
+from pipeir.search.tune import search
 from pipeir.sim import CostModel
-from pipeir.tune import search
 
 REPO = Path(__file__).parent.parent
 

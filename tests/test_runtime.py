@@ -529,7 +529,7 @@ def test_run_report_measures_and_simulates_the_compiled_schedule() -> None:
     """For every pass combination the report is built from the schedule that ran (after its
     passes): each rank's measured busy time is the sum of its compute instructions' measured
     times, and the simulated column simulates the compiled schedule with the measured costs."""
-    from pipeir.backend.lower import (
+    from pipeir.backend.instructions import (
         Backward,
         BackwardInput,
         BackwardWeight,

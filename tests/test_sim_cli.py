@@ -156,6 +156,10 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
     ("c.json", '{"F": 1,\n "F": 2}', "c.json:2:2: error: cost 'F' is given twice in one "
      "object (JSON would keep the last without a word)"),
     ("c.json", "[1, 2]", "c.json:1:1: error: a cost file must be a JSON object"),
+    ("c.json", '{"stage": {"0": {"B": 1, "F": 1},\n "1": {"F": -2}}}',
+     "c.json:2:8: error: cost 'stage.1.F' must be non-negative"),
+    ("c.json", '{"stage.1.F": 1, "stage": {"1": {"F": 2}}}',
+     "c.json:1:34: error: cost 'stage.1.F' is given twice, once as a dotted key"),
     ("c.toml", "F = 1\nB = \n", "c.toml:2:5: error: malformed TOML cost file"),
     ("c.toml", "F = 1\n[stage.1]\nFF = 2\n", "c.toml:3:1: error: unknown cost 'stage.1.FF'"),
     ("c.toml", 'F = "fast"\n', "c.toml:1:1: error: cost 'F' must be a number"),
@@ -381,7 +385,7 @@ def test_lengths_must_match_the_micro_batches(cli) -> None:
 
 
 @pytest.mark.parametrize(("name", "text", "line", "col"), [
-    ("d.json", '{"stage": {"1": {"F": 2}},\n "stage.1.F": 3}', 1, 18),
+    ("d.json", '{"stage": {"1": {"F": 2}},\n "stage.1.F": 3}', 2, 2),  # the second
     ("d.toml", '"stage.1.F" = 3\n[stage.1]\nF = 2\n', 3, 1),
 ])
 def test_a_cost_given_dotted_and_nested_is_refused(name: str, text: str, line: int, col: int,

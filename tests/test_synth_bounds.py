@@ -11,15 +11,15 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from synth_fixtures import REPO, brute_force, fixture_step, random_costs, timed_runs
 
-from pipeir.sim import CostModel
-from pipeir.synth import make_problem
-from pipeir.synth.problem import (
+from pipeir.search.synth import make_problem
+from pipeir.search.synth.problem import (
     chain_work,
     jackson,
     longest_paths,
     memory_idle,
     work_before,
 )
+from pipeir.sim import CostModel
 
 
 @pytest.mark.slow

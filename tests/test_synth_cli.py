@@ -11,9 +11,9 @@ import pytest
 from synth_fixtures import HETERO, REPO
 
 import pipeir
+from pipeir.search.synth import make_problem
+from pipeir.search.synth.warmstart import starts
 from pipeir.sim import CostModel
-from pipeir.synth import make_problem
-from pipeir.synth.warmstart import starts
 from pipeir.verify import verify
 
 
@@ -78,7 +78,7 @@ def test_large_shapes_start_from_the_list_scheduler_while_time_allows(
     """Above EXACT_OPS the list scheduler runs only before a deadline, its variants until
     then (at 8,192 ops it took one micro-batch at a time, 1,536, for the list scheduler's
     256)."""
-    import pipeir.synth.warmstart as warmstart
+    import pipeir.search.synth.warmstart as warmstart
 
     problem = make_problem(HETERO, 3, 8, split=True, memory_limit=3)
     monkeypatch.setattr(warmstart, "EXACT_OPS", 10)

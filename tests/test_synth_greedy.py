@@ -1,4 +1,4 @@
-"""The list schedulers (`pipeir.synth.greedy`, `pipeir.synth.zb_greedy`): valid on
+"""The list schedulers (`pipeir.search.synth.greedy`, `pipeir.search.synth.zb_greedy`): valid on
 random costs, never stuck, and at ZB-H1's closed form on equal costs."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from synth_fixtures import REPO, random_costs
 import pipeir
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
+from pipeir.search.synth import make_problem
+from pipeir.search.synth.greedy import greedy, reserve, variants, waves
+from pipeir.search.synth.warmstart import sequential
+from pipeir.search.synth.zb_greedy import zb_greedy
 from pipeir.sim import CostModel, simulate
-from pipeir.synth import make_problem
-from pipeir.synth.greedy import greedy, reserve, variants, waves
-from pipeir.synth.warmstart import sequential
-from pipeir.synth.zb_greedy import zb_greedy
 from pipeir.verify import verify
 
 

@@ -1,4 +1,4 @@
-"""The constraint model (`pipeir.synth.model`) and the window model (`pipeir.synth.lns`):
+"""The constraint model (`pipeir.search.synth.model`) and the window model (`pipeir.search.synth.lns`):
 optimal on tiny instances against the brute force over every valid order, on the closed
 forms (1F1B, ZB-H1), and agreeing with the simulator.
 
@@ -15,12 +15,12 @@ from synth_fixtures import HETERO, brute_force, random_costs, whole_window, wind
 
 from pipeir.config import PipelineConfig
 from pipeir.ops import Op
+from pipeir.search.synth import Problem, make_problem, synthesize
+from pipeir.search.synth.lns import Window, improve
+from pipeir.search.synth.model import Integral, choose_scale, probe, solve
+from pipeir.search.synth.warmstart import sequential, starts
 from pipeir.sim import CostModel, simulate
 from pipeir.sim.engine import Timing
-from pipeir.synth import Problem, make_problem, synthesize
-from pipeir.synth.lns import Window, improve
-from pipeir.synth.model import Integral, choose_scale, probe, solve
-from pipeir.synth.warmstart import sequential, starts
 from pipeir.verify import verify
 
 

@@ -8,8 +8,8 @@ import pytest
 from test_runtime import TIMEOUT, _assert_matches_reference, _job
 
 from pipeir.runtime.launch import launch
+from pipeir.search.synth import make_problem, synthesize
 from pipeir.sim import CostModel
-from pipeir.synth import make_problem, synthesize
 
 pytestmark = pytest.mark.mp
 

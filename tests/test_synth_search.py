@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from synth_fixtures import HETERO, REPO, Clock
 
+from pipeir.search.synth import EXACT_OPS, Problem, make_problem, search_shapes, synth, synthesize
+from pipeir.search.synth.decompose import extend, short_problem
+from pipeir.search.synth.warmstart import Start, library, sequential, starts
 from pipeir.sim import CostModel, simulate
-from pipeir.synth import EXACT_OPS, Problem, make_problem, search_shapes, synth, synthesize
-from pipeir.synth.decompose import extend, short_problem
-from pipeir.synth.warmstart import Start, library, sequential, starts
 from pipeir.verify import verify
 
 
@@ -84,7 +84,7 @@ def test_rounds_drop_shapes_that_cannot_win_and_continue_the_fastest_open_one(
     V, bound 18.875), not to the closed one, then (the stand-in returns at once) to the
     two-chunk loop, whose bound, 19.25, is still below 19.3; the bound reported is the open
     shapes' least."""
-    import pipeir.synth as synth_module
+    import pipeir.search.synth as synth_module
 
     calls: list[tuple[tuple[int, str], float]] = []
 
@@ -113,7 +113,7 @@ def test_second_round_goes_on_to_the_next_open_shape_when_its_lead_closes(
     round's lead, two chunks in a V (20.0, bound 19.0), closes at its bound; the time left
     goes to the four-chunk V, whose bound (18.875) is below that, and no further (the loops'
     bounds, 19.25 and 19.625, are not). Once it spent 32 s idle on compute-bound."""
-    import pipeir.synth as synth_module
+    import pipeir.search.synth as synth_module
 
     second: list[tuple[int, str]] = []
     limits: list[float] = []
@@ -151,7 +151,7 @@ def test_large_problems_are_decomposed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Into a short pipeline of max(2 x stages, EXACT_OPS / ops per micro-batch) micro-batches
     (6 here), grown back; not where that is more than half of them (10 micro-batches: the
     short problem would be most of the long one)."""
-    import pipeir.synth as synth
+    import pipeir.search.synth as synth
 
     problem = make_problem(HETERO, 3, 16, split=True, memory_limit=3)
     assert len(problem.ops) > 60
@@ -167,7 +167,7 @@ def test_large_problems_are_decomposed(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_above_full_ops_the_full_model_gets_its_large_share(monkeypatch: pytest.MonkeyPatch
                                                              ) -> None:
-    import pipeir.synth as synth
+    import pipeir.search.synth as synth
 
     problem = make_problem(HETERO, 3, 8, split=True, memory_limit=3)
     limits: list[float] = []
@@ -190,7 +190,7 @@ def test_above_full_ops_the_full_model_gets_its_large_share(monkeypatch: pytest.
 
 def test_window_search_alone_improves_from_the_warm_start(monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
-    import pipeir.synth as synth
+    import pipeir.search.synth as synth
 
     problem = make_problem(HETERO, 3, 8, split=True, memory_limit=3)
     monkeypatch.setattr(synth, "FULL_OPS", 10)
@@ -226,7 +226,7 @@ def test_warm_start_labels_say_what_the_order_is() -> None:
 def test_a_warm_start_at_the_bound_is_not_decomposed(monkeypatch: pytest.MonkeyPatch) -> None:
     """1F1B meets the bound of uniform costs with one stage per rank: nothing to decompose
     (at p = 64, m = 256 that was 6 s of a 10 s limit)."""
-    import pipeir.synth as synth
+    import pipeir.search.synth as synth
 
     costs = CostModel.load(REPO / "examples" / "costs" / "uniform.toml")
     problem = make_problem(costs, 8, 128, memory_limit=8)
@@ -244,11 +244,11 @@ def test_the_library_search_and_the_bounds_stay_within_the_time(
     p = 64, m = 256; simulated here by a slow bound). tune's best shape is bounded first, so
     its answer is never lost. Both wait for `FLOOR` seconds at least, so small problems do
     not depend on the machine's speed."""
-    import pipeir.synth as synth
-    import pipeir.tune
+    import pipeir.search.synth as synth
+    import pipeir.search.tune
 
     deadlines: list[float] = []
-    real_search, real_bound = pipeir.tune.search, Problem.lower_bound
+    real_search, real_bound = pipeir.search.tune.search, Problem.lower_bound
     clock = Clock()
 
     def search(*args: object, deadline: float, **kwargs: object) -> object:
@@ -262,7 +262,7 @@ def test_the_library_search_and_the_bounds_stay_within_the_time(
         clock.spent += 0.5
         return real_bound(self)
 
-    monkeypatch.setattr(pipeir.tune, "search", search)
+    monkeypatch.setattr(pipeir.search.tune, "search", search)
     monkeypatch.setattr(Problem, "lower_bound", slow)
     monkeypatch.setattr(synth, "FLOOR", 0.0)  # (2 s, which small problems never reach)
     monkeypatch.setattr(synth, "time", clock)

@@ -11,9 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeir
+from pipeir.search.tune import search
 from pipeir.sim import CostModel, simulate
 from pipeir.sim.chunks import rescale
-from pipeir.tune import search
 from pipeir.verify import verify
 
 REPO = Path(__file__).parent.parent

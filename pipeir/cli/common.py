@@ -14,10 +14,10 @@ from typing import TYPE_CHECKING
 from pipeir import library, limits
 from pipeir.api import load
 from pipeir.argtypes import positive_int
-from pipeir.diagnostics import Note, UsageError
+from pipeir.diagnostics import Note, Source, UsageError
 from pipeir.frontend.elaborate import Elaborated, Value
 from pipeir.passes.context import costless_message
-from pipeir.sim.costs import TOP_KEYS
+from pipeir.sim.cost_settings import TOP_KEYS
 
 if TYPE_CHECKING:
     from pipeir.passes.base import PassBase
@@ -239,11 +239,12 @@ def _load_schedules(args: argparse.Namespace) -> list[Elaborated]:
         if getattr(args, flag) is not None:
             raise UsageError(f"--{flag} goes with --schedule; with a FILE, use --set {flag}=N")
     for f in files:
-        if str(f).lower().endswith(".csv"):
+        if not isinstance(f, Source) and str(f).lower().endswith(".csv"):
             raise UsageError(f"{f}: this is a torch schedule CSV: use `pipeirc import-torch "
                              f"{f} -o FILE.sched` first (check and export-torch read it too)")
-        library_name(str(f))
-    return [load(Path(f), overrides=overrides) for f in files]
+        if not isinstance(f, Source):
+            library_name(str(f))
+    return [load(f if isinstance(f, Source) else Path(f), overrides=overrides) for f in files]
 
 
 def library_name(f: str) -> None:

@@ -102,7 +102,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeir.backend.codegen import generate, rank_source
-    from pipeir.backend.lower import dumps, format_lowered
+    from pipeir.backend.program_io import dumps, format_lowered
 
     if args.output == "":
         raise UsageError("-o: empty path")

@@ -29,8 +29,13 @@ HELP = "compile a schedule and train a model with it on P local processes (gloo/
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_schedule_args(p)
     add_backend_args(p)
-    p.add_argument("--model", default="mlp", metavar="M",
-                   help="mlp, transformer, package.module:function or file.py[:function]")
+    p.add_argument("--model", metavar="M",
+                   help="mlp (default), transformer, heavy-lm, package.module:function or "
+                        "file.py[:function]; MODEL@POINT,... cuts a model that can be cut "
+                        "at named points there")
+    p.add_argument("--plan", metavar="PLAN",
+                   help="run a plan file from `pipeirc plan` (its split and schedule) instead "
+                        "of FILE; --model defaults to the planned model")
     p.add_argument("--steps", type=int, default=10, metavar="N", help="optimizer steps")
     p.add_argument("--nproc", type=int, metavar="P",
                    help="processes to start (default and only accepted value: the ranks "
@@ -67,6 +72,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UsageError("--steps must be at least 1")
+    if args.plan is not None:
+        _use_plan(args)
+    elif args.model is None:
+        args.model = "mlp"
     compiled = compile_args(args)
     schedule, lowered = compiled.schedule, compiled.lowered
     world = lowered.ranks * args.dp
@@ -145,13 +154,33 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _use_plan(args: argparse.Namespace) -> None:
+    """Point `args` at the plan's schedule and its model cut at the planned points; a model
+    that cannot be cut at named points, or not at these, is refused here."""
+    from pipeir.models.refs import resolve_splittable
+    from pipeir.plan import planfile
+
+    if args.files or args.schedule is not None:
+        raise UsageError("give either --plan or a schedule (FILE or --schedule), not both")
+    plan = planfile.read(args.plan)
+    model = args.model if args.model is not None else plan.model
+    if "@" in model:
+        raise UsageError(f"--model {model}: with --plan, name the model without split "
+                         "points (the plan gives them)")
+    resolve_splittable(model).at(plan.points)  # refuses unknown points before any process
+    args.model = f"{model}@{','.join(plan.points)}"
+    args.files = [plan.source()]
+    if plan.comm == "overlapped" and args.passes is None:
+        args.overlap = True  # the communication the plan was simulated with
+
+
 def _planner(compiled: Compiled, args: argparse.Namespace) -> StepPlanner | None:
     """The per-step micro-batch planner for --reorder, planning on the schedule that runs
     (after the passes) under the cost file's shape of cost by length, or None."""
     if not args.reorder:
         return None
     from pipeir.passes.reorder import StepPlanner
-    from pipeir.sim.costs import read_cost_file
+    from pipeir.sim.cost_files import read_cost_file
 
     if compiled.schedule.config.accumulate != 1:
         raise UsageError("--reorder plans one round of micro-batches; use accumulate = 1")

@@ -22,7 +22,8 @@ from pipeir.diagnostics import Diagnostic, Span, UsageError, did_you_mean
 from pipeir.files import resolve_output, write_atomic
 from pipeir.frontend.elaborate import Elaborated
 from pipeir.sim import COMM_MODELS, CostModel, SimResult, simulate
-from pipeir.sim.costs import TOP_KEYS, read_cost_file
+from pipeir.sim.cost_files import read_cost_file
+from pipeir.sim.cost_settings import TOP_KEYS
 from pipeir.sim.lengths import check_count, split_length_settings
 from pipeir.verify import verify
 
@@ -101,7 +102,7 @@ def _warn_replaced(path: str, elab: Elaborated, costs: CostModel) -> None:
     """--costs replaces a file's own costs block: say so, and say why it is likely wrong when
     the cost file describes fewer stages than the schedule has (what `pipeirc tune -o` writes
     is costs per chunk, rescaled from the cost file, for that schedule alone)."""
-    from pipeir.tune import infer_ranks
+    from pipeir.search.tune import infer_ranks
 
     stages = elab.schedule.config.stages
     described = infer_ranks(costs)

@@ -56,10 +56,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeir.printer import print_schedule
+    from pipeir.search.synth import BudgetError, synth
+    from pipeir.search.tune import check_inferred, infer_ranks
     from pipeir.sim import CostModel
-    from pipeir.sim.costs import read_cost_file
-    from pipeir.synth import BudgetError, synth
-    from pipeir.tune import check_inferred, infer_ranks
+    from pipeir.sim.cost_files import read_cost_file
     from pipeir.verify import verify
 
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
@@ -150,8 +150,8 @@ def _at_least(x: float) -> str:
 
 def _check(args: argparse.Namespace, costs: Any, ranks: int | None,
            settings: dict[str, tuple[Any, Span | None]]) -> None:
+    from pipeir.search.tune import infer_ranks
     from pipeir.sim.lengths import check_count, split_length_settings
-    from pipeir.tune import infer_ranks
 
     if ranks is None:
         raise UsageError(f"{args.costs} has no per-stage costs to tell the number of stages; "

@@ -45,10 +45,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeir.printer import print_schedule
+    from pipeir.search.tune import check_inferred, infer_ranks, search, table
     from pipeir.sim import CostModel
-    from pipeir.sim.costs import read_cost_file
+    from pipeir.sim.cost_files import read_cost_file
     from pipeir.sim.lengths import check_count, parse_lengths, split_length_settings
-    from pipeir.tune import check_inferred, infer_ranks, search, table
     from pipeir.verify import verify
 
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from pipeir.backend.commcheck import CommReport, check_comm
+from pipeir.backend.commcheck import CommReport, check_comm, check_schedule
 from pipeir.diagnostics import Diagnostic, Note, VerifyError
 from pipeir.interop.actions import BOOKKEEPING
 from pipeir.interop.lowering import lower_actions
 from pipeir.interop.reader import Imported, load_csv
+from pipeir.verify import verify
 
 _TORCH_HANGS = Note("torch accepts such a compute_comms file and then fails, hangs until the "
                     "process-group timeout, or trains on the wrong tensors")
@@ -26,8 +27,6 @@ def check_csv(path: str, memory_limit: int | None = None,
     """Verify a torch schedule CSV; the lines to print, or a VerifyError naming the cell.
     `lowered` also lowers the compute order as pipeir would run it (`import-torch`, then
     `compile`) and proves that program's communication."""
-    from pipeir.verify import verify
-
     imported = load_csv(path, microbatches=microbatches)
     s = imported.schedule
     if not imported.has_comms:
@@ -48,7 +47,6 @@ def check_csv(path: str, memory_limit: int | None = None,
                      f"order on both sides, REDUCE_GRAD once after each stage's last backward; "
                      f"deadlock-free as torch runs them")
     if lowered:
-        from pipeir.backend.commcheck import check_schedule
 
         lines.append(f"{path}: lowered by pipeir (import-torch, compile): {check_schedule(s)}")
     return lines

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pipeir.backend.commcheck import Site
-from pipeir.backend.lower import (
+from pipeir.backend.instructions import (
     Comm,
     Handoff,
     Instr,
@@ -33,10 +33,9 @@ from pipeir.backend.lower import (
     WaitRecv,
     WaitSend,
     ZeroGrad,
-    compute_instrs,
-    outputs_of,
     tag_of,
 )
+from pipeir.backend.lower import compute_instrs, outputs_of
 from pipeir.diagnostics import Span
 from pipeir.interop.actions import COMMS, COMPUTE, Action
 from pipeir.interop.reader import Imported

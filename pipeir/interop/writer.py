@@ -25,6 +25,7 @@ from pipeir.diagnostics import UsageError
 from pipeir.interop.actions import FORMATS, OVERLAP, Action
 from pipeir.ops import MEMORY_KINDS
 from pipeir.schedule import Schedule
+from pipeir.verify import verify
 
 __all__ = ["FORMATS", "comms_actions", "compute_actions", "dumps_csv"]
 
@@ -139,7 +140,6 @@ def dumps_csv(schedule: Schedule, format: str = "compute_only") -> str:
     `csv.writer` writes them)."""
     if format not in FORMATS:
         raise UsageError(f"unknown format '{format}' (expected {' or '.join(FORMATS)})")
-    from pipeir.verify import verify
 
     verify(schedule)
     rows = compute_actions(schedule) if format == "compute_only" else comms_actions(schedule)

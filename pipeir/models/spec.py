@@ -2,7 +2,7 @@
 
 A model spec is a function (no arguments) returning a `ModelSpec`:
 
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
     from torch import nn
     from pipeir.models import ModelSpec
 
@@ -44,11 +44,12 @@ if TYPE_CHECKING:
 BUILTINS: dict[str, str] = {
     "mlp": "pipeir.models.mlp:spec",
     "transformer": "pipeir.models.transformer:spec",
+    "heavy-lm": "pipeir.models.heavy_lm:spec",
 }
 
 
 def _sgd(params: Iterable[Any]) -> Any:
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
 
     return torch.optim.SGD(list(params), lr=0.05)
 
@@ -95,7 +96,7 @@ class ModelSpec:
 
 def autocast_dtype(spec: ModelSpec) -> torch.dtype | None:
     """The autocast dtype of the spec, or None for full precision."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
 
     return None if spec.autocast is None else getattr(torch, AUTOCAST[spec.autocast])
 
@@ -137,7 +138,7 @@ def structure(spec: ModelSpec, stages: int, which: Iterable[int]) -> dict[int, t
     """Stages `which`, for their parameter and buffer names and shapes only: on the meta
     device (no memory), or for real where a stage cannot be built there (one that moves
     itself: `.to("cpu")` cannot copy from meta)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
 
     wanted = list(which)
     try:
@@ -186,24 +187,33 @@ def check_spec(spec: ModelSpec, stages: int) -> None:
 
 def build_stage(spec: ModelSpec, s: int, stages: int) -> torch.nn.Module:
     """Stage s with its deterministic initial weights (see the module NOTE)."""
-    import torch
+    import torch  # noqa: PLC0415 - torch loads only when a model is built
 
     torch.manual_seed(spec.seed + 1000 * s + 17)
     return spec.stage(s, stages)
 
 
 def resolve(ref: str) -> ModelSpec:
-    """`mlp`, `transformer`, `package.module:function` or `path/to/file.py[:function]`
-    (function defaults to `spec`) -> the ModelSpec it returns. Bad references are UsageErrors."""
-    target = BUILTINS.get(ref, ref)
+    """`mlp`, `transformer`, `heavy-lm`, `package.module:function` or
+    `path/to/file.py[:function]` (function defaults to `spec`) -> the ModelSpec it returns.
+    Bad references are UsageErrors. (`pipeir.models.refs.resolve` adds `REF@POINT,...`.)"""
+    spec = call_factory(ref, BUILTINS.get(ref, ref))
+    if not isinstance(spec, ModelSpec):
+        raise UsageError(f"--model '{ref}': returned {type(spec).__name__}, "
+                         "expected a pipeir.models.ModelSpec")
+    return spec
+
+
+def call_factory(ref: str, target: str) -> Any:
+    """What the function `target` ("module:function", "file.py[:function]") returns."""
     where, sep, fn = target.rpartition(":")
     if not sep:
         where, fn = target, "spec"
     if where.endswith(".py") or "/" in where:
         module = _load_file(ref, Path(where))
     elif not where or not where.replace(".", "").replace("_", "").isalnum():
-        raise UsageError(f"--model '{ref}': expected mlp, transformer, module:function or "
-                         "file.py[:function]")
+        raise UsageError(f"--model '{ref}': expected {', '.join(BUILTINS)}, module:function "
+                         "or file.py[:function]")
     else:
         try:
             module = importlib.import_module(where)
@@ -216,13 +226,9 @@ def resolve(ref: str) -> ModelSpec:
     if not callable(factory):
         raise UsageError(f"--model '{ref}': {where} has no function '{fn}'")
     try:
-        spec = factory()
+        return factory()
     except Exception as e:
         raise UsageError(f"--model '{ref}': {fn}() raised {type(e).__name__}: {e}") from None
-    if not isinstance(spec, ModelSpec):
-        raise UsageError(f"--model '{ref}': {fn}() returned {type(spec).__name__}, "
-                         "expected a pipeir.models.ModelSpec")
-    return spec
 
 
 def _load_file(ref: str, path: Path) -> Any:

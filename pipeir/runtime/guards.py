@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from pipeir.backend.lower import Lowered
+from pipeir.backend.instructions import Lowered
 
 
 class NonFiniteLoss(RuntimeError):

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pipeir.backend.lower import Lowered
+from pipeir.backend.instructions import Lowered
 from pipeir.diagnostics import PipeirError
 from pipeir.runtime.mesh import MeshShape
 from pipeir.runtime.worker import Job

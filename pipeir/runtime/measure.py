@@ -18,7 +18,7 @@ from statistics import mean, median
 from typing import Any
 
 from pipeir import limits
-from pipeir.backend.lower import (
+from pipeir.backend.instructions import (
     COMPUTE,
     Backward,
     BackwardInput,

@@ -37,6 +37,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from pipeir.models.spec import ModelSpec, autocast_dtype, build_stage
+from pipeir.models.splittable import Splittable
 from pipeir.runtime.memory import SavedActivations, input_bytes
 from pipeir.runtime.shapes import grad_leaves, tensor_leaves
 from pipeir.runtime.splitgrad import backward_input_many, backward_weight
@@ -131,6 +132,18 @@ def profile_stages(spec: ModelSpec, stages: int, microbatches: int, warmup: int 
         return out
     finally:
         torch.set_num_threads(threads)
+
+
+def profile_pieces(model: Splittable, microbatches: int, warmup: int = 2, iters: int = 5,
+                   progress: Callable[[str], None] | None = None
+                   ) -> list[tuple[str, StageTimes]]:
+    """Every piece of a `Splittable` (the model cut at all its split points) timed and sized
+    as a stage of its own, named by the split point where it begins ("" for the first): the
+    per-layer costs `pipeirc plan` chooses cut points from."""
+    points = list(model.split_points())
+    times = profile_stages(model.at(points), len(points) + 1, microbatches, warmup, iters,
+                           progress)
+    return list(zip(["", *points], times))
 
 
 def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,

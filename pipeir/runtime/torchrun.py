@@ -39,9 +39,9 @@ from typing import Any
 
 from pipeir.argtypes import positive_int, timeout_seconds
 from pipeir.backend.codegen import rank_source
-from pipeir.backend.lower import from_json
+from pipeir.backend.program_io import from_json
 from pipeir.diagnostics import PipeirError, UsageError
-from pipeir.models.spec import resolve
+from pipeir.models.refs import resolve
 from pipeir.runtime.mesh import MeshShape, check_world
 from pipeir.runtime.worker import Job, run_rank
 

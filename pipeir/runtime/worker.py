@@ -22,8 +22,9 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from pipeir.backend.lower import Lowered
-from pipeir.models.spec import build_stage, resolve
+from pipeir.backend.instructions import Lowered
+from pipeir.models.refs import resolve
+from pipeir.models.spec import build_stage
 from pipeir.runtime import checkpoint, shapes
 from pipeir.runtime import dist as pdist
 from pipeir.runtime.context import CommFailure, Context

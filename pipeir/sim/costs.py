@@ -66,30 +66,25 @@ be 1) and ``meta`` (a free-form table: device, model, date, how it was measured)
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-from pipeir import limits
-from pipeir.diagnostics import Note, Source, Span, UsageError, did_you_mean, where_prefix
-from pipeir.ops import CHANNEL, KINDS, MEMORY_KINDS, Kind, Op
-from pipeir.sim.lengths import LENGTH_KEYS, LengthCost, split_length_settings
-
-#: Settings that hold a time per op, and the settings about transfers and memory.
-OP_KINDS = KINDS
-COMPUTE_KINDS: tuple[Kind, ...] = ("F", "B", "I", "W")  # the kinds with a default time
-COMM_KEYS = ("latency", "bandwidth", "dp", "dp_latency", "dp_bandwidth", "host_latency",
-             "host_bandwidth")
-SIZE_KEYS = ("activation_bytes", "memory_bytes", "param_bytes", "input_bytes")
-META_KEYS = ("version", "meta", "unit")
-TOP_KEYS = (*OP_KINDS, *COMM_KEYS, *SIZE_KEYS, *META_KEYS, *LENGTH_KEYS)
-
-_Level = dict[str, float]  # kind (or size key) -> value, as written at one level
+from pipeir.diagnostics import Span, UsageError, where_prefix
+from pipeir.ops import CHANNEL, MEMORY_KINDS, Op
+from pipeir.sim.cost_files import read_cost_file
+from pipeir.sim.cost_settings import (
+    COMPUTE_KINDS,
+    MAX_COST,
+    OP_KINDS,
+    SIZE_KEYS,
+    Level,
+    cost_fields,
+    is_number,
+)
+from pipeir.sim.lengths import LengthCost, split_length_settings
 
 
 @dataclass(frozen=True)
@@ -127,7 +122,7 @@ class CostModel:
     _base: dict[str, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        base: _Level = {"F": self.F}
+        base: Level = {"F": self.F}
         # (a memory op's time follows another's unless set: FC, RC an F; OFF, RELOAD the copy)
         for kind in ("B", "I", "W", *MEMORY_KINDS):
             v = getattr(self, kind)
@@ -146,7 +141,7 @@ class CostModel:
                 _check_time(k, getattr(self, k))
         for k in ("bandwidth", "dp_bandwidth", "host_bandwidth"):
             v = getattr(self, k)
-            if v is not None and not (_is_number(v) and v > 0):
+            if v is not None and not (is_number(v) and v > 0):
                 raise ValueError(f"{k} must be a positive number, got {v!r}")
         object.__setattr__(self, "_base", _defaults(base))
         for where, levels in (("stage", self.stage), ("mb", self.mb),
@@ -169,7 +164,10 @@ class CostModel:
                 (v[1] is None or isinstance(v[1], Span)) else (v, None)
         span = items["lengths"][1] if "lengths" in items else None
         items, lengths = split_length_settings(items, where)
-        model = _build(items, where=where)
+        try:
+            model = cls(**cost_fields(items, where=where))
+        except ValueError as e:  # pragma: no cover - every value was checked already
+            raise UsageError(f"{where_prefix(where, None)}{e}") from None
         if lengths is None:
             return model
         try:
@@ -358,7 +356,7 @@ class CostModel:
         return out
 
 
-def _defaults(base: _Level) -> _Level:
+def _defaults(base: Level) -> Level:
     """The one rule for backward costs. Of B, I and W, what is not given follows from what
     is: B = I + W; a B given alone splits evenly; a B with one half gives the other half;
     with no B, I and W default to 1 (so B = 2)."""
@@ -388,263 +386,6 @@ def _pick(level: Mapping[str, float] | None, kind: str) -> float | None:
     return v
 
 
-def _is_number(v: object) -> bool:
-    return (isinstance(v, int | float) and not isinstance(v, bool)
-            and (isinstance(v, int) or math.isfinite(v)))
-
-
-#: The range of a cost value. NOTE: the simulator adds times over every op and tune scales
-#: them, so a finite 1e308 still overflows to inf and then NaN (a timeline's column index,
-#: a plot's axis); within these bounds a sum over 10**9 ops and bytes / bandwidth stay finite.
-MAX_COST = 1e15
-MIN_BANDWIDTH = 1e-15
-
-
 def _check_time(name: str, v: object) -> None:
-    if not _is_number(v) or v < 0:  # type: ignore[operator]
+    if not is_number(v) or v < 0:  # type: ignore[operator]
         raise ValueError(f"cost '{name}' must be a non-negative number, got {v!r}")
-
-
-# ---- settings -> model ---------------------------------------------------------------------
-_UNIT = re.compile(r'[^\s"\\\x00-\x1f\x7f]{1,16}')
-_INDEXED = re.compile(r"^(stage)\.(\d+)\.(mb)\.(\d+)\.(\w+)$|^(stage|mb)\.(\d+)\.(\w+)$")
-
-
-def _known_names(name: str) -> list[str]:
-    """Names to suggest for a misspelt `name`, with its own indices (stage.3.Q -> stage.3.F)."""
-    nums = [*re.findall(r"\d+", name), "0", "0"]
-    s, m = nums[0], nums[1]
-    return [*TOP_KEYS, *(f"stage.{s}.{k}" for k in (*OP_KINDS, *SIZE_KEYS)),
-            *(f"mb.{s}.{k}" for k in OP_KINDS), *(f"stage.{s}.mb.{m}.{k}" for k in OP_KINDS)]
-
-
-def _build(items: Mapping[str, tuple[Any, Span | None]], where: str | None) -> CostModel:
-    stage: dict[int, _Level] = {}
-    mb: dict[int, _Level] = {}
-    stage_mb: dict[tuple[int, int], _Level] = {}
-    unit: str | None = None
-    for name, (value, span) in items.items():
-        if name in ("meta",) or name.startswith("meta."):
-            continue
-        if name == "version":
-            if value != 1:
-                raise UsageError(f"{where_prefix(where, span)}cost file version {value!r} is not "
-                                 "supported (this pipeir reads version 1)", span)
-            continue
-        if name == "unit":
-            # NOTE: printed back into `.sched` costs blocks and every report, so a short
-            # word: no quotes, backslashes, spaces or control characters
-            if not isinstance(value, str) or not _UNIT.fullmatch(value):
-                raise UsageError(f"{where_prefix(where, span)}'unit' must be a name like \"ms\" "
-                                 f"(at most 16 characters, no quotes, spaces or backslashes), "
-                                 f"got {value!r}", span)
-            unit = value
-            continue
-        try:
-            key, level, allowed = _classify(name, stage, mb, stage_mb)
-        except ValueError as e:  # an index past 64 bits
-            raise UsageError(f"{where_prefix(where, span)}cost '{_short(name)}': {e}",
-                             span) from None
-        if key is None or level is None or key not in allowed:
-            raise UsageError(f"{where_prefix(where, span)}unknown cost '{name}'", span,
-                             did_you_mean(name, _known_names(name)) or
-                             (Note("costs are F, B, I, W, FC, RC, OFF, RELOAD, latency, "
-                                   "bandwidth, activation_bytes, memory_bytes, input_bytes, "
-                                   "host_latency, host_bandwidth, param_bytes, dp, dp_latency, "
-                                   "dp_bandwidth, and stage.S.K, mb.M.K, stage.S.mb.M.K for K "
-                                   "in those op kinds"),))
-        v = _number(name, value, span, where,
-                    positive=name in ("bandwidth", "dp_bandwidth", "dp", "host_bandwidth"))
-        if name == "dp" and v != int(v):
-            raise UsageError(f"{where_prefix(where, span)}cost 'dp' (data-parallel replicas) "
-                             f"must be a positive integer, got {value}", span)
-        level[key] = v
-    try:
-        return CostModel(
-            F=_top(items, "F", 1.0), B=_top(items, "B", None), I=_top(items, "I", None),
-            W=_top(items, "W", None), latency=_top(items, "latency", 0.0),
-            bandwidth=_top(items, "bandwidth", None),
-            activation_bytes=_top(items, "activation_bytes", 0.0),
-            memory_bytes=_top(items, "memory_bytes", None),
-            param_bytes=_top(items, "param_bytes", 0.0), dp=int(_top(items, "dp", 1)),
-            dp_latency=_top(items, "dp_latency", None),
-            dp_bandwidth=_top(items, "dp_bandwidth", None),
-            input_bytes=_top(items, "input_bytes", None),
-            host_latency=_top(items, "host_latency", 0.0),
-            host_bandwidth=_top(items, "host_bandwidth", None),
-            **{k: _top(items, k, None) for k in MEMORY_KINDS},
-            stage=stage, mb=mb, stage_mb=stage_mb, unit=unit)
-    except ValueError as e:  # pragma: no cover - every value was checked above
-        raise UsageError(f"{where_prefix(where, None)}{e}") from None
-
-
-def _top(items: Mapping[str, tuple[Any, Span | None]], name: str, default: Any) -> Any:
-    got = items.get(name)
-    return default if got is None else float(got[0])
-
-
-def _short(name: str) -> str:
-    return name if len(name) <= 40 else name[:37] + "..."
-
-
-def _classify(name: str, stage: dict[int, _Level], mb: dict[int, _Level],
-              stage_mb: dict[tuple[int, int], _Level]
-              ) -> tuple[str | None, _Level | None, tuple[str, ...]]:
-    """Which level a dotted name writes to, the key within it, and the keys allowed there."""
-    if name in (*OP_KINDS, *COMM_KEYS, *SIZE_KEYS):
-        return name, {}, (name,)
-    m = _INDEXED.match(name)
-    if m is None:
-        return None, None, ()
-    if m.group(1):
-        k = (limits.to_int(m.group(2)), limits.to_int(m.group(4)))
-        return m.group(5), stage_mb.setdefault(k, {}), OP_KINDS
-    idx = limits.to_int(m.group(7))
-    if m.group(6) == "stage":
-        return m.group(8), stage.setdefault(idx, {}), (*OP_KINDS, *SIZE_KEYS)
-    return m.group(8), mb.setdefault(idx, {}), OP_KINDS
-
-
-def _number(name: str, value: Any, span: Span | None, where: str | None,
-            positive: bool) -> float:
-    if not _is_number(value):
-        raise UsageError(f"{where_prefix(where, span)}cost '{name}' must be a number, got "
-                         f"{_show(value)}", span)
-    if value < 0 or (positive and value == 0):
-        need = "positive" if positive else "non-negative"
-        raise UsageError(f"{where_prefix(where, span)}cost '{name}' must be {need}, "
-                         f"got {_show(value)}", span)
-    if value > MAX_COST or (positive and value < MIN_BANDWIDTH):
-        bound = f"at most {MAX_COST:g}" if value > MAX_COST else f"at least {MIN_BANDWIDTH:g}"
-        raise UsageError(f"{where_prefix(where, span)}cost '{name}' = {_show(value)} is out of "
-                         f"range: it must be {bound} (times are summed over every op; choose "
-                         "another unit)", span)
-    return float(value)
-
-
-def _show(v: Any) -> str:
-    if isinstance(v, str):
-        return f"the text {v!r}"
-    if isinstance(v, tuple | list):
-        return "a list"
-    if isinstance(v, dict):
-        return "a table"
-    if isinstance(v, int) and abs(v) > 10**18:  # repr() of a huge int is slow, then refused
-        return f"an integer of about {int(v.bit_length() * 0.30103) + 1} digits"
-    return repr(v)
-
-
-# ---- cost files ----------------------------------------------------------------------------
-def read_cost_file(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Span | None]]:
-    """A JSON or TOML cost file as dotted settings, each with the span of its key when it can
-    be found in the text (so errors point at the line)."""
-    p = Path(path)
-    src = limits.read_input(p, "cost file (JSON or TOML)")
-    data = _parse_json(src) if p.suffix.lower() == ".json" else _parse_toml(src)
-    if not isinstance(data, dict):
-        raise UsageError("a cost file must be a JSON object or a TOML table, "
-                         f"got {_show(data)}", Span(src, 1, 1, 1, 2))
-    flat: dict[str, Any] = {}
-    twice = _flatten(data, "", flat)
-    if twice is not None:
-        raise UsageError(f"cost '{twice}' is given twice, once as a dotted key and once in a "
-                         "table (the file would keep one without a word)",
-                         _find_key(src, twice) or Span(src, 1, 1, 1, 2))
-    if flat.get("version", 1) == 1 and \
-            all(k in ("version", "meta") or k.startswith("meta.") for k in flat):  # wrong file?
-        raise UsageError("the cost file sets no costs; leave --costs out for the defaults "
-                         "(F = 1, B = 2, free links)", Span(src, 1, 1, 1, 2))
-    return {k: (v, _find_key(src, k)) for k, v in flat.items()}
-
-
-class _Duplicate(ValueError):
-    def __init__(self, key: str):
-        self.key = key
-
-
-def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    """A JSON object whose keys differ: `json` keeps the last of two silently (TOML refuses)."""
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _Duplicate(k)
-        out[k] = v
-    return out
-
-
-def _parse_json(src: Source) -> Any:
-    try:
-        return json.loads(src.text, object_pairs_hook=_unique)
-    except _Duplicate as e:
-        found = list(re.finditer(re.escape(json.dumps(e.key)) + r"\s*:", src.text))
-        at = found[1].start() if len(found) > 1 else 0
-        line = src.text.count("\n", 0, at) + 1
-        col = at - (src.text.rfind("\n", 0, at) + 1) + 1
-        raise UsageError(f"cost '{e.key}' is given twice in one object (JSON would keep the "
-                         "last without a word)", Span(src, line, col, line,
-                                                      col + len(json.dumps(e.key)))) from None
-    except json.JSONDecodeError as e:
-        raise UsageError(f"malformed JSON cost file: {e.msg}",
-                         Span(src, e.lineno, e.colno, e.lineno, e.colno + 1)) from None
-    except ValueError:  # Python refuses to convert integers of over 4300 digits
-        raise _too_long(src) from None
-
-
-def _too_long(src: Source) -> UsageError:
-    return UsageError(f"{src.name}: a number has too many digits to read; costs must be at "
-                      f"most {MAX_COST:g}")
-
-
-def _parse_toml(src: Source) -> Any:
-    try:
-        import tomllib  # Python 3.11+
-    except ImportError:  # pragma: no cover - Python 3.10
-        raise UsageError(f"{src.name}: TOML cost files need Python 3.11; use JSON "
-                         "(a .json file) instead") from None
-    try:
-        return tomllib.loads(src.text)
-    except tomllib.TOMLDecodeError as e:
-        msg = str(e)
-        m = re.search(r"\(at line (\d+), column (\d+)\)", msg)
-        if m is None:
-            raise UsageError(f"{src.name}: malformed TOML cost file: {msg}") from None
-        line, col = int(m.group(1)), int(m.group(2))
-        raise UsageError(f"malformed TOML cost file: {msg[:m.start()].strip()}",
-                         Span(src, line, col, line, col + 1)) from None
-    except ValueError:  # Python refuses to convert integers of over 4300 digits
-        raise _too_long(src) from None
-
-
-def _flatten(data: Mapping[str, Any], prefix: str, out: dict[str, Any]) -> str | None:
-    """Nested tables into dotted names in `out`; the first name given twice (`"stage.1.F"`
-    beside `[stage.1] F`), if any."""
-    for k, v in data.items():
-        name = f"{prefix}{k}"
-        if isinstance(v, dict) and name != "meta":
-            twice = _flatten(v, name + ".", out)
-            if twice is not None:
-                return twice
-        elif name in out:
-            return name
-        else:
-            out[name] = v
-    return None
-
-
-def _find_key(src: Source, name: str) -> Span | None:
-    """Best effort: where a dotted name's last part is written, found by looking for each part
-    after the previous one (`[stage.1]` then `F =`; `"stage": {"1": {"F": ...`); None rather
-    than a wrong line when the parts cannot be found in order."""
-    parts = name.split(".")
-    pos = 0
-    for part in parts[:-1]:
-        m = re.compile(r'(?<![\w-])"?' + re.escape(part) + r'"?(?![\w-])').search(src.text, pos)
-        if m is None:
-            return None
-        pos = m.end()
-    last = re.escape(parts[-1])
-    m = re.compile(r'(?<![\w-])("' + last + r'"\s*:|' + last + r'\s*=|"' + last + r'"\s*=)'
-                   ).search(src.text, pos)
-    if m is None:
-        return None
-    return src.span(m.start(), m.start() + len(m.group(0).rstrip(":= \t")))

@@ -27,9 +27,9 @@ MAX_ARROWS = 2000  # more arrows than this are noise, not information
 
 def _pyplot() -> Any:
     try:
-        import matplotlib  # the backend must be chosen before pyplot loads
+        import matplotlib  # noqa: PLC0415 - the backend must be chosen before pyplot loads
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # noqa: PLC0415 - optional extra (viz)
     except ImportError:
         raise UsageError("plotting needs matplotlib: pip install 'pipeir[viz]'") from None
     return plt
@@ -41,7 +41,7 @@ def render_gantt(result: SimResult, fmt: str = "png", arrows: bool = False,
     if fmt not in FORMATS:
         raise UsageError(f"cannot draw a '{fmt}' file; use one of {', '.join(FORMATS)}")
     plt = _pyplot()
-    from matplotlib.patches import Patch
+    from matplotlib.patches import Patch  # noqa: PLC0415 - optional extra (viz)
 
     ranks = result.ranks
     span = result.makespan or 1.0

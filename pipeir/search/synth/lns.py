@@ -35,12 +35,11 @@ import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from ortools.sat.python import cp_model
-
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
-from pipeir.synth.model import Integral, Progress, in_order, minimize, run
-from pipeir.synth.problem import Problem
+from pipeir.search.synth.cpsat import cp_model
+from pipeir.search.synth.model import Integral, Progress, in_order, minimize, run
+from pipeir.search.synth.problem import Problem
 
 #: Deterministic seconds one neighbourhood may take.
 STEP_WORK = 0.1

@@ -10,7 +10,7 @@ rank (top down) and an I (bottom up), filling waits with pending W ops when that
 more bubble than the worst rank already has, and running W ops early when memory would
 otherwise overflow. Eight settings of its three switches are tried and the best kept, as
 `initial_solution` does. The paper's code then hands this to an ILP that ships disabled; we
-hand it to `pipeir.synth.model` instead.
+hand it to `pipeir.search.synth.model` instead.
 
 Differences from the original: costs and transfer times are pipeir's per stage and per
 boundary instead of one communication cost, memory is pipeir's rule (F holds an activation,
@@ -23,7 +23,7 @@ from itertools import product
 
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
-from pipeir.synth.problem import Problem
+from pipeir.search.synth.problem import Problem
 
 
 class _NoFit(Exception):

@@ -32,7 +32,11 @@ from dataclasses import dataclass, replace
 
 from pipeir import library, limits
 from pipeir.diagnostics import PipeirError, UsageError
+from pipeir.passes import PassContext, PassManager
 from pipeir.passes.base import Pass
+from pipeir.passes.dp_reduce import DpReduce
+from pipeir.passes.reorder import Reorder
+from pipeir.passes.split_backward import SplitBackward
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, simulate
 from pipeir.sim.chunks import rescale
@@ -247,10 +251,6 @@ def _families(ranks: int, m: int, max_v: int) -> list[tuple[str, int]]:
 
 def _evaluate(base: Schedule, costs: CostModel, family: str, v: int, m: int,
               split: str | None, comm: str, reorder: bool, scale: float) -> Candidate:
-    from pipeir.passes import PassContext, PassManager
-    from pipeir.passes.dp_reduce import DpReduce
-    from pipeir.passes.reorder import Reorder
-    from pipeir.passes.split_backward import SplitBackward
 
     passes: list[Pass] = [] if split is None else [SplitBackward(mode=split)]  # type: ignore[arg-type]
     if reorder:
@@ -300,3 +300,17 @@ def _bytes(b: float) -> str:
         if b >= size:
             return f"{b / size:.2f} {unit}"
     return f"{b:.0f} B"
+
+
+def evaluate(base: Schedule, costs: CostModel, family: str, v: int, microbatches: int,
+             split: str | None, comm: str) -> Candidate:
+    """One candidate outside `search`: the library schedule `base` (family, v chunks per
+    rank) through split-backward `split`, simulated under `costs` that already describe each
+    of its `ranks * v` virtual stages (no rescaling: a planner's unequal chunks)."""
+    return _evaluate(base, costs, family, v, microbatches, split, comm, False, 1.0)
+
+
+def variants(family: str, splits: Sequence[str | None], comms: Sequence[str]
+             ) -> list[tuple[str | None, str]]:
+    """The (split-backward mode, comm model) pairs `search` tries on a library schedule."""
+    return _variants(family, splits, comms)

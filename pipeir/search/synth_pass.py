@@ -4,7 +4,7 @@ The input fixes the shape: ranks, micro-batches, stages and their placement, and
 backwards are split (I + W) or not. The costs and the communication model come from the pass
 context (`pipeirc opt --costs`, `pipeir.compile(..., costs=...)`), so the pass optimises for
 the model it will run (a context without costs plans for unit costs, and `PassManager` warns).
-See `pipeir.synth` for the model, its bound and its warm starts.
+See `pipeir.search.synth` for the model, its bound and its warm starts.
 
 NOTE (guarantees). The input is one of the warm starts, so the result is never slower than
 the input under the context's costs, and never holds more activations per rank than
@@ -27,6 +27,7 @@ from pipeir.passes.context import PassContext, given
 from pipeir.passes.dp_reduce import reject_reductions
 from pipeir.passes.memory import reject_memory_ops
 from pipeir.schedule import Schedule
+from pipeir.verify import memory_report
 
 
 @dataclass(frozen=True)
@@ -44,7 +45,9 @@ class Synth(Pass):
     seed: int = 0
 
     def __post_init__(self) -> None:
-        from pipeir.synth.model import settings_error
+        # NOTE: pipeir.search.synth imports OR-Tools, the optional `synth` extra: loading the
+        # pass class (`pipeirc passes` lists every pass) must work without it
+        from pipeir.search.synth.model import settings_error  # noqa: PLC0415 - ortools
 
         if not 0 < self.time_limit < math.inf:  # also refuses nan
             raise OptionError("time_limit", f"synth: time_limit must be a finite number of "
@@ -59,8 +62,7 @@ class Synth(Pass):
 
     def run(self, schedule: Schedule, ctx: PassContext | None = None) -> Schedule:
         ctx = given(ctx, self.name)
-        from pipeir.synth import Problem, synthesize
-        from pipeir.verify import memory_report
+        from pipeir.search.synth import Problem, synthesize  # noqa: PLC0415 - ortools
 
         # NOTE: the model orders F/B/I/W ops only; memory ops change what a rank holds and
         # reductions follow the weight gradients, so both are added after synth, not kept.

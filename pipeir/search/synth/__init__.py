@@ -11,7 +11,7 @@ with a proven lower bound (OR-Tools CP-SAT).
     decompose  large sizes: solve a short pipeline, repeat its steady round
 
 `synthesize(problem)` solves one problem; `synth(costs, ranks, microbatches, ...)` is what
-`pipeirc synth` runs: it cuts the cost model into chunks like `pipeir.tune` and tries both
+`pipeirc synth` runs: it cuts the cost model into chunks like `pipeir.search.tune` and tries both
 placements when asked to search.
 """
 
@@ -27,18 +27,18 @@ from pipeir.config import ConfigError, PipelineConfig
 from pipeir.diagnostics import UsageError
 from pipeir.passes.context import CommModel
 from pipeir.schedule import Schedule
+from pipeir.search.synth.decompose import extend, short_problem
+from pipeir.search.synth.lns import improve
+from pipeir.search.synth.model import Progress, Solved, probe, settings_error, solve
+from pipeir.search.synth.problem import Problem
+from pipeir.search.synth.warmstart import EXACT_OPS, MAX_OPS, Start, library, starts
+from pipeir.search.tune import MAX_V
 from pipeir.sim import CostModel
 from pipeir.sim.chunks import rescale
-from pipeir.synth.decompose import extend, short_problem
-from pipeir.synth.lns import improve
-from pipeir.synth.model import Progress, Solved, probe, settings_error, solve
-from pipeir.synth.problem import Problem
-from pipeir.synth.warmstart import EXACT_OPS, MAX_OPS, Start, library, starts
-from pipeir.tune import MAX_V
 from pipeir.verify import fits_in
 
 if TYPE_CHECKING:
-    from pipeir.tune import Candidate
+    from pipeir.search.tune import Candidate
 
 Placement = Literal["loop", "vshape", "search"]
 

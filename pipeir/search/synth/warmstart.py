@@ -4,7 +4,7 @@ Candidates, each made to fit the problem's shape (same stages and placement; bac
 in place or merged as the problem asks; overlapped pairs run one after the other) and kept
 only when within the memory limit:
 
-* `pipeir.tune`'s library schedules with its passes, at the same ranks, micro-batches, chunks
+* `pipeir.search.tune`'s library schedules with its passes, at the same ranks, micro-batches, chunks
   and communication model;
 * the Zero Bubble paper's greedy scheduler (`zb_greedy`), for split one-stage-per-rank runs;
 * a memory-aware list scheduler (`greedy`), for shapes no library schedule fits;
@@ -23,15 +23,19 @@ from typing import TYPE_CHECKING, Final
 
 from pipeir.diagnostics import PipeirError
 from pipeir.ops import Op
+from pipeir.passes.manager import PassManager
+from pipeir.passes.merge_backward import MergeBackward
+from pipeir.passes.split_backward import split_in_place
 from pipeir.schedule import Schedule
+from pipeir.search import tune
+from pipeir.search.synth.greedy import greedy
+from pipeir.search.synth.problem import Problem
+from pipeir.search.synth.zb_greedy import zb_greedy
 from pipeir.sim import CostModel
-from pipeir.synth.greedy import greedy
-from pipeir.synth.problem import Problem
-from pipeir.synth.zb_greedy import zb_greedy
 
 if TYPE_CHECKING:
     from pipeir.passes.context import CommModel
-    from pipeir.tune import Candidate
+    from pipeir.search.tune import Candidate
 
 #: Above this many ops the exact model is not expected to close; synthesis decomposes, and
 #: the list scheduler (slow in Python at that size: 6 s for its twelve variants at 8,192 ops)
@@ -54,10 +58,6 @@ class Start:
 
 def conform(problem: Problem, schedule: Schedule) -> Schedule | None:
     """`schedule` as an order of exactly the problem's ops, or None if it has another shape."""
-    from pipeir.passes.manager import PassManager
-    from pipeir.passes.merge_backward import MergeBackward
-    from pipeir.passes.split_backward import split_in_place
-
     c, mine = problem.config, schedule.config
     if (c.ranks, c.microbatches, c.stages, c.placement) != \
             (mine.ranks, mine.microbatches, mine.stages, mine.placement):
@@ -90,15 +90,14 @@ def sequential(problem: Problem) -> Schedule:
 def library(costs: CostModel, ranks: int, microbatches: int, comm: CommModel,
             max_v: int, deadline: float | None = None) -> list[Candidate]:
     """tune's candidates (within any budget) for `costs` of one stage per rank, as many as
-    start before `deadline` (see `pipeir.tune.search`)."""
-    from pipeir.tune import MAX_V, search
-
+    start before `deadline` (see `pipeir.search.tune.search`)."""
     try:
         # dp=1: the model has no gradient reductions, so neither may its warm starts; tune
         # interleaves powers of 2 up to MAX_V chunks, so the largest of those within max_v
-        result = search(costs, ranks, [microbatches],
-                        max_v=1 << (min(max_v, MAX_V).bit_length() - 1), comms=(comm,), dp=1,
-                        deadline=deadline)
+        # (`tune.search`, looked up when called: a test stands in for it)
+        result = tune.search(costs, ranks, [microbatches],
+                             max_v=1 << (min(max_v, tune.MAX_V).bit_length() - 1),
+                             comms=(comm,), dp=1, deadline=deadline)
     except PipeirError:
         return []
     return [*result.ranked, *result.over_limit]

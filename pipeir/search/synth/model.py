@@ -33,12 +33,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ortools.sat.python import cp_model
-
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
+from pipeir.search.synth.cpsat import cp_model
+from pipeir.search.synth.problem import Problem, heads_tails, lower_bound
 from pipeir.sim.engine import Timing
-from pipeir.synth.problem import Problem, heads_tails, lower_bound
 
 #: Called on every improving solution: (seconds since the start, best step, bound).
 Progress = Callable[[float, float, float], None]

@@ -26,8 +26,8 @@ from dataclasses import dataclass, replace
 
 from pipeir.ops import Kind, Op
 from pipeir.schedule import Schedule
+from pipeir.search.synth.problem import Problem
 from pipeir.sim.engine import Timing
-from pipeir.synth.problem import Problem
 
 Token = tuple[Kind, int]
 

@@ -14,6 +14,7 @@ after each op in program order" equals "live at each instant", which is how the 
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -346,8 +347,6 @@ def jackson(ops: list[Op], head: Mapping[Op, T], occ: Mapping[Op, T],
     """The preemptive one-machine bound: at each moment run the released op with the longest
     tail; the answer, max over ops of completion + tail, is a lower bound on any
     non-preemptive schedule of these ops on one rank (Carlier, 1982)."""
-    import heapq
-
     todo = sorted(ops, key=head.__getitem__)
     left = {op: occ[op] for op in ops}
     ready: list[tuple[T, int, Op]] = []
@@ -440,8 +439,6 @@ def _work_pass(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
                occ: Mapping[Op, T], cap: int, best: T, chained: bool) -> T:
     """One pass of `work_before` over tau, lowering `best`: with the `cap` largest forwards,
     or (`chained`) the best prefixes of their chains where that could lower it."""
-    import heapq
-
     zero = t * 0
     other, fs, least = zero, zero, zero
     chosen: list[T] = []  # a min-heap of the cap largest F works

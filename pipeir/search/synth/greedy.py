@@ -34,8 +34,8 @@ from collections.abc import Sequence
 
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
+from pipeir.search.synth.problem import Problem
 from pipeir.sim.engine import Timing
-from pipeir.synth.problem import Problem
 
 #: Kind priorities tried (earlier wins); B stands in for I when backwards are not split.
 PRIORITIES = ("IFW", "IWF", "FIW")

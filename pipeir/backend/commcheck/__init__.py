@@ -1,0 +1,186 @@
+"""The communication rules of lowered programs, and the proof that a program obeys them.
+
+One rule set serves pipeir's own lowered programs (`check --lowered`, every `compile`) and
+torch's `compute_comms` schedules, which `pipeir.interop.lowering` writes as lowered programs
+exactly as `_PipelineScheduleRuntime` executes them (isend/irecv posted in file order, a wait
+for the receive inside the compute that consumes it, every send waited at the end).
+
+Semantics are the strictest a backend may have: posting (isend, irecv, a batch) never blocks;
+a blocking send or receive, and a wait, complete only once the matching side is posted
+(*rendezvous*); and point-to-point messages between two ranks are matched in the order they
+are posted, whatever the tags (*per-pair FIFO*, as NCCL does, and gloo with torch's tag 0).
+
+NOTE (the rules, in the order they are checked; each later rule assumes the earlier hold):
+
+1. *Local*, per rank in program order: a tensor is sent only after the instruction producing
+   it and while it is still held (an activation until its stage's backward of that
+   micro-batch, when torch frees it); a compute that consumes a tensor from another rank
+   comes after the wait for its receive, one from the same rank after its hand-off; a wait
+   follows its post; a receive is not posted twice while the first is outstanding; stage,
+   micro-batch and peer agree with the placement; inside an overlapped pair there is only
+   the pair's compute.
+2. *Matching*: every transfer the placement implies is sent exactly once and received
+   exactly once, with the same tag on both sides (gloo matches by tag). *Computing*: every
+   stage runs, per micro-batch, one forward, the loss on the last stage, and one backward
+   (B, or I then W), in that order: a compute whose output no rank receives (stage 0's
+   backward, a W) is otherwise unobserved by the other rules.
+   *Stepping*: each program clears the gradients once before its computes and steps once
+   after them; with gradient reductions, every stage reduces once after its last weight
+   gradient and waits for it before the step.
+3. *Order*: between each sender and receiver, sends and receives are posted in the same
+   order. Two transfers posted in opposite orders either deadlock (blocking) or deliver each
+   other's tensors (asynchronous): with equal shapes training silently goes wrong.
+4. *Progress*: running all ranks abstractly, every program ends; otherwise the chain of
+   ranks waiting on each other is named.
+
+Posts inside a `batch` (torch's `batch_isend_irecv`) are posted in their listed order at the
+batch's position, so all rules apply to them as to single posts.
+
+Findings name the instruction (`Locator.name`) and point at its source (`Locator.span`): the
+`.sched` op for pipeir's programs, the CSV cell for torch's, the instruction's `"i"` member
+in a lowered JSON file (`check --lowered DIR/lowered.json`).
+
+The package holds one module per rule: `local` (1), `matching` (2: matching, computing,
+stepping), `order` (3) and `progress` (4), over the shared `programs` and `findings`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from pipeir import jsonread, limits
+from pipeir.backend.commcheck.findings import (
+    Channel,
+    Finding,
+    Key,
+    Locator,
+    PlainLocator,
+    Site,
+    describe,
+    what,
+)
+from pipeir.backend.commcheck.local import Local
+from pipeir.backend.commcheck.matching import Matching
+from pipeir.backend.commcheck.order import Order
+from pipeir.backend.commcheck.progress import explain, run
+from pipeir.backend.instructions import Lowered
+from pipeir.backend.lower import lower
+from pipeir.backend.program_io import from_json
+from pipeir.diagnostics import Diagnostic, Note, Source, Span, VerifyError
+
+if TYPE_CHECKING:
+    from pipeir.schedule import Schedule
+
+__all__ = ["CommReport", "Key", "Locator", "PlainLocator", "Site", "check_comm", "check_json",
+           "check_schedule", "describe", "instruction_spans", "schedule_locator", "summary", "what"]
+
+
+@dataclass(frozen=True)
+class CommReport:
+    """What the proof established: the number of transfers per (sender, receiver) pair."""
+
+    transfers: dict[Channel, int]
+
+    @property
+    def total(self) -> int:
+        return sum(self.transfers.values())
+
+
+
+def _diagnostic(f: Finding, loc: Locator) -> Diagnostic:
+    notes = tuple(Note(f"{text}: {loc.name(s)}" if s is not None else text,
+                       loc.span(s) if s is not None else None) for text, s in f.notes)
+    if f.site is None:
+        return Diagnostic(f.message, loc.span(f.near) if f.near is not None else None, notes)
+    return Diagnostic(f"{loc.name(f.site)} {f.message}", loc.span(f.site), notes)
+
+
+#: The most findings of one rule reported: past them the rest say the same thing again.
+MAX_FINDINGS = 50
+
+
+def check_comm(lowered: Lowered, locator: Locator | None = None) -> CommReport:
+    """Prove that `lowered` obeys the communication rules (module NOTE) and cannot deadlock;
+    raise VerifyError(check="comm") with one diagnostic per finding of the first rule that
+    fails otherwise."""
+    loc: Locator = locator if locator is not None else PlainLocator()
+    matching = Matching(lowered)
+    for rule in (Local(lowered).rule_local, matching.rule_matching, matching.rule_compute,
+                 matching.rule_step, Order(lowered).rule_order):
+        found = list(itertools.islice(rule(), MAX_FINDINGS + 1))
+        if found:
+            shown = [_diagnostic(f, loc) for f in found[:MAX_FINDINGS]]
+            if len(found) > MAX_FINDINGS:
+                shown.append(Diagnostic(f"... and more like these (the first {MAX_FINDINGS} "
+                                        "are shown)", None, ()))
+            raise VerifyError(shown, check="comm")
+    pc, waits_on = run(lowered)
+    stuck = [r for r in range(len(lowered.programs)) if pc[r] < len(lowered.programs[r])]
+    if stuck:
+        raise VerifyError(explain(lowered, pc, stuck, waits_on, loc), check="comm")
+    sent, _ = matching.sides()
+    return CommReport({ch: len(q) for ch, q in sorted(sent.items())})
+
+
+def summary(lowered: Lowered, report: CommReport) -> str:
+    kind = "asynchronous (overlap)" if lowered.overlap else "blocking"
+    return (f"lowered ok: {report.total} {kind} transfers over {len(report.transfers)} rank "
+            f"pairs; deadlock-free under rendezvous semantics with per-peer FIFO matching")
+
+
+def schedule_locator(schedule: Schedule) -> PlainLocator:
+    """Points findings in `schedule`'s lowered programs at the ops' `.sched` spans."""
+    spans = {}
+    for op in schedule.graph.nodes:
+        span = schedule.span_of(op)
+        if span is not None:
+            spans[str(op)] = span
+    return PlainLocator(spans)
+
+
+def check_schedule(schedule: Schedule) -> str:
+    """Lower `schedule` (blocking communication) and prove it; a one-line summary."""
+    lowered = lower(schedule)
+    return summary(lowered, check_comm(lowered, schedule_locator(schedule)))
+
+
+def check_json(path: str) -> str:
+    """Prove the lowered programs in a `lowered.json` file; `path: summary`. A file that is
+    not lowered programs (bad JSON, or a field of the wrong shape or type) is a UsageError
+    naming the field (`from_json`), never a traceback from the rules."""
+    source = limits.read_input(path, "lowered-program JSON")
+    lowered = from_json(jsonread.loads(source, "lowered-program JSON file", "field"), path)
+    return f"{path}: {summary(lowered, check_comm(lowered, JsonLocator(source)))}"
+
+
+def instruction_spans(source: Source) -> dict[tuple[int, int], Span]:
+    """(rank, position) -> the span of that instruction's `"i": ...` member (the whole
+    instruction where it has none) in `source`, a valid lowered JSON file: the line a reader
+    of the file looks for."""
+    places = jsonread.positions(source)
+    out: dict[tuple[int, int], Span] = {}
+    for path, place in places.items():
+        if len(path) == 3 and path[0] == "programs" and \
+                isinstance(path[1], int) and isinstance(path[2], int):
+            mnemonic = places.get((*path, "i"))
+            out[path[1], path[2]] = (mnemonic or place).whole
+    return out
+
+
+@dataclass
+class JsonLocator:
+    """Names an instruction as `describe` does; points at its `"i"` member in `source`, a
+    lowered JSON file (`instruction_spans`), found only when a finding needs it."""
+
+    source: Source
+    _spans: dict[tuple[int, int], Span] | None = field(default=None, init=False)
+
+    def name(self, site: Site) -> str:
+        return describe(site)
+
+    def span(self, site: Site) -> Span | None:
+        if self._spans is None:
+            self._spans = instruction_spans(self.source)
+        return self._spans.get((site.rank, site.pc))

@@ -1,0 +1,213 @@
+"""Rule 1, *local* (the package NOTE): per rank in program order, every transfer and compute
+is where its own rank's program allows it."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pipeir.backend.commcheck.findings import Finding, Key, Site, what
+from pipeir.backend.commcheck.programs import Programs, is_send, posts
+from pipeir.backend.instructions import (
+    COMPUTE,
+    Backward,
+    BackwardInput,
+    BackwardWeight,
+    Comm,
+    Forward,
+    Handoff,
+    Instr,
+    IRecv,
+    ISend,
+    Load,
+    Loss,
+    Recompute,
+    Recv,
+    Send,
+    WaitRecv,
+    WaitSend,
+)
+
+
+class Local(Programs):
+    """Rule 1 over one set of programs."""
+
+    def _inputs(self, ins: Instr) -> list[tuple[Key, int]]:
+        """What a compute instruction consumes from another stage: (key, producing rank)."""
+        place = self.low.placement
+        if isinstance(ins, Forward) and 0 < ins.stage <= self.last:
+            return [(("act", ins.stage - 1, ins.mb), place[ins.stage - 1])]
+        if isinstance(ins, (Backward, BackwardInput)) and 0 <= ins.stage < self.last:
+            return [(("grad", ins.stage + 1, ins.mb), place[ins.stage + 1])]
+        return []
+
+    def _output(self, ins: Instr) -> Key | None:
+        """The tensor a compute instruction produces for another stage."""
+        if isinstance(ins, Forward) and ins.stage < self.last:
+            return ("act", ins.stage, ins.mb)
+        if isinstance(ins, (Backward, BackwardInput)) and ins.stage > 0:
+            return ("grad", ins.stage, ins.mb)
+        return None
+
+    def _placement(self, site: Site, c: Comm) -> Finding | None:
+        """Stage, micro-batch and peer of a transfer against the placement."""
+        tensor, stage, mb = c.key
+        place, last, send = self.low.placement, self.last, is_send(c)
+        dst = stage + 1 if tensor == "act" else stage - 1
+        verb = "sends" if send else "receives"
+        if not 0 <= stage <= last or not 0 <= dst <= last:
+            missing = stage if not 0 <= stage <= last else dst
+            return Finding(f"{verb} {what(c.key)}, but there is no stage {missing} "
+                            f"(stages are 0 to {last})", site)
+        if not 0 <= mb < self.mbs:
+            return Finding(f"{verb} {what(c.key)}, but micro-batch {mb} is out of range "
+                            f"(0 to {self.mbs - 1})", site)
+        me, other = (stage, dst) if send else (dst, stage)
+        if place[me] != site.rank:
+            return Finding(f"{verb} {what(c.key)}, but the placement runs stage {me} on rank "
+                            f"{place[me]}, not on rank {site.rank}", site)
+        if place[other] == site.rank:
+            return Finding(f"{verb} {what(c.key)}, but stages {min(stage, dst)} and "
+                            f"{max(stage, dst)} both run on rank {site.rank}: the tensor is "
+                            f"handed over locally, there is nothing to transfer", site)
+        if c.peer != place[other]:
+            return Finding(f"{verb} {what(c.key)} {'to' if send else 'from'} rank {c.peer}, "
+                            f"but stage {other} runs on rank {place[other]}", site)
+        return None
+
+    def _compute_placement(self, site: Site) -> Iterator[Finding]:
+        """A compute runs a stage placed on its rank, for a micro-batch that exists: without
+        this, a compute that produces nothing another rank receives (stage 0's backward) could
+        name any stage and pass."""
+        ins = site.ins
+        if not isinstance(ins, (Forward, Loss, Backward, BackwardInput, BackwardWeight,
+                                Recompute)):  # COMPUTE, spelt out for the type checker
+            return
+        place, last = self.low.placement, self.last
+        if not 0 <= ins.stage <= last:
+            yield Finding(f"runs stage {ins.stage}, but there is no stage {ins.stage} "
+                           f"(stages are 0 to {last})", site)
+        elif place[ins.stage] != site.rank:
+            yield Finding(f"runs stage {ins.stage}, but the placement runs stage {ins.stage} "
+                           f"on rank {place[ins.stage]}, not on rank {site.rank}", site)
+        if not 0 <= ins.mb < self.mbs:
+            yield Finding(f"runs micro-batch {ins.mb}, which is out of range "
+                           f"(0 to {self.mbs - 1})", site)
+
+    def rule_local(self) -> Iterator[Finding]:
+        for rank, prog in enumerate(self.low.programs):
+            held: set[Key] = set()  # produced here and not yet freed
+            freed: dict[Key, Site] = {}
+            handed: set[Key] = set()
+            received: set[Key] = set()
+            outstanding: dict[tuple[bool, Key], list[Site]] = {}  # posted, not yet waited
+            for pc, ins in enumerate(prog):
+                site = Site(rank, pc, ins)
+                if ins.paired and not isinstance(ins, (*COMPUTE, Load)):
+                    yield Finding("sits inside an overlapped pair, whose two ops start "
+                                   "together: only their compute may come between them", site)
+                yield from self._compute_placement(site)
+                for c in posts(ins):
+                    post = Site(rank, pc, c)
+                    bad = self._placement(post, c)
+                    send = is_send(c)
+                    if bad is not None:
+                        yield bad
+                    elif send:
+                        yield from self._send_held(post, c.key, held, freed)
+                    elif outstanding.get((False, c.key)):
+                        yield Finding(f"receives {what(c.key)} a second time while the "
+                                       f"first receive is still outstanding (torch: \"Recv "
+                                       f"twice without executing\")", post,
+                                       (("the first receive", outstanding[(False, c.key)][0]),))
+                    if isinstance(c, Recv):  # blocking: posted and waited at once
+                        received.add(c.key)
+                    elif not isinstance(c, Send):
+                        outstanding.setdefault((send, c.key), []).append(post)
+                if isinstance(ins, (WaitSend, WaitRecv)):
+                    yield from self._wait(site, outstanding, received)
+                if isinstance(ins, Handoff):
+                    key: Key = (ins.tensor, ins.stage, ins.mb)
+                    yield from self._send_held(site, key, held, freed)
+                    handed.add(key)
+                if isinstance(ins, COMPUTE):
+                    yield from self._consumes(site, received, handed, outstanding)
+                    if isinstance(ins, (Backward, BackwardInput)):
+                        act = ("act", ins.stage, ins.mb)
+                        if act in held:
+                            held.discard(act)
+                            freed[act] = site
+                    out = self._output(ins)
+                    if out is not None:
+                        held.add(out)
+            for (send, key), left in sorted(outstanding.items()):
+                for post in left:
+                    yield Finding(f"posts a {'send' if send else 'receive'} of {what(key)} "
+                                   f"that is never waited for before the program ends", post)
+
+    def _wait(self, site: Site, outstanding: dict[tuple[bool, Key], list[Site]],
+              received: set[Key]) -> Iterator[Finding]:
+        ins = site.ins
+        assert isinstance(ins, (WaitSend, WaitRecv))
+        send = isinstance(ins, WaitSend)
+        posted = outstanding.get((send, ins.key))
+        if posted:
+            posted.pop(0)
+        else:
+            yield from self._not_posted(site, ins.key, send)
+        if not send:
+            received.add(ins.key)  # reported once, here, not again at its consumer
+
+    def _not_posted(self, site: Site, key: Key, send: bool) -> Iterator[Finding]:
+        kind = (ISend, Send) if send else (IRecv, Recv)
+
+        def post(i: Instr) -> bool:
+            return isinstance(i, kind) and i.key == key
+
+        later = self.find(site.rank, post, site.pc + 1)
+        noun = "send" if send else "receive"
+        if later is not None:
+            yield Finding(f"waits for {what(key)} before its {noun} is posted; the {noun} "
+                           f"must come before the op that waits for it", site,
+                           ((f"the {noun}, later on this rank", later),))
+        else:
+            yield Finding(f"waits for a transfer it never posted ({noun} of {what(key)})",
+                           site)
+
+    def _send_held(self, site: Site, key: Key, held: set[Key], freed: dict[Key, Site]
+                   ) -> Iterator[Finding]:
+        if key in held:
+            return
+        tensor, stage, mb = key
+        kinds = (Forward,) if tensor == "act" else (Backward, BackwardInput)
+        verb = "hands over" if isinstance(site.ins, Handoff) else "sends"
+
+        def producer(i: Instr) -> bool:
+            return isinstance(i, kinds) and i.stage == stage and i.mb == mb
+
+        if key in freed:
+            yield Finding(f"{verb} {what(key)} after the backward that frees it", site,
+                           (("the backward", freed[key]),))
+            return
+        later = self.find(site.rank, producer, site.pc + 1)
+        if later is not None:
+            yield Finding(f"{verb} {what(key)} before the op that produces it; it must "
+                           f"come after it", site, (("the producing op, later on this rank",
+                                                     later),))
+        else:
+            yield Finding(f"{verb} {what(key)}, which no op before it on rank {site.rank} "
+                           f"produces", site)
+
+    def _consumes(self, site: Site, received: set[Key], handed: set[Key],
+                  outstanding: dict[tuple[bool, Key], list[Site]]) -> Iterator[Finding]:
+        for key, src in self._inputs(site.ins):
+            if src == site.rank and key not in handed:
+                yield Finding(f"computes on {what(key)} before it is handed over on this "
+                               f"rank", site)
+            elif src != site.rank and key not in received:
+                posted = outstanding.get((False, key))
+                if posted:
+                    yield Finding(f"computes on {what(key)} without waiting for its "
+                                   f"receive", site, (("the receive it must wait for",
+                                                       posted[0]),))
+                else:
+                    yield from self._not_posted(site, key, send=False)

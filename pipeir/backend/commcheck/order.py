@@ -1,0 +1,38 @@
+"""Rule 3, *order* (the package NOTE): between each sender and receiver, sends and receives
+are posted in the same order."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from pipeir.backend.commcheck.findings import Finding, Key, what
+from pipeir.backend.commcheck.programs import Programs
+
+
+class Order(Programs):
+    """Rule 3 over one set of programs."""
+
+    def rule_order(self) -> Iterator[Finding]:
+        sent, recvd = self.sides()
+        for ch in sorted(set(sent) | set(recvd)):
+            a, b = sent.get(ch, []), recvd.get(ch, [])
+            for k, ((x, sx), (y, ry)) in enumerate(zip(a, b)):
+                if x == y:
+                    continue
+                sy = next(s for key, s in a if key == y)
+                rx = next(s for key, s in b if key == x)
+                yield Finding(
+                    f"receives {what(y)} from rank {ch[0]}, which sends {what(x)} first: the "
+                    f"two transfers cross (rank {ch[0]} -> rank {ch[1]}: transfer #{k} is sent "
+                    f"as {_key(x)} but received as {_key(y)}). Point-to-point messages "
+                    f"between two ranks are matched in posting order (NCCL, and gloo with "
+                    f"torch's tag 0), so each receive gets the other's tensor (async: wrong "
+                    f"training or a shape error; blocking: a deadlock)", ry,
+                    ((f"rank {ch[0]} sends {what(x)} first", sx),
+                     (f"then {what(y)}", sy),
+                     (f"rank {ch[1]} receives {what(x)} only later", rx)))
+                break
+
+
+def _key(k: Key) -> str:
+    return f"{k[0]} of stage {k[1]} mb {k[2]}"

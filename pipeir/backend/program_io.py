@@ -1,0 +1,202 @@
+"""The text and JSON forms of lowered programs: `format_lowered` prints the readable text
+(`pipeirc compile --emit lowered`), `to_json`/`dumps` write `lowered.json`, and `from_json`
+reads one back, checking a hand-edited file field by field before anything runs on it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import MISSING, asdict, fields
+from typing import Any, get_args, get_type_hints
+
+from pipeir import limits
+from pipeir.backend.instructions import BY_MNEMONIC, MNEMONICS, Instr, IRecv, ISend, Lowered
+from pipeir.diagnostics import UsageError
+
+
+def format_lowered(lowered: Lowered) -> str:
+    """The readable text form (`pipeirc compile --emit lowered`)."""
+    lines = [f"# lowered {lowered.name}: {lowered.ranks} ranks, {lowered.stages} stages, "
+             f"{lowered.microbatches} micro-batches, accumulate {lowered.accumulate}"
+             f"{', overlap' if lowered.overlap else ''}",
+             f"# placement {' '.join(map(str, lowered.placement))}"]
+    for r, prog in enumerate(lowered.programs):
+        lines.append(f"rank {r} {{")
+        lines.extend(f"  {i:3d}  {ins}" for i, ins in enumerate(prog))
+        lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def _instr_json(ins: Instr) -> dict[str, Any]:
+    d: dict[str, Any] = {"i": ins.mnemonic}
+    for f in fields(ins):
+        value = getattr(ins, f.name)
+        if f.name == "paired" and not value:
+            continue
+        d[f.name] = [_instr_json(v) for v in value] if isinstance(value, tuple) else value
+    return d
+
+
+def to_json(lowered: Lowered) -> dict[str, Any]:
+    d = asdict(lowered)
+    d["programs"] = [[_instr_json(i) for i in prog] for prog in lowered.programs]
+    d["placement"] = list(lowered.placement)
+    return {"format": "pipeir-lowered", "version": 1, **d}
+
+
+# NOTE (reading lowered JSON): a lowered.json may be edited by hand, so `from_json` checks
+# its shape and types before building anything: the rules of `commcheck` compare stages and
+# micro-batches with numbers, and a string or list there was a TypeError traceback. Integers
+# are 64-bit and non-negative (bool, a subclass of int, is refused), the header's sizes are
+# positive and agree with the placement and the number of programs. Ranges against the header
+# (a micro-batch past the count, a peer that runs no such stage) are findings of the checks,
+# which name the instruction in their own words.
+
+#: Per instruction class, its fields: (name, type, required), from the dataclass itself so
+#: that a new instruction or field is read without touching the reader.
+_FIELDS: dict[type, tuple[tuple[str, Any, bool], ...]] = {
+    cls: tuple((f.name, get_type_hints(cls)[f.name],
+                f.default is MISSING and f.default_factory is MISSING) for f in fields(cls))
+    for cls in MNEMONICS}
+_SIZES = ("ranks", "stages", "microbatches", "accumulate")
+
+
+def _shown(value: object) -> str:
+    """A JSON value as the file spells it, shortened."""
+    text = json.dumps(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _wanted(value: object, hint: Any) -> str | None:
+    """What a field of type `hint` must be, when `value` is not that; None when it is."""
+    if hint is int:
+        ok = type(value) is int and 0 <= value <= limits.MAX_INT
+        return None if ok else "a non-negative integer (64-bit)"
+    if hint is float:
+        ok = (type(value) is float and math.isfinite(value)) or \
+            (type(value) is int and not limits.int_overflow(value))
+        return None if ok else "a finite number"
+    if hint is str:
+        return None if type(value) is str else "a string"
+    if hint is bool:
+        return None if type(value) is bool else "true or false"
+    choices = get_args(hint)  # a Literal
+    if type(value) is str and value in choices:
+        return None
+    return "one of " + ", ".join(json.dumps(c) for c in choices)
+
+
+def _instr_from(d: object, where: str, in_batch: bool = False) -> Instr:
+    """One instruction object; `where` names it ("FILE: rank 0, instruction 3")."""
+    if type(d) is not dict:
+        raise UsageError(f"{where}: expected an instruction object {{\"i\": ...}}, got "
+                         f"{_shown(d)}")
+    name = d.get("i")
+    cls = BY_MNEMONIC.get(name) if type(name) is str else None
+    if cls is None:
+        raise UsageError(f"{where}: unknown instruction {_shown(name)} (field \"i\")")
+    where = f"{where} ({name})"
+    if in_batch and cls not in (ISend, IRecv):
+        raise UsageError(f"{where}: a batch holds only isend and irecv posts")
+    known = {n for n, _, _ in _FIELDS[cls]}
+    extra = [k for k in d if k != "i" and k not in known]
+    if extra:
+        raise UsageError(f"{where}: unknown field {_shown(extra[0])} (a {name} has "
+                         f"{', '.join(sorted(known))})")
+    kw: dict[str, Any] = {}
+    for field_name, hint, required in _FIELDS[cls]:
+        if field_name not in d:
+            if required:
+                raise UsageError(f"{where}: missing field \"{field_name}\"")
+            continue
+        value = d[field_name]
+        if field_name == "posts":
+            if type(value) is not list or not value:
+                raise UsageError(f"{where}: \"posts\" must be a non-empty list of isend and "
+                                 f"irecv objects, got {_shown(value)}")
+            kw["posts"] = tuple(_instr_from(p, f"{where}, post {j}", in_batch=True)
+                                for j, p in enumerate(value))
+            continue
+        want = _wanted(value, hint)
+        if want is not None:
+            raise UsageError(f"{where}: \"{field_name}\" must be {want}, got {_shown(value)}")
+        kw[field_name] = value
+    return cls(**kw)  # type: ignore[no-any-return]
+
+
+def _header(data: object, where: str) -> dict[str, Any]:
+    """The checked top-level object (module NOTE on reading lowered JSON)."""
+    if type(data) is not dict or data.get("format") != "pipeir-lowered":
+        raise UsageError(f"{where}: not a pipeir lowered-program JSON file "
+                         "(format != pipeir-lowered)")
+    if "version" not in data:
+        raise UsageError(f"{where}: missing field \"version\"")
+    if data["version"] != 1 or type(data["version"]) is not int:
+        raise UsageError(f"{where}: \"version\" {_shown(data['version'])} is not one this "
+                         "pipeir reads (1)")
+    for key in ("name", *_SIZES, "placement", "programs"):
+        if key not in data:
+            raise UsageError(f"{where}: missing field \"{key}\"")
+    known = ("format", "version", *(f.name for f in fields(Lowered)))
+    extra = [k for k in data if k not in known]
+    if extra:  # a "dp": 2 here reads as if it meant something; nothing reads it
+        raise UsageError(f"{where}: unknown field {_shown(extra[0])} (the header has "
+                         f"{', '.join(known)})")
+    for key, hint in (("name", str), ("overlap", bool)):
+        want = _wanted(data[key], hint) if key in data else None
+        if want is not None:
+            raise UsageError(f"{where}: \"{key}\" must be {want}, got {_shown(data[key])}")
+    for key in _SIZES:
+        value = data[key]
+        if type(value) is not int or not 1 <= value <= limits.MAX_INT:
+            raise UsageError(f"{where}: \"{key}\" must be a positive integer (64-bit), got "
+                             f"{_shown(value)}")
+    ranks, stages = data["ranks"], data["stages"]
+    placement, programs = data["placement"], data["programs"]
+    if type(programs) is not list:
+        raise UsageError(f"{where}: \"programs\" must be a list of programs (one per rank), "
+                         f"got {_shown(programs)}")
+    if len(programs) != ranks:
+        raise UsageError(f"{where}: \"ranks\" is {ranks}, but there are {len(programs)} "
+                         "programs (one per rank)")
+    if type(placement) is not list or len(placement) != stages:
+        raise UsageError(f"{where}: \"placement\" must be a list of {stages} ranks (one per "
+                         f"stage, \"stages\": {stages}), got {_shown(placement)}")
+    for s, r in enumerate(placement):
+        if type(r) is not int or not 0 <= r < ranks:
+            raise UsageError(f"{where}: placement of stage {s} must be a rank 0 to {ranks - 1} "
+                             f"(\"ranks\": {ranks}), got {_shown(r)}")
+    owners = set(placement)
+    idle = next((r for r in range(ranks) if r not in owners), None)
+    if idle is not None:  # as PipelineConfig: a rank that owns no stage is a wrong "ranks"
+        raise UsageError(f"{where}: rank {idle} owns no stage ({stages} stages on {ranks} "
+                         f"ranks, \"placement\": {_shown(placement)})")
+    for r, prog in enumerate(programs):
+        if type(prog) is not list:
+            raise UsageError(f"{where}: the program of rank {r} must be a list of "
+                             f"instructions, got {_shown(prog)}")
+    # NOTE: the checks run over every (stage, micro-batch): a header that claims far more
+    # than its programs hold would make them loop for hours over what cannot be there
+    mbs, have = data["microbatches"] * data["accumulate"], sum(map(len, programs))
+    if 2 * stages * mbs > have:
+        raise UsageError(f"{where}: \"stages\" {stages} x \"microbatches\" "
+                         f"{data['microbatches']} x \"accumulate\" {data['accumulate']} need "
+                         f"{2 * stages * mbs:,} computes at least (a forward and a backward "
+                         f"each), but the programs hold {have:,} instructions in all")
+    return data
+
+
+def from_json(data: object, where: str = "lowered JSON") -> Lowered:
+    """Read what `to_json` wrote; malformed input is a UsageError naming `where` (the file),
+    the rank, the instruction and the field."""
+    d = _header(data, where)
+    programs = tuple(tuple(_instr_from(ins, f"{where}: rank {r}, instruction {pc}")
+                           for pc, ins in enumerate(prog))
+                     for r, prog in enumerate(d["programs"]))
+    return Lowered(d["name"], d["ranks"], d["stages"], d["microbatches"], d["accumulate"],
+                   tuple(d["placement"]), programs, d.get("overlap", False))
+
+
+def dumps(lowered: Lowered) -> str:
+    return json.dumps(to_json(lowered), indent=1) + "\n"
