@@ -1,6 +1,6 @@
-"""The constraint model (`pipeir.search.synth.model`) and the window model (`pipeir.search.synth.lns`):
-optimal on tiny instances against the brute force over every valid order, on the closed
-forms (1F1B, ZB-H1), and agreeing with the simulator.
+"""The constraint model (`pipeir.search.synth.model`) and the window model
+(`pipeir.search.synth.lns`): optimal on tiny instances against the brute force over every
+valid order, on the closed forms (1F1B, ZB-H1), and agreeing with the simulator.
 
 Solver runs here are small (tens of ops) and single-threaded, so they are deterministic."""
 
