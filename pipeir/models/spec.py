@@ -27,8 +27,6 @@ what lets pipeir split it into micro-batches and know every shape without a hand
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from pipeir._importing import import_file
 from pipeir.diagnostics import UsageError, did_you_mean
+from pipeir.usercode import contained, import_module
 
 if TYPE_CHECKING:
     import torch
@@ -215,20 +214,14 @@ def call_factory(ref: str, target: str) -> Any:
         raise UsageError(f"--model '{ref}': expected {', '.join(BUILTINS)}, module:function "
                          "or file.py[:function]")
     else:
-        try:
-            module = importlib.import_module(where)
-        except ImportError as e:
-            # a bare word is far more often a mistyped built-in than a module name
-            notes = did_you_mean(ref, BUILTINS) if "." not in where else ()
-            raise UsageError(f"--model '{ref}': cannot import {where}: {e}",
-                             notes=notes) from None
+        # a bare word is far more often a mistyped built-in than a module name
+        module = import_module(where, f"--model '{ref}'",
+                               did_you_mean(ref, BUILTINS) if "." not in where else ())
     factory = getattr(module, fn, None)
     if not callable(factory):
         raise UsageError(f"--model '{ref}': {where} has no function '{fn}'")
-    try:
+    with contained(f"--model '{ref}'", f"calling {fn}()"):
         return factory()
-    except Exception as e:
-        raise UsageError(f"--model '{ref}': {fn}() raised {type(e).__name__}: {e}") from None
 
 
 def _load_file(ref: str, path: Path) -> Any:

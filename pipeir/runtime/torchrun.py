@@ -138,6 +138,8 @@ def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
             sys.stdout.write(f"step {step + 1}/{job.steps}  loss {loss:.5f}{shard}  "
                              f"{(t1 - t0) * 1e3:.1f} ms\n")
             sys.stdout.flush()
+        elif msg[0] == "note":  # "saved DIR/step-N (...)", from the rank that completed it
+            print(msg[2], flush=True)
 
     try:
         run_rank(rank, world, "env://", [job], emit, lambda j, pc: None, timeout_s)
