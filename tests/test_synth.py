@@ -461,7 +461,7 @@ def test_memory_idle_and_sharper_heads_raise_the_bound() -> None:
     and it still holds."""
     costs = CostModel.from_settings({"F": 1.0, "I": 1.0, "W": 1.0, "stage.0.F": 2.0,
                                      "stage.1.F": 2.0, "latency": 0.25})
-    problem = make_problem(costs, 2, 2, 2, "vshape", comm="blocking", memory_limit=1)
+    problem = make_problem(costs, 2, 2, 2, "vshape", comm="blocking", memory_limit=2)
     occ = problem.occupation
     head, tail = longest_paths(problem.ops, [*problem.edges,
                                              *((p, q, 0.0) for p, q in problem.implied)], occ)
@@ -540,7 +540,7 @@ def test_chains_raise_the_bound_on_heavy_ends_four_chunk_v() -> None:
     6.2 of work, the bound was 30.3). The best schedule known (the fixture, 30.6) is one
     time unit above it, and any change that raises the bound above that is wrong."""
     costs = CostModel.load(REPO / "examples/costs/heavy-ends.toml")
-    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=4)
+    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=16)
     load = sum(problem.occupation[op] for op in problem.ops if problem.rank(op) == 3)
     assert load == pytest.approx(27.6)
     assert problem.lower_bound() == pytest.approx(load + 8.1 - (3 * 1.275 + 4 * 0.325))
@@ -555,7 +555,7 @@ def test_bound_is_met_by_a_schedule_found_on_compute_bound_at_k4() -> None:
     now reaches it too, from the list scheduler's warm start that lets early ranks take more:
     `bench/synth.py`). Any change that raises the bound above it is wrong."""
     costs = CostModel.load(REPO / "examples/costs/compute-bound.toml")
-    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=4)
+    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=16)
     step = _fixture_step(problem, "compute-bound-k4.sched")
     assert step == pytest.approx(101.075, abs=1e-9)
     assert problem.lower_bound() == pytest.approx(step, abs=1e-9)
@@ -741,7 +741,7 @@ def test_list_scheduler_lets_early_ranks_take_more_than_they_hold_whole() -> Non
     with six first-chunk forwards, more than its memory holds whole (four); the variant that
     lets in 6, 5, 5, 4 micro-batches has six in flight on rank 0, and keeps the budget."""
     costs = CostModel.load(REPO / "examples/costs/compute-bound.toml")
-    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=4)
+    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=16)
     assert reserve(problem) == (4, 4, 4, 4)
     assert waves(problem)[1:] == [(5, 5, 4, 4), (6, 5, 5, 4), (7, 6, 5, 4)]
     optimum = pipeir.parse(REPO / "tests/fixtures/compute-bound-k4.sched")
@@ -918,12 +918,12 @@ def test_warm_start_labels_say_what_the_order_is() -> None:
     """A B-only problem takes tune's split candidates with their backwards merged, and says
     so: the order is not what split-backward{mode=h1} alone would run."""
     costs = CostModel.load(REPO / "examples" / "costs" / "heavy-ends.toml")
-    problem = make_problem(costs, 4, 8, 2, "vshape", split=False, memory_limit=4)
+    problem = make_problem(costs, 4, 8, 2, "vshape", split=False, memory_limit=8)
     found = starts(problem, library(costs, 4, 8, "overlapped", 2))
     zbv = [st for st in found if st.label.startswith("zb-v")]
     assert [st.label for st in zbv] == ["zb-v v=2, backwards merged"]
     assert {op.kind for op in zbv[0].schedule} == {"F", "B"}
-    split = make_problem(costs, 4, 8, 2, "vshape", split=True, memory_limit=4)
+    split = make_problem(costs, 4, 8, 2, "vshape", split=True, memory_limit=8)
     assert "zb-v v=2" in [st.label for st in starts(split, library(costs, 4, 8, "overlapped",
                                                                    2))]
 

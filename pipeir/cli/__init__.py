@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
-from pipeir.diagnostics import EXIT_USAGE, PipeirError, reading
+from pipeir.diagnostics import EXIT_INTERRUPTED, EXIT_USAGE, INTERRUPTED, PipeirError, reading
 
 
 def _modules() -> list[ModuleType]:
@@ -94,8 +94,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(e.render(), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("pipeirc: interrupted", file=sys.stderr)
-        return 130
+        print(INTERRUPTED, file=sys.stderr)
+        return EXIT_INTERRUPTED
     except BrokenPipeError:
         _drop_stdout()
         return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import copy
 
+from pipeir import memunit
 from pipeir.cli.common import (
     add_schedule_args,
     is_cost_setting,
@@ -28,8 +29,8 @@ HELP = "verify schedules: every op once, on its rank, no deadlock, within memory
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_schedule_args(p, many=True)
     p.add_argument("--memory-limit", type=memory_limit, metavar="K",
-                   help="most in-flight activations per rank (overrides the file's), or bytes "
-                        "of saved activations with a unit (8GB, 512MiB, 3e8B; needs "
+                   help=f"{memunit.HELP} (overrides the file's memory_limit); or bytes of "
+                        "saved activations with a unit (8GB, 512MiB, 3e8B; needs "
                         "memory_bytes: in --costs, the file's costs block or --set)")
     add_costs_arg(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
