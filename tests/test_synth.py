@@ -196,15 +196,16 @@ def test_probe_meets_the_optimum_and_proves_nothing_is_faster(m: int, split: boo
 
 
 def test_shapes_add_the_other_placement_of_tunes_v_while_it_is_small() -> None:
-    """At compute-bound's K = 8 tune's best is an eight-chunk loop; synth also searches the
-    eight-chunk V (where the bound is met), but not where the model would be too large to
-    solve, and never a placement the user excluded."""
+    """At compute-bound's 64 activations (eight whole stages' memory at eight chunks) tune's
+    best is an eight-chunk loop; synth also searches the eight-chunk V (where the bound is
+    met), but not where the model would be too large to solve, and never a placement the
+    user excluded."""
     costs = CostModel.load(REPO / "examples/costs/compute-bound.toml")
     candidates = library(costs, 4, 8, "overlapped", 8)
-    shapes = _shapes(candidates, 4, None, "search", 8, 96)
+    shapes = _shapes(candidates, 4, None, "search", 64, 96)
     assert {(8, "loop"), (8, "vshape"), (4, "vshape")} <= set(shapes)
-    assert all(shape == "loop" for _, shape in _shapes(candidates, 4, None, "loop", 8, 96))
-    assert _shapes(candidates, 4, None, "search", 8, EXACT_OPS) == \
+    assert all(shape == "loop" for _, shape in _shapes(candidates, 4, None, "loop", 64, 96))
+    assert _shapes(candidates, 4, None, "search", 64, EXACT_OPS) == \
         [(1, "loop"), (2, "loop"), (2, "vshape"), (8, "loop")]
 
 

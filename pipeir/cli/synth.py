@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from typing import Any
 
 from pipeir import memunit
@@ -193,16 +194,23 @@ class _Line:
 
     def __init__(self, unit: str | None):
         self.unit = f" {unit}" if unit else ""
-        self.shown = False
+        self.shown = self.closed = False
+        self.lock = threading.Lock()  # solver threads report; Ctrl-C's watcher ends the line
 
     def __call__(self, wall: float, best: float, bound: float) -> None:
         gap = max(0.0, 1 - bound / best) if best > 0 else 0.0
-        sys.stderr.write(f"\r  {wall:6.1f} s  best {best:.6g}{self.unit}  bound "
-                         f"{bound:.6g}{self.unit}  gap {gap:5.1%} ")
-        sys.stderr.flush()
-        self.shown = True
+        with self.lock:
+            if self.closed:  # a solver still reporting after Ctrl-C ended the line
+                return
+            self.shown = True  # first: a Ctrl-C during the write still ends the line
+            sys.stderr.write(f"\r  {wall:6.1f} s  best {best:.6g}{self.unit}  bound "
+                             f"{bound:.6g}{self.unit}  gap {gap:5.1%} ")
+            sys.stderr.flush()
 
     def done(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
+        with self.lock:
+            if self.shown and not self.closed:
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+            self.closed = True
 
