@@ -24,7 +24,6 @@ Severity = Literal["error", "warning", "note"]
 EXIT_OK = 0
 EXIT_INVALID = 1  # the input is well-formed but the schedule is wrong (verification)
 EXIT_USAGE = 2  # syntax, name, type or command-line errors
-EXIT_INTERRUPTED = 130  # Ctrl-C (SIGINT), as shells report it
 INTERRUPTED = "pipeirc: interrupted"  # the one line a Ctrl-C prints
 
 

@@ -360,7 +360,7 @@ def test_pp2_x_dp2_trains_like_single_process_on_the_global_batch(tmp_path: Path
                             torch.from_numpy(mine[k]), r, rtol=1e-5, atol=max(1e-8, 1e-5 * scale),
                             msg=lambda m, w=f"{what} rank {rank} stage {s} {k}": f"{w}: {m}")
         assert result.steps[(j, 0)].loss is not None
-    assert sorted(p.name for p in saved.iterdir()) == ["latest", "step-2"]  # step-1 replaced
+    assert sorted(p.name for p in saved.iterdir()) == ["latest", "step-1", "step-2"]  # keep 2
     assert sorted(p.name for p in (saved / "step-2").iterdir()) == [
         "manifest.json", "stage-0.pt", "stage-1.pt"]
 

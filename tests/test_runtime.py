@@ -186,7 +186,8 @@ def test_real_models_four_ranks_and_resume_on_two(tmp_path: Path) -> None:
     ]
     result = launch(jobs, 4, timeout_s=TIMEOUT)
     _assert_matches_reference(jobs[:-1], result)
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["latest", "step-2"]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["latest", "step-1",
+                                                                    "step-2"]  # keep 2
     resumed = [_job(_lib("interleaved-1f1b", 2, 4, v=2), "overlap", 4, GPT, resume=ck),
                _job(_lib("zb-v", 2, 4), None, 3, GPT, resume=ck)]
     after = launch(resumed, 2, timeout_s=TIMEOUT)

@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Protocol
 
-from pipeir.diagnostics import EXIT_INTERRUPTED, INTERRUPTED
+from pipeir.diagnostics import INTERRUPTED
+from pipeir.usercode import EXIT_INTERRUPT
 
 #: Seconds the main thread gets to unwind after Ctrl-C before the process is ended.
 GRACE = 1.0
@@ -102,4 +103,4 @@ def _watch(fd: int, before_exit: Callable[[], None] | None) -> None:
                     before_exit()
                 sys.stderr.flush()
                 os.write(2, f"{INTERRUPTED}\n".encode())
-                os._exit(EXIT_INTERRUPTED)
+                os._exit(EXIT_INTERRUPT)
