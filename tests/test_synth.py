@@ -660,8 +660,8 @@ def test_synth_never_returns_a_slower_schedule_than_its_warm_start() -> None:
                                      "latency": (0.01, None), "bandwidth": (1e7, None),
                                      "activation_bytes": (1e5, None),
                                      "stage.1.F": (1.2, None)})
-    got = synth(costs, 2, 8, memory_limit=2, time_limit=1e-9)
-    starts_ = [synthesize(make_problem(costs, 2, 8, v, shape, memory_limit=2),
+    got = synth(costs, 2, 8, memory_limit="1f1b", time_limit=1e-9)
+    starts_ = [synthesize(make_problem(costs, 2, 8, v, shape, memory_limit="1f1b"),
                           tune_costs=costs, time_limit=1e-9).warm.step
                for v, shape in ((1, "loop"), (2, "loop"), (2, "vshape"), (4, "loop"),
                                 (4, "vshape"))]
@@ -810,7 +810,7 @@ def test_rounds_drop_shapes_that_cannot_win_and_continue_the_fastest_open_one(
                                         problem.lower_bound(), warm, "", False, 0.0)
 
     monkeypatch.setattr(synth_module, "synthesize", fake)
-    got = synth_module.synth(HETERO, 2, 4, split=True, memory_limit=2, time_limit=30)
+    got = synth_module.synth(HETERO, 2, 4, split=True, memory_limit="1f1b", time_limit=30)
     first_round = [shape for shape, share in calls if share != 0.0]
     assert first_round == [(2, "vshape"), (4, "vshape"), (2, "loop")]
     assert [shape for shape, share in calls if share == 0.0] == [(4, "vshape"), (2, "loop")]
@@ -846,7 +846,7 @@ def test_second_round_goes_on_to_the_next_open_shape_when_its_lead_closes(
                                         False, 0.0)
 
     monkeypatch.setattr(synth_module, "synthesize", fake)
-    got = synth_module.synth(HETERO, 2, 4, split=True, memory_limit=2, time_limit=30)
+    got = synth_module.synth(HETERO, 2, 4, split=True, memory_limit="1f1b", time_limit=30)
     assert second == [(2, "vshape"), (4, "vshape")]
     assert limits[1] <= limits[0] - 0.2  # what the first left
     assert given_bounds == pytest.approx([19.0, 18.875])  # each starts from its own bound
@@ -1166,7 +1166,7 @@ def test_cli_says_what_optimal_covers(cli, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--memory-limit", "0.5"), "smallest feasible limit is --memory-limit 1"),
-    (("--memory-limit", "0.75", "--v", "2"), "smallest feasible limit is --memory-limit 1"),
+    (("--memory-limit", "0.75", "--v", "2"), "smallest feasible limit is --memory-limit 2"),
     (("--memory-bytes", "1e9"), "needs activation sizes in the cost file"),
     (("--time-limit", "0"), "argument --time-limit: expected a positive number, got 0"),
     (("--time-limit", "nan"), "argument --time-limit: expected a positive number, got nan"),
