@@ -114,11 +114,34 @@ def validate(root: str, spec: ModelSpec, stages: int) -> tuple[Path, int]:
         if problem:
             raise fail(f"stage {s}: {problem} (a checkpoint of another model?)")
     for s in range(stages):
-        path = d / mf.stage_file(s)
-        problem = _check_file(path, man.files[path.name]) or _check_content(path, s, man)
+        problem = _check_stage(d, s, man)
         if problem:
-            raise fail(f"{path}: {problem}")
+            raise fail(problem)
     return d, man.step
+
+
+def stage_models(root: str | os.PathLike[str]) -> dict[int, dict[str, torch.Tensor]]:
+    """Stage -> its model state_dict, from the checkpoint `root` names, every file checked
+    against the manifest first as `validate` does (what `pipeirc export-weights` reads); a
+    UsageError naming the file and the problem otherwise."""
+    base = Path(root)
+    try:
+        d = mf.find(base) if base.is_dir() else None
+        if d is None:
+            raise UsageError(f"{root}: no checkpoint there (no {mf.LATEST} or {mf.MANIFEST})")
+        man = mf.read(d)
+    except mf.ManifestError as e:
+        raise UsageError(str(e)) from None
+    out = {}
+    for s in range(man.stages):
+        problem = _check_stage(d, s, man)
+        if problem:
+            raise UsageError(problem)
+        try:
+            out[s] = dict(_torch_load(d / mf.stage_file(s), torch.device("cpu"))["model"])
+        except CheckpointError as e:
+            raise UsageError(str(e)) from None
+    return out
 
 
 def check_target(save: str, resume: str | None) -> None:
@@ -307,6 +330,13 @@ def load(root: str, modules: Mapping[int, torch.nn.Module], optim: Optim,
 
 
 # ---- checks shared by both ---------------------------------------------------------------------
+def _check_stage(d: Path, stage: int, man: mf.Manifest) -> str:
+    """"PATH: problem" for stage `stage`'s file in checkpoint `d`, or "" if it is sound."""
+    path = d / mf.stage_file(stage)
+    problem = _check_file(path, man.files[path.name]) or _check_content(path, stage, man)
+    return f"{path}: {problem}" if problem else ""
+
+
 def _check_file(path: Path, entry: mf.FileEntry) -> str:
     """What is wrong with the bytes of `path` against its manifest entry ("" if nothing)."""
     try:

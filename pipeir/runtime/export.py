@@ -7,15 +7,13 @@ the stages' state_dicts: a name held by several stages (a tied weight's copies, 
 every step) must hold one value, and with a `ModuleSpec` every name of the unsplit module must
 be there (a tied weight under each of its names).
 
-NOTE: the stage files are read through `stage_states` alone, so a change of the checkpoint's
-format changes one function here.
+NOTE: the stage files are read through `checkpoint.stage_models`, which checks them against
+their manifest as a resume does, so the checkpoint format lives in one module.
 """
 
 from __future__ import annotations
 
 import io
-import json
-import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -27,21 +25,6 @@ from pipeir.models.spec import HasModelSpec, ModelSpec
 from pipeir.runtime import checkpoint
 
 FORMATS = (".pt", ".safetensors")
-
-
-def stage_states(root: str | os.PathLike[str]) -> dict[int, dict[str, torch.Tensor]]:
-    """Stage -> its model state_dict, from the newest checkpoint under `root`."""
-    d = checkpoint.find(root)
-    if d is None:
-        raise UsageError(f"{root}: no checkpoint there (no {checkpoint.LATEST} or "
-                         f"{checkpoint.MANIFEST})")
-    try:
-        stages = int(json.loads((d / checkpoint.MANIFEST).read_text())["stages"])
-        return {s: dict(torch.load(d / f"stage-{s}.pt", map_location="cpu",
-                                   weights_only=True)["model"]) for s in range(stages)}
-    except (OSError, ValueError, KeyError, RuntimeError) as e:
-        raise UsageError(f"{root}: unreadable checkpoint {d}: {type(e).__name__}: {e}") \
-            from None
 
 
 def unsplit(stages: Mapping[int, Mapping[str, torch.Tensor]],
@@ -95,6 +78,6 @@ def export(root: str, spec: ModelSpec | HasModelSpec, output: str) -> int:
     if suffix not in FORMATS:
         raise UsageError(f"-o {output}: expected a {' or '.join(FORMATS)} file")
     names = spec.state_names() if isinstance(spec, HasModelSpec) else None
-    state = unsplit(stage_states(root), names)
+    state = unsplit(checkpoint.stage_models(root), names)
     write_atomic(output, encode(state, suffix), "-o")
     return len(state)

@@ -286,9 +286,9 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
                          t0 + max(time_limit * LIBRARY_SHARE, FLOOR))
     shapes = [make_problem(costs, ranks, microbatches, n, shape, split, comm, memory_limit,
                            memory_bytes)
-              for n, shape in _shapes(candidates, ranks, v, placement,
-                                      memory_limit if memory_bytes is None else None,
-                                      ranks * microbatches * (3 if split else 2))]
+              for n, shape in search_shapes(candidates, ranks, v, placement,
+                                            memory_limit if memory_bytes is None else None,
+                                            ranks * microbatches * (3 if split else 2))]
     problems = _within_budget(shapes)
     # NOTE: bounding a shape costs seconds on large problems (5 s for the 98,304 ops of p =
     # 64, m = 256, two chunks): once half the time (and `FLOOR`) is spent, the shapes not yet
@@ -396,8 +396,8 @@ def _within_budget(problems: list[Problem]) -> list[Problem]:
     raise BudgetError(min(limits), min(p.least_memory for p in problems))
 
 
-def _shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
-            placement: Placement, memory_limit: Budget, ops_per_chunk: int
+def search_shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
+                  placement: Placement, memory_limit: Budget, ops_per_chunk: int
             ) -> list[tuple[int, Literal["loop", "vshape"]]]:
     """The (chunks per rank, placement) pairs to search, in `placement` ("search": loop and
     V): `v`, or with v None 1, 2, 4 while its model is small enough to solve exactly (it has
