@@ -113,6 +113,7 @@ def test_the_best_line_is_a_finished_sentence(golden) -> None:
            "".join(best_line(step, warm, method, " ms") + "\n" for step, warm, method in cases))
 
 
+@pytest.mark.mp
 @pytest.mark.solver
 def test_sigint_stops_synth_at_once_and_writes_nothing(tmp_path: Path) -> None:
     """Ctrl-C once the solver reports progress (its callback runs inside CP-SAT's solve, so
