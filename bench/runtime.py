@@ -14,6 +14,12 @@ ops: per built-in model and stage (4 stages), median times of F, B, I and W as t
 runs them (I and W split as in `pipeir.runtime.splitgrad`), and of the previous W that took
 parameter gradients over the whole kept graph (about a full backward).
 
+noop: pipeir's added cost per instruction. Four stages on one rank (interleaved 1F1B, p=1,
+v=4: loads, forwards, losses, backwards and hand-offs, no communication) of a model whose
+stages multiply by one scalar, against a plain loop running the same forwards, losses,
+backwards and optimizer step in this process; alternating, medians of every step after warm-up.
+(pipeir median step - plain median step) / instructions per step is the added cost.
+
 sleep: every forward sleeps F ms and every backward B ms instead of computing, so four ranks do
 not fight over two cores; the measured bubble (pipeir's instruction timestamps) is compared
 with the simulator's prediction for the same costs.
@@ -46,6 +52,7 @@ from pipeir.sim import CostModel, simulate
 HERE = Path(__file__).resolve()
 WIDTH, BLOCKS, BATCH = 256, 8, 128
 SLEEP_F, SLEEP_B = 0.010, 0.020  # seconds
+NOOP_M, NOOP_V = 16, 4  # noop mode: micro-batches, stages (all on one rank)
 
 
 # ---- models (resolved by file path in every worker) ---------------------------------------------
@@ -87,6 +94,23 @@ class SleepStage(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return SleepFn.apply(x, self.w)
+
+
+class NoopStage(nn.Module):
+    """A stage with (almost) no compute: what remains of a step is the runtime's own cost."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x * self.w
+
+
+def noop_spec() -> ModelSpec:
+    return ModelSpec(stage=lambda s, n: NoopStage(), loss=lambda y, t: ((y - t) ** 2).mean(),
+                     batch=lambda step: (torch.ones(NOOP_M, 4), torch.zeros(NOOP_M, 4)),
+                     optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01))
 
 
 def sleep_spec() -> ModelSpec:
@@ -212,6 +236,47 @@ def mode_sleep(world: int, m: int, steps: int) -> None:
                   f"{latency * 1e3:.2f} ms/transfer)")
 
 
+def _plain_noop_steps(steps: int) -> list[float]:
+    """The noop model trained by a plain loop (the same work a pipeir step does)."""
+    sp = noop_spec()
+    mods = [NoopStage() for _ in range(NOOP_V)]
+    opt = sp.optimizer([p for m in mods for p in m.parameters()])
+    out = []
+    for step in range(steps):
+        t0 = time.perf_counter()
+        x, y = sp.batch(step)
+        opt.zero_grad()
+        for xm, ym in zip(torch.tensor_split(x, NOOP_M), torch.tensor_split(y, NOOP_M)):
+            h = xm
+            for m in mods:
+                h = m(h.detach().requires_grad_(True))
+            (sp.loss(h, ym) / NOOP_M).backward()
+        opt.step()
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def mode_noop(steps: int, rounds: int, warm: int) -> None:
+    """pipeir's added cost per instruction (see the module docstring)."""
+    torch.set_num_threads(1)
+    low = pipeir.compile(pipeir.library.get("interleaved-1f1b", 1, NOOP_M, v=NOOP_V),
+                         "").lowered
+    instrs = len(low.program(0))
+    job = Job(low, (rank_source(low, 0),), f"{HERE}:noop_spec", steps)
+    got: dict[str, list[float]] = {"pipeir": [], "plain": []}
+    for _ in range(rounds):
+        res = launch([job], 1, timeout_s=120)
+        got["pipeir"] += [res.steps[(0, s)].time for s in range(steps)][warm:]
+        got["plain"] += _plain_noop_steps(steps)[warm:]
+    med = {k: statistics.median(v) * 1e6 for k, v in got.items()}
+    added = (med["pipeir"] - med["plain"]) / instrs
+    print(f"noop model: {NOOP_V} stages on 1 rank, m={NOOP_M}, {instrs} instructions per step, "
+          f"{steps} steps per run ({warm} dropped), {rounds} rounds")
+    print(f"  pipeir {med['pipeir']:8.0f} us/step   plain loop {med['plain']:8.0f} us/step   "
+          f"added {added:5.2f} us per instruction ({added * instrs / NOOP_M:5.1f} us per "
+          f"micro-batch)")
+
+
 def _median_ms(fn: object, iters: int) -> float:
     assert callable(fn)
     times = []
@@ -278,7 +343,7 @@ def mode_ops(stages: int, iters: int) -> None:
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mode", choices=("real", "sleep", "ops", "both"), default="both")
+    p.add_argument("--mode", choices=("real", "sleep", "ops", "noop", "both"), default="both")
     p.add_argument("--ranks", type=int, default=4)
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
@@ -290,6 +355,8 @@ def main(argv: list[str]) -> int:
         mode_sleep(args.ranks, args.microbatches, 9)
     if args.mode == "ops":
         mode_ops(args.ranks, 200)
+    if args.mode == "noop":
+        mode_noop(max(args.steps, 40), args.rounds, warm=5)
     return 0
 
 

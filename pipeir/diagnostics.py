@@ -24,6 +24,7 @@ Severity = Literal["error", "warning", "note"]
 EXIT_OK = 0
 EXIT_INVALID = 1  # the input is well-formed but the schedule is wrong (verification)
 EXIT_USAGE = 2  # syntax, name, type or command-line errors
+INTERRUPTED = "pipeirc: interrupted"  # the one line a Ctrl-C prints
 
 
 #: The files (device, inode) `read_bytes` has read inside `reading()`: a command's inputs,

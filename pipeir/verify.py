@@ -16,6 +16,7 @@ from typing import Protocol
 
 from pipeir._gc import paused_gc
 from pipeir.diagnostics import Diagnostic, Note, Span, UsageError, VerifyError
+from pipeir.memunit import COUNTING
 from pipeir.ops import MEMORY_KINDS, NO_MB, REDUCE, Op
 from pipeir.schedule import EdgeKind, Schedule, pair_waits
 
@@ -460,6 +461,7 @@ def check_memory(schedule: Schedule, report: VerifyReport, limit: int | None) ->
             continue
         op, live = next((op, live) for op, live in live_activations(prog) if live > limit)
         out.append(Diagnostic(
-            f"memory limit exceeded on rank {r}: {op} makes {int(live)} activations in "
-            f"flight (memory_limit = {limit}; this rank peaks at {peak})", schedule.span_of(op)))
+            f"memory limit exceeded on rank {r}: {op} makes {int(live)} activations in flight "
+            f"(memory_limit = {limit}, counting {COUNTING}; this rank peaks at {peak})",
+            schedule.span_of(op)))
     return out

@@ -81,7 +81,7 @@ def test_memory_idle_and_sharper_heads_raise_the_bound() -> None:
     and it still holds."""
     costs = CostModel.from_settings({"F": 1.0, "I": 1.0, "W": 1.0, "stage.0.F": 2.0,
                                      "stage.1.F": 2.0, "latency": 0.25})
-    problem = make_problem(costs, 2, 2, 2, "vshape", comm="blocking", memory_limit=1)
+    problem = make_problem(costs, 2, 2, 2, "vshape", comm="blocking", memory_limit=2)
     occ = problem.occupation
     head, tail = longest_paths(problem.ops, [*problem.edges,
                                              *((p, q, 0.0) for p, q in problem.implied)], occ)
@@ -152,7 +152,7 @@ def test_chains_raise_the_bound_on_heavy_ends_four_chunk_v() -> None:
     6.2 of work, the bound was 30.3). The best schedule known (the fixture, 30.6) is one
     time unit above it, and any change that raises the bound above that is wrong."""
     costs = CostModel.load(REPO / "examples/costs/heavy-ends.toml")
-    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=4)
+    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=16)
     load = sum(problem.occupation[op] for op in problem.ops if problem.rank(op) == 3)
     assert load == pytest.approx(27.6)
     assert problem.lower_bound() == pytest.approx(load + 8.1 - (3 * 1.275 + 4 * 0.325))
@@ -167,7 +167,7 @@ def test_bound_is_met_by_a_schedule_found_on_compute_bound_at_k4() -> None:
     now reaches it too, from the list scheduler's warm start that lets early ranks take more:
     `bench/synth.py`). Any change that raises the bound above it is wrong."""
     costs = CostModel.load(REPO / "examples/costs/compute-bound.toml")
-    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=4)
+    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=16)
     step = fixture_step(problem, "compute-bound-k4.sched")
     assert step == pytest.approx(101.075, abs=1e-9)
     assert problem.lower_bound() == pytest.approx(step, abs=1e-9)

@@ -110,7 +110,7 @@ def test_cli_says_what_optimal_covers(cli, tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--memory-limit", "0.5"), "smallest feasible limit is --memory-limit 1"),
-    (("--memory-limit", "0.75", "--v", "2"), "smallest feasible limit is --memory-limit 1"),
+    (("--memory-limit", "0.75", "--v", "2"), "smallest feasible limit is --memory-limit 2"),
     (("--memory-bytes", "1e9"), "needs activation sizes in the cost file"),
     (("--time-limit", "0"), "argument --time-limit: expected a positive number, got 0"),
     (("--time-limit", "nan"), "argument --time-limit: expected a positive number, got nan"),

@@ -93,7 +93,7 @@ def test_list_scheduler_lets_early_ranks_take_more_than_they_hold_whole() -> Non
     with six first-chunk forwards, more than its memory holds whole (four); the variant that
     lets in 6, 5, 5, 4 micro-batches has six in flight on rank 0, and keeps the budget."""
     costs = CostModel.load(REPO / "examples/costs/compute-bound.toml")
-    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=4)
+    problem = make_problem(costs, 4, 8, 4, "vshape", split=True, memory_limit=16)
     assert reserve(problem) == (4, 4, 4, 4)
     assert waves(problem)[1:] == [(5, 5, 4, 4), (6, 5, 5, 4), (7, 6, 5, 4)]
     optimum = pipeir.parse(REPO / "tests/fixtures/compute-bound-k4.sched")

@@ -55,8 +55,8 @@ def test_synth_never_returns_a_slower_schedule_than_its_warm_start() -> None:
                                      "latency": (0.01, None), "bandwidth": (1e7, None),
                                      "activation_bytes": (1e5, None),
                                      "stage.1.F": (1.2, None)})
-    got = synth(costs, 2, 8, memory_limit=2, time_limit=1e-9)
-    starts_ = [synthesize(make_problem(costs, 2, 8, v, shape, memory_limit=2),
+    got = synth(costs, 2, 8, memory_limit="1f1b", time_limit=1e-9)
+    starts_ = [synthesize(make_problem(costs, 2, 8, v, shape, memory_limit="1f1b"),
                           tune_costs=costs, time_limit=1e-9).warm.step
                for v, shape in ((1, "loop"), (2, "loop"), (2, "vshape"), (4, "loop"),
                                 (4, "vshape"))]
@@ -99,7 +99,7 @@ def test_rounds_drop_shapes_that_cannot_win_and_continue_the_fastest_open_one(
                                         problem.lower_bound(), warm, "", False, 0.0)
 
     monkeypatch.setattr(synth_module, "synthesize", fake)
-    got = synth_module.synth(HETERO, 2, 4, split=True, memory_limit=2, time_limit=30)
+    got = synth_module.synth(HETERO, 2, 4, split=True, memory_limit="1f1b", time_limit=30)
     first_round = [shape for shape, share in calls if share != 0.0]
     assert first_round == [(2, "vshape"), (4, "vshape"), (2, "loop")]
     assert [shape for shape, share in calls if share == 0.0] == [(4, "vshape"), (2, "loop")]
@@ -138,7 +138,7 @@ def test_second_round_goes_on_to_the_next_open_shape_when_its_lead_closes(
     clock = Clock()
     monkeypatch.setattr(synth_module, "synthesize", fake)
     monkeypatch.setattr(synth_module, "time", clock)
-    got = synth_module.synth(HETERO, 2, 4, split=True, memory_limit=2, time_limit=30)
+    got = synth_module.synth(HETERO, 2, 4, split=True, memory_limit="1f1b", time_limit=30)
     assert second == [(2, "vshape"), (4, "vshape")]
     assert limits[1] <= limits[0] - 0.2  # what the first left
     assert given_bounds == pytest.approx([19.0, 18.875])  # each starts from its own bound
@@ -212,12 +212,12 @@ def test_warm_start_labels_say_what_the_order_is() -> None:
     """A B-only problem takes tune's split candidates with their backwards merged, and says
     so: the order is not what split-backward{mode=h1} alone would run."""
     costs = CostModel.load(REPO / "examples" / "costs" / "heavy-ends.toml")
-    problem = make_problem(costs, 4, 8, 2, "vshape", split=False, memory_limit=4)
+    problem = make_problem(costs, 4, 8, 2, "vshape", split=False, memory_limit=8)
     found = starts(problem, library(costs, 4, 8, "overlapped", 2))
     zbv = [st for st in found if st.label.startswith("zb-v")]
     assert [st.label for st in zbv] == ["zb-v v=2, backwards merged"]
     assert {op.kind for op in zbv[0].schedule} == {"F", "B"}
-    split = make_problem(costs, 4, 8, 2, "vshape", split=True, memory_limit=4)
+    split = make_problem(costs, 4, 8, 2, "vshape", split=True, memory_limit=8)
     assert "zb-v v=2" in [st.label for st in starts(split, library(costs, 4, 8, "overlapped",
                                                                    2))]
 
@@ -284,13 +284,14 @@ def test_the_library_search_and_the_bounds_stay_within_the_time(
 
 
 def test_shapes_add_the_other_placement_of_tunes_v_while_it_is_small() -> None:
-    """At compute-bound's K = 8 tune's best is an eight-chunk loop; synth also searches the
-    eight-chunk V (where the bound is met), but not where the model would be too large to
-    solve, and never a placement the user excluded."""
+    """At compute-bound's 64 activations (eight whole stages' memory at eight chunks) tune's
+    best is an eight-chunk loop; synth also searches the eight-chunk V (where the bound is
+    met), but not where the model would be too large to solve, and never a placement the
+    user excluded."""
     costs = CostModel.load(REPO / "examples/costs/compute-bound.toml")
     candidates = library(costs, 4, 8, "overlapped", 8)
-    shapes = search_shapes(candidates, 4, None, "search", 8, 96)
+    shapes = search_shapes(candidates, 4, None, "search", 64, 96)
     assert {(8, "loop"), (8, "vshape"), (4, "vshape")} <= set(shapes)
-    assert all(shape == "loop" for _, shape in search_shapes(candidates, 4, None, "loop", 8, 96))
-    assert search_shapes(candidates, 4, None, "search", 8, EXACT_OPS) == \
+    assert all(shape == "loop" for _, shape in search_shapes(candidates, 4, None, "loop", 64, 96))
+    assert search_shapes(candidates, 4, None, "search", 64, EXACT_OPS) == \
         [(1, "loop"), (2, "loop"), (2, "vshape"), (8, "loop")]

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
-from pipeir.diagnostics import EXIT_USAGE, PipeirError, reading
+from pipeir.diagnostics import EXIT_USAGE, INTERRUPTED, PipeirError, reading
 from pipeir.usercode import EXIT_INTERRUPT, EXIT_USER, UserCodeError, explain, raised_at
 
 
@@ -104,7 +104,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(e.render(), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
-        print("pipeirc: interrupted", file=sys.stderr)
+        print(INTERRUPTED, file=sys.stderr)
         return EXIT_INTERRUPT
     except SystemExit as e:  # user code pipeir called where it did not expect it to exit
         print(f"error: {explain(e)} at {raised_at(e)}: user code tried to end pipeirc",

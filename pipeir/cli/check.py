@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from pipeir import driver
+from pipeir import driver, memunit
 from pipeir.cli.common import add_schedule_args, memory_limit, overrides, schedule_ref, show
 from pipeir.cli.simulate import add_costs_arg
 from pipeir.diagnostics import EXIT_OK, PipeirError, UsageError
@@ -19,8 +19,8 @@ HELP = "verify schedules: every op once, on its rank, no deadlock, within memory
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_schedule_args(p, many=True)
     p.add_argument("--memory-limit", type=memory_limit, metavar="K",
-                   help="most in-flight activations per rank (overrides the file's), or bytes "
-                        "of saved activations with a unit (8GB, 512MiB, 3e8B; needs "
+                   help=f"{memunit.HELP} (overrides the file's memory_limit); or bytes of "
+                        "saved activations with a unit (8GB, 512MiB, 3e8B; needs "
                         "memory_bytes: in --costs, the file's costs block or --set)")
     add_costs_arg(p)
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+import threading
 from typing import Any
 
-from pipeir import driver
+from pipeir import driver, memunit
 from pipeir.argtypes import positive_float, positive_int
 from pipeir.cli.common import show
 from pipeir.diagnostics import Span, UsageError
@@ -34,8 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="where chunks live when V > 1; search tries both (default)")
     mem = p.add_mutually_exclusive_group()
     mem.add_argument("--memory-limit", type=positive_float, metavar="K",
-                     help="most activations a rank may hold, in micro-batches of one stage "
-                          "(1F1B needs P; the default)")
+                     help=f"{memunit.HELP} (default: 1F1B's memory at every V, P x V)")
     mem.add_argument("--memory-bytes", type=positive_float, metavar="B",
                      help="most activation bytes a rank may hold (needs memory_bytes costs)")
     p.add_argument("--split-backward", action="store_true",
@@ -57,6 +57,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeir.printer import print_schedule
+    from pipeir.search.interrupt import interruptible
     from pipeir.search.synth import BudgetError, synth
     from pipeir.sim.cost_files import read_cost_file
     from pipeir.verify import verify
@@ -69,39 +70,39 @@ def run(args: argparse.Namespace) -> int:
     costs, ranks = found.costs, found.ranks
     _check(args, costs, ranks, settings)
     assert ranks is not None
-    limit = args.memory_limit if args.memory_bytes is None and args.memory_limit is not None \
-        else (None if args.memory_bytes is not None else float(ranks))
+    limit: memunit.Budget = args.memory_limit if args.memory_limit is not None \
+        else (None if args.memory_bytes is not None else memunit.ONE_F_ONE_B)
     progress = _Line(costs.unit) if sys.stderr.isatty() else None
     try:
-        result = synth(costs, ranks, args.microbatches, v=args.v, placement=args.placement,
-                       split=args.split_backward, comm=args.comm, memory_limit=limit,
-                       memory_bytes=args.memory_bytes, time_limit=args.time_limit,
-                       workers=args.workers, seed=args.seed, work_limit=args.work_limit,
-                       progress=progress)
+        # Ctrl-C: stop at once, write nothing, exit 130 (`pipeir.search.interrupt`)
+        with interruptible(progress.done if progress is not None else None):
+            result = synth(costs, ranks, args.microbatches, v=args.v,
+                           placement=args.placement, split=args.split_backward, comm=args.comm,
+                           memory_limit=limit, memory_bytes=args.memory_bytes,
+                           time_limit=args.time_limit, workers=args.workers, seed=args.seed,
+                           work_limit=args.work_limit, progress=progress)
     except BudgetError as e:  # `synth` gives e.least in the unit asked for
         if args.memory_bytes is not None:
             raise UsageError(f"--memory-bytes {_exact(args.memory_bytes)}: no schedule fits; the "
                              f"smallest feasible limit is --memory-bytes {_at_least(e.least)}"
                              ) from None
-        raise UsageError(f"--memory-limit {limit:g}: no schedule fits; the smallest feasible "
-                         f"limit is --memory-limit {_at_least(e.least)} "
-                         "(one micro-batch in flight per stage)") from None
+        raise UsageError(f"{memunit.describe(limit)}: no schedule fits; the smallest feasible "
+                         f"limit is --memory-limit {_at_least(e.least)} ({memunit.UNIT})"
+                         ) from None
     finally:
         if progress is not None:
             progress.done()
     unit = f" {costs.unit}" if costs.unit else ""
     c = result.problem.config
     budget = f"--memory-bytes {_exact(args.memory_bytes)}" if args.memory_bytes is not None \
-        else f"--memory-limit {limit:g}"
+        else memunit.describe(limit)
     print(f"synth: {c.ranks} rank{'s' if c.ranks != 1 else ''}, {c.microbatches} "
           f"micro-batch{'es' if c.microbatches != 1 else ''}, v={c.stages // c.ranks} "
           f"({c.placement_name or 'explicit'} placement), "
           f"{'I + W' if args.split_backward else 'B'} backwards, {args.comm} communication, "
           f"{budget}")
     print(f"warm start: {result.warm.label}: step {result.warm.step:.6g}{unit}")
-    gain = 1 - result.step / result.warm.step if result.warm.step > 0 else 0.0
-    print(f"best: step {result.step:.6g}{unit} ({gain:.1%} faster than the warm start); "
-          f"{result.method}")
+    print(best_line(result.step, result.warm.step, result.method, unit))
     print(f"lower bound: {result.bound:.6g}{unit}; gap {result.gap:.1%}"
           f"{_optimal(result)}; {result.wall:.1f} s")
     if len(result.shapes) > 1 or result.unsearched:
@@ -116,6 +117,23 @@ def run(args: argparse.Namespace) -> int:
         hint = " --comm blocking" if args.comm == "blocking" else ""
         print(f"wrote {args.output} (pipeirc simulate {args.output}{hint})")
     return 0
+
+
+def best_line(step: float, warm: float, method: str, unit: str) -> str:
+    """The "best:" line, one finished sentence: the step, how it compares with the warm start
+    and what found it (`method`, as `synthesize` reports it: "the warm start", "exact model",
+    "the warm start meets the lower bound", ...)."""
+    head = f"best: step {step:.6g}{unit}"
+    if warm > 0 and step < warm * (1 - 1e-9):
+        return f"{head}, {1 - step / warm:.1%} faster than the warm start (found by: {method})"
+    if method.startswith("the warm start"):  # "the warm start" or "... meets the lower bound"
+        rest = method.removeprefix("the warm start").removeprefix(", then ").strip()
+        if not rest:
+            return f"{head}: the warm start; the search found nothing faster"
+        if rest.startswith("meets"):
+            return f"{head}: the warm start, which {rest}"
+        return f"{head}: the warm start; the search ({rest}) found nothing faster"
+    return f"{head}: the warm start; the search ({method}) found nothing faster"
 
 
 def _optimal(result: Any) -> str:
@@ -170,16 +188,23 @@ class _Line:
 
     def __init__(self, unit: str | None):
         self.unit = f" {unit}" if unit else ""
-        self.shown = False
+        self.shown = self.closed = False
+        self.lock = threading.Lock()  # solver threads report; Ctrl-C's watcher ends the line
 
     def __call__(self, wall: float, best: float, bound: float) -> None:
         gap = max(0.0, 1 - bound / best) if best > 0 else 0.0
-        sys.stderr.write(f"\r  {wall:6.1f} s  best {best:.6g}{self.unit}  bound "
-                         f"{bound:.6g}{self.unit}  gap {gap:5.1%} ")
-        sys.stderr.flush()
-        self.shown = True
+        with self.lock:
+            if self.closed:  # a solver still reporting after Ctrl-C ended the line
+                return
+            self.shown = True  # first: a Ctrl-C during the write still ends the line
+            sys.stderr.write(f"\r  {wall:6.1f} s  best {best:.6g}{self.unit}  bound "
+                             f"{bound:.6g}{self.unit}  gap {gap:5.1%} ")
+            sys.stderr.flush()
 
     def done(self) -> None:
-        if self.shown:
-            sys.stderr.write("\n")
+        with self.lock:
+            if self.shown and not self.closed:
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+            self.closed = True
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from pipeir import driver
+from pipeir import driver, memunit
 from pipeir.argtypes import positive_float
 from pipeir.cli.common import positive_ints, show
 from pipeir.diagnostics import Span, UsageError
@@ -27,8 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="micro-batch counts to try; the costs describe a micro-batch of the "
                         "first, the others split the same global batch (default: 2P,4P)")
     p.add_argument("--memory-limit", type=positive_float, metavar="K",
-                   help="most activations a rank may hold, in micro-batches of the first "
-                        "count (1F1B needs P)")
+                   help=f"{memunit.HELP} (default: no limit)")
     p.add_argument("--lengths", metavar="L,L,...",
                    help="one sequence length per micro-batch (see `length_cost` in the cost "
                         "file); turns on the reorder pass")

@@ -2,8 +2,9 @@
 program (`pipeir.plan.partition`), each refined by tune's search of schedules in the
 simulator, under a memory budget; beside them the uniform split with tune's best.
 
-NOTE (memory). A budget is either a count, tune's unit (micro-batches of activations a rank
-may hold, 1F1B needs P), or bytes per rank: the simulated peak of saved activations on the
+NOTE (memory). A budget is either a count, the unit `check` and tune count
+(`pipeir.memunit`: activations a rank may hold, one per stage, or chunk, and micro-batch;
+1F1B needs P), or bytes per rank: the simulated peak of saved activations on the
 rank plus `weight_copies` times the parameter bytes it holds (2: weights and gradients; an
 optimizer with state adds its copies, Adam 2 more). The dynamic program already drops stages
 that cannot fit 1F1B's in-flight micro-batches (min(P - k, M) on stage k); each schedule tune
@@ -198,7 +199,7 @@ def _refine(layers: Sequence[LayerCost], cut: Cut, ranks: int, microbatches: int
             return None
     else:
         ranked = sorted((c for c in _chunked(costs, ranks, microbatches, v, splits, comms)
-                         if count is None or c.peak_memory <= count + 1e-9),
+                         if c.fits(count)),
                         key=Candidate.sort_key)
     for cand in ranked:
         if memory is None or count is not None:

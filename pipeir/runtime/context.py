@@ -90,6 +90,11 @@ class Context:
         #: data parallelism: (stage, when its all-reduce finished), in the order waited for
         self.reduced: list[tuple[int, float]] = []
         self.loss_sum = 0.0
+        #: this step's losses, (micro-batch, the unscaled loss, its weight): read once, at
+        #: the end of the step (`end_step`), not with a device sync per micro-batch
+        self.losses: list[tuple[int, torch.Tensor, float]] = []
+        #: the loss of each micro-batch as a number, after `end_step`
+        self.loss_values: dict[int, float] = {}
         self._reset()
 
     # ---- step framing (called by the worker, not by generated code) -----------------------
@@ -111,6 +116,22 @@ class Context:
         self.times = []
         self.reduced = []
         self.loss_sum = 0.0
+        self.losses = []
+        self.loss_values = {}
+
+    def end_step(self) -> None:
+        """After the step's program: `loss_sum` and `loss_values` from this step's losses,
+        read off the device in one transfer (the per-step NaN check reads them, see
+        `pipeir.runtime.guards`)."""
+        if not self.losses:
+            return
+        vals = [v for _, v, _ in self.losses]
+        if all(v.dim() == 0 and v.dtype == vals[0].dtype for v in vals):
+            values = torch.stack(vals).float().tolist()
+        else:  # a loss that is not one number: its sum, as before any backward
+            values = [float(v.float().sum()) for v in vals]
+        self.loss_values = {mb: x for (mb, _, _), x in zip(self.losses, values)}
+        self.loss_sum = sum(x * w for (_, _, w), x in zip(self.losses, values))
 
     def _enter(self) -> float:
         self.pc += 1
@@ -138,9 +159,9 @@ class Context:
     def load(self, mb: int, part: str) -> None:
         t0 = self._enter()
         if part == "input":
-            self.inputs[(0, mb)] = to_device(self.xs[mb], self.device)
+            self.inputs[(0, mb)] = self._to_device(self.xs[mb])
         else:
-            self.targets[mb] = to_device(self.ys[mb], self.device)
+            self.targets[mb] = self._to_device(self.ys[mb])
         self._leave(t0)
 
     def forward(self, stage: int, mb: int) -> None:
@@ -195,7 +216,7 @@ class Context:
         t0 = self._enter()
         with self._autocast():
             value = self.spec.loss(self.outputs[(stage, mb)], self.targets.pop(mb))
-        self.loss_sum += float(value.detach()) * scale
+        self.losses.append((mb, value.detach(), scale))
         if self.mesh is not None:  # the all-reduce sums the replicas' gradients: 1/D each
             scale /= self.mesh.shape.dp
         scaled = value * scale
@@ -258,6 +279,14 @@ class Context:
         out = self.outputs[(stage, mb)]
         shapes.check(out, self.plan.act(stage, mb), f"stage {stage}'s output (micro-batch {mb})")
         return out
+
+    def _to_device(self, value: Any) -> Any:
+        """A batch value on this rank's device: a tensor is moved only when elsewhere; a
+        structure is walked only on CUDA (on CPU its tensors are already where the rank
+        computes, and the walk cost 13 us per micro-batch)."""
+        if isinstance(value, torch.Tensor):
+            return value if value.device == self.device else value.to(self.device)
+        return to_device(value, self.device) if self.cuda else value
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast is None:

@@ -165,6 +165,8 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t1 = time.perf_counter()
+        ctx.end_step()
+        guard.end_step()  # the loss check, once per step (runtime/guards.py)
         info = None
         if last:
             st = ctx.stats

@@ -13,8 +13,11 @@ candidates comparable:
   memory scale by M_ref / M, latency does not. More micro-batches shrink the bubble and pay
   more messages. With per-micro-batch costs (lengths), only the reference count is searched.
 
-Memory is told in units of one reference micro-batch's activations on one stage (what
-`peak act` counts for 1F1B), so it compares across v and M; `memory_limit` is in those units.
+Memory is counted in activations per rank, as `check` counts them (`pipeir.memunit`: one per
+stage, or chunk, and micro-batch), so that every schedule tune writes passes `check` with the
+same `--memory-limit`; `memory_limit` is in that unit. With v chunks the same bytes are v
+times the count (and with M micro-batches, M_ref / M times the bytes each): bytes
+(`peak bytes`, from the costs' `memory_bytes`) are what compares across v and M.
 The `overlap` backend pass corresponds to the simulator's comm model: "overlapped" with the
 pass, "blocking" without (see pipeir.sim.engine).
 
@@ -33,6 +36,7 @@ from dataclasses import dataclass, replace
 from pipeir import driver, library, limits
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.driver import infer_ranks
+from pipeir.memunit import UNIT
 from pipeir.passes import Pipeline
 from pipeir.passes.base import Pass
 from pipeir.passes.reorder import Reorder
@@ -40,6 +44,7 @@ from pipeir.passes.split_backward import SplitBackward
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, simulate
 from pipeir.sim.chunks import rescale
+from pipeir.verify import fits_in
 
 SPLITS = (None, "h1", "h2")
 
@@ -57,10 +62,14 @@ class Candidate:
     comm: str
     step_time: float
     bubble: float
-    peak_memory: float  # in reference micro-batch activations per stage, max over ranks
+    peak_memory: float  # activations held at once (`pipeir.memunit`), max over ranks
     peak_bytes: float | None
     messages: int
     exposed_reduction: float = 0.0  # step time spent only on gradient all-reduces (dp > 1)
+
+    def fits(self, memory_limit: float | None) -> bool:
+        """Whether the candidate keeps within `memory_limit` activations (None: no limit)."""
+        return memory_limit is None or fits_in(self.peak_memory, memory_limit)
 
     @property
     def overlap(self) -> bool:
@@ -176,9 +185,8 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
         if progress is not None:
             progress(f"candidate {i}/{len(plan)}: {family} v={v} m={m}"
                      + (f" split {split}" if split else "") + f" {comm}")
-        cand = _evaluate(base, chunk_costs, family, v, m, split, comm, do_reorder, ref / m)
-        fits = memory_limit is None or cand.peak_memory <= memory_limit + 1e-9
-        (ranked if fits else over).append(cand)
+        cand = _evaluate(base, chunk_costs, family, v, m, split, comm, do_reorder)
+        (ranked if cand.fits(memory_limit) else over).append(cand)
     ranked.sort(key=Candidate.sort_key)
     over.sort(key=Candidate.sort_key)
     if not ranked and not over:
@@ -188,8 +196,7 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
     if not ranked:
         least = min((c.peak_memory for c in over), default=0.0)
         raise UsageError(f"no schedule fits --memory-limit {memory_limit:g}: the least "
-                         f"memory any candidate needs is {least:g} micro-batch activations "
-                         "per stage")
+                         f"memory any candidate needs is --memory-limit {least:g} ({UNIT})")
     return TuneResult(ranked, over)
 
 
@@ -232,7 +239,8 @@ def _families(ranks: int, m: int, max_v: int) -> list[tuple[str, int]]:
 
 
 def _evaluate(base: Schedule, costs: CostModel, family: str, v: int, m: int,
-              split: str | None, comm: str, reorder: bool, scale: float) -> Candidate:
+              split: str | None, comm: str, reorder: bool) -> Candidate:
+
     passes: list[Pass] = [] if split is None else [SplitBackward(mode=split)]  # type: ignore[arg-type]
     if reorder:
         # bounded by evaluations, not time: the table must not depend on machine load
@@ -243,13 +251,12 @@ def _evaluate(base: Schedule, costs: CostModel, family: str, v: int, m: int,
                         comm="blocking" if comm == "blocking" else "overlapped",
                         verify_each=False).schedule
     r = simulate(s, costs, comm=comm)
-    peak_units = max(r.peak_activations, default=0) * scale / v
     return Candidate(schedule=s, costs=costs, family=family, v=v, microbatches=m,
                      passes=",".join(f"{p.name}{{mode={split}}}"
                                      if isinstance(p, SplitBackward) else p.name
                                      for p in rep.pipeline.passes),
                      comm=comm, step_time=r.makespan,
-                     bubble=r.bubble, peak_memory=peak_units,
+                     bubble=r.bubble, peak_memory=max(r.peak_activations, default=0),
                      peak_bytes=None if r.peak_bytes is None else max(r.peak_bytes, default=0.0),
                      messages=len(r.transfers), exposed_reduction=r.exposed_reduction)
 
@@ -258,7 +265,7 @@ def table(result: TuneResult, top: int | None = None) -> str:
     """The ranked candidates as an aligned text table (the best first)."""
     unit = result.best.costs.unit
     head = ["#", "schedule", "v", "m", "passes", "overlap",
-            f"step{f' ({unit})' if unit else ''}", "bubble", "peak mem", "messages"]
+            f"step{f' ({unit})' if unit else ''}", "bubble", "peak act", "messages"]
     with_bytes = result.best.peak_bytes is not None
     if with_bytes:
         head.append("peak bytes")
@@ -289,7 +296,7 @@ def evaluate(base: Schedule, costs: CostModel, family: str, v: int, microbatches
     """One candidate outside `search`: the library schedule `base` (family, v chunks per
     rank) through split-backward `split`, simulated under `costs` that already describe each
     of its `ranks * v` virtual stages (no rescaling: a planner's unequal chunks)."""
-    return _evaluate(base, costs, family, v, microbatches, split, comm, False, 1.0)
+    return _evaluate(base, costs, family, v, microbatches, split, comm, False)
 
 
 def variants(family: str, splits: Sequence[str | None], comms: Sequence[str]

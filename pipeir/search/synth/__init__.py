@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Literal
 
 from pipeir.config import ConfigError, PipelineConfig
 from pipeir.diagnostics import UsageError
+from pipeir.memunit import Budget, limit_for
 from pipeir.passes.context import CommModel
 from pipeir.schedule import Schedule
 from pipeir.search.synth.decompose import extend, short_problem
@@ -247,10 +248,11 @@ def _decompose(problem: Problem, tune_costs: CostModel | None, time_limit: float
 
 def make_problem(costs: CostModel, ranks: int, microbatches: int, v: int = 1,
                  placement: Literal["loop", "vshape"] = "loop", split: bool = False,
-                 comm: CommModel = "overlapped", memory_limit: float | None = None,
+                 comm: CommModel = "overlapped", memory_limit: Budget = None,
                  memory_bytes: float | None = None) -> Problem:
     """The problem for `costs` of `ranks` stages cut into `v` chunks each (`rescale`),
-    `memory_limit` in micro-batches of one stage (1F1B needs `ranks`) or `memory_bytes` per
+    `memory_limit` in activations per rank as `check` counts them (`pipeir.memunit`; 1F1B
+    needs `ranks`, and `ONE_F_ONE_B` is its memory at this shape) or `memory_bytes` per
     rank."""
     try:
         config = PipelineConfig.make(ranks, microbatches, stages=ranks * v, placement=placement)
@@ -259,13 +261,12 @@ def make_problem(costs: CostModel, ranks: int, microbatches: int, v: int = 1,
     chunk = rescale(costs, ranks, v)
     if memory_bytes is not None:
         return Problem(config, chunk, split, comm, memory_bytes, memory_bytes=True)
-    limit = None if memory_limit is None else memory_limit * v
-    return Problem(config, chunk, split, comm, limit)
+    return Problem(config, chunk, split, comm, limit_for(memory_limit, ranks, v))
 
 
 def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = None,
           placement: Placement = "search", split: bool = False,
-          comm: CommModel = "overlapped", memory_limit: float | None = None,
+          comm: CommModel = "overlapped", memory_limit: Budget = None,
           memory_bytes: float | None = None, time_limit: float = 60.0, workers: int = 1,
           seed: int = 0, work_limit: float | None = None,
           progress: Progress | None = None) -> SynthResult:
@@ -288,7 +289,7 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
               for n, shape in search_shapes(candidates, ranks, v, placement,
                                             memory_limit if memory_bytes is None else None,
                                             ranks * microbatches * (3 if split else 2))]
-    problems = _within_budget(shapes, memory_limit if memory_bytes is None else memory_bytes)
+    problems = _within_budget(shapes)
     # NOTE: bounding a shape costs seconds on large problems (5 s for the 98,304 ops of p =
     # 64, m = 256, two chunks): once half the time (and `FLOOR`) is spent, the shapes not yet
     # bounded are not searched (and the bound reported is over those that are)
@@ -378,10 +379,10 @@ def _shape(problem: Problem) -> str:
     return f"v={c.stages // c.ranks} {c.placement_name or 'explicit'}"
 
 
-def _within_budget(problems: list[Problem], limit: float | None) -> list[Problem]:
-    """The shapes some schedule fits (with bytes, chunks change what a rank must hold at
-    least); `BudgetError` in the user's unit (`limit`: micro-batches of one stage, or bytes)
-    with the least over every shape when none does."""
+def _within_budget(problems: list[Problem]) -> list[Problem]:
+    """The shapes some schedule fits (chunks change what a rank must hold at least);
+    `BudgetError` in the user's unit (activations as `check` counts them, or bytes: the
+    problems' own) with the least over every shape when none does."""
     out = []
     for p in problems:
         try:
@@ -389,14 +390,14 @@ def _within_budget(problems: list[Problem], limit: float | None) -> list[Problem
         except BudgetError:
             continue
         out.append(p)
-    if out or limit is None:
+    limits = [p.memory_limit for p in problems if p.memory_limit is not None]
+    if out or not limits:
         return out
-    raise BudgetError(limit, min(p.least_memory * limit / (p.memory_limit or limit)
-                                 for p in problems))
+    raise BudgetError(min(limits), min(p.least_memory for p in problems))
 
 
 def search_shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
-            placement: Placement, memory_limit: float | None, ops_per_chunk: int
+                  placement: Placement, memory_limit: Budget, ops_per_chunk: int
             ) -> list[tuple[int, Literal["loop", "vshape"]]]:
     """The (chunks per rank, placement) pairs to search, in `placement` ("search": loop and
     V): `v`, or with v None 1, 2, 4 while its model is small enough to solve exactly (it has
@@ -429,10 +430,12 @@ def search_shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
     return out
 
 
-def _tunes_shape(candidates: Sequence[Candidate], memory_limit: float | None
+def _tunes_shape(candidates: Sequence[Candidate], memory_limit: Budget
                  ) -> tuple[int, Literal["loop", "vshape"]] | None:
-    """The chunks per rank and placement of tune's fastest candidate within the budget."""
-    fits = [c for c in candidates if memory_limit is None or c.peak_memory <= memory_limit + 1e-9]
+    """The chunks per rank and placement of tune's fastest candidate within the budget (at
+    its own shape: `ONE_F_ONE_B` is P x V activations with V chunks)."""
+    fits = [c for c in candidates if c.fits(limit_for(memory_limit, c.schedule.config.ranks,
+                                                      c.v))]
     if not fits:
         return None
     best = min(fits, key=lambda c: c.sort_key())

@@ -35,6 +35,7 @@ from typing import NamedTuple
 
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
+from pipeir.search.interrupt import solving
 from pipeir.search.synth.cpsat import cp_model
 from pipeir.search.synth.problem import Problem, heads_tails, lower_bound
 from pipeir.sim.engine import Timing
@@ -223,7 +224,9 @@ def run(m: cp_model.CpModel, time_limit: float, workers: int, seed: int,
         prm.max_deterministic_time = work_limit
     prm.num_workers = workers
     prm.random_seed = seed
-    return solver, solver.solve(m, callback)
+    prm.catch_sigint_signal = False  # Ctrl-C ends the whole search (`pipeir.search.interrupt`)
+    with solving(solver):
+        return solver, solver.solve(m, callback)
 
 
 def _read(iz: Integral, solver: cp_model.CpSolver, base: _Base, objective: float,

@@ -1,0 +1,119 @@
+"""bench/gpu_check.py (issue 39) without a GPU: it says so and exits 0 on CPU; with CUDA faked
+it plans NCCL with one rank per GPU (plus a gloo comparison on one GPU) and fails loudly, one
+line and exit 1, when a check misbehaves; its commands are real `pipeirc` commands (the gloo
+one is run)."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+REPO = Path(__file__).parent.parent
+SCRIPT = REPO / "bench/gpu_check.py"
+
+
+def _load() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("pipeir_gpu_check", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclasses look their module up
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.fixture
+def gc() -> ModuleType:
+    return _load()
+
+
+def _fake_cuda(monkeypatch: pytest.MonkeyPatch, gpus: int) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=0: "Fake GPU")
+
+
+def test_without_cuda_it_says_so_and_exits_0() -> None:
+    r = subprocess.run([sys.executable, str(SCRIPT)], capture_output=True, text=True,
+                       timeout=300, env={"CUDA_VISIBLE_DEVICES": "", "PATH": "/usr/bin:/bin"})
+    assert r.returncode == 0, r.stderr
+    assert "no CUDA device here" in r.stdout and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("gpus, ranks, gloo", [(1, 1, 2), (2, 2, 0), (4, 4, 0), (8, 4, 0)])
+def test_plan_nccl_one_rank_per_gpu(gc: ModuleType, gpus: int, ranks: int, gloo: int) -> None:
+    plan = gc.make_plan(gpus, "costs.json")
+    assert (plan.backend, plan.ranks, plan.gloo_ranks) == ("nccl", ranks, gloo)
+    names = [c.name for c in plan.checks]
+    assert {"runtime", "overlap", "offload", "fp16", "recompute", "profile",
+            "profiled-run"} <= set(names)
+    assert ("runtime-gloo" in names) == (gloo > 0)
+    for c in plan.checks:
+        cuda_hidden = c.env.get("CUDA_VISIBLE_DEVICES") == ""
+        assert cuda_hidden == (c.name == "runtime-gloo")
+        if c.argv[1] == "run":
+            want = gloo if cuda_hidden else ranks
+            assert c.argv[c.argv.index("--ranks") + 1] == str(want)
+            assert ("--check" in c.argv) == (c.name != "profiled-run")
+    assert names.index("profile") < names.index("profiled-run")
+    profiled = plan.checks[names.index("profiled-run")]
+    assert profiled.argv[profiled.argv.index("--costs") + 1] == "costs.json"
+    with pytest.raises(ValueError):
+        gc.make_plan(0, "costs.json")
+
+
+def test_dry_run_with_fake_cuda_prints_the_plan(gc: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    _fake_cuda(monkeypatch, 2)
+    assert gc.main(["--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "2 CUDA device(s) (Fake GPU): 2 rank(s) on nccl" in out
+    assert "offload: pipeirc run --schedule gpipe --ranks 2" in out
+    assert "CUDA_VISIBLE_DEVICES" not in out
+
+
+def test_a_failing_check_fails_loudly(gc: ModuleType, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    _fake_cuda(monkeypatch, 1)
+    ran: list[str] = []
+
+    def runner(check: object, timeout_s: float) -> tuple[int, str]:
+        name = check.name  # type: ignore[attr-defined]
+        ran.append(name)
+        if name == "offload":
+            return 1, ("Traceback (most recent call last):\n  ...\n"
+                       "RuntimeError: CUDA error: an illegal memory access was encountered\n")
+        return 0, "median step time 1.0 ms over 5 step(s); simulated 1.0 ms\n"
+
+    monkeypatch.setattr(gc, "run_command", runner)
+    assert gc.main([]) == 1
+    out, err = capsys.readouterr()
+    assert ran == ["runtime", "runtime-gloo", "overlap", "offload"]  # stops at the failure
+    assert err.strip().splitlines() == [
+        "gpu_check: error: check 'offload' failed (exit 1): RuntimeError: CUDA error: an "
+        "illegal memory access was encountered"]
+    assert "== runtime" in out and "median step time 1.0 ms" in out
+
+
+def test_a_traceback_with_exit_0_or_a_timeout_fails(gc: ModuleType) -> None:
+    plan = gc.make_plan(2, "costs.json")
+    with pytest.raises(gc.CheckFailed, match="check 'runtime' failed \\(exit 0\\): boom"):
+        gc.run_plan(plan, lambda c, t: (0, "Traceback (most recent call last):\nboom\n"),
+                    log=lambda line: None)
+    with pytest.raises(gc.CheckFailed, match="check 'runtime' failed \\(timed out\\)"):
+        gc.run_plan(plan, lambda c, t: (124, "step 1/6\n"), log=lambda line: None)
+
+
+@pytest.mark.mp
+def test_the_gloo_comparison_runs_on_cpu(gc: ModuleType) -> None:
+    """The one check a CPU machine can run: the commands are real and pass `--check`."""
+    plan = gc.make_plan(1, "costs.json")
+    gloo = next(c for c in plan.checks if c.name == "runtime-gloo")
+    rc, out = gc.run_command(gloo, 240)
+    assert rc == 0, out
+    assert "median step time" in out and "Traceback" not in out
