@@ -66,12 +66,14 @@ class Stage(nn.Module):
             self.ln_f = nn.LayerNorm(dim)
             self.head = nn.Linear(dim, vocab, bias=False)  # tied to tok.weight
 
-    def forward(self, x: Any) -> Any:
+    def forward(self, x: Any, mask: torch.Tensor | None = None) -> Any:
+        # stage 0 takes the batch's dict; a later one the (h, mask) stage s - 1 returns, as
+        # positional arguments (torch's PipelineStage convention)
         if self.first:
             ids, mask = x["ids"], x["mask"]
             h = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
         else:
-            h, mask = x
+            h = x
         for block in self.blocks:
             h = block(h, mask)
         if self.last:

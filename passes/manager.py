@@ -10,6 +10,7 @@ the manager, never through a global.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -37,6 +38,7 @@ from pipeir.passes.pipeline import Pipeline
 from pipeir.passes.verify import Verify
 from pipeir.printer import print_schedule
 from pipeir.schedule import Schedule
+from pipeir.usercode import UserCodeError, contained
 from pipeir.verify import verify
 
 if TYPE_CHECKING:
@@ -230,7 +232,8 @@ class PassManager:
             assert isinstance(p, LoweredPass)
             self._phase(f"{self._where(i)}")
             try:
-                out = p.run(lowered, context)
+                with _user_code(p, self._where(i)):
+                    out = p.run(lowered, context)
             except PipeirError as e:
                 raise self._blame(e, i, during=True) from None
             if self.verify_each:
@@ -266,7 +269,8 @@ class PassManager:
             self._phase(self._where(i))
             t0 = time.perf_counter()
             try:
-                out = p.run(schedule, context)
+                with _user_code(p, self._where(i)):
+                    out = p.run(schedule, context)
             except PipeirError as e:
                 raise self._blame(e, i, during=True) from None
             except Exception as e:
@@ -318,7 +322,10 @@ class PassManager:
 
 def _prefixed(e: PipeirError, prefix: str, note: Note | None = None,
               p: PassBase | None = None) -> PipeirError:
-    """`e` with its first message prefixed and a note added; same class and exit code."""
+    """`e` with its first message prefixed and a note added; same class and exit code. A
+    plugin's own failure says where it was raised and which pass ran it already."""
+    if isinstance(e, UserCodeError):
+        return e
     first, *rest = e.diagnostics
     msg = first.message
     if p is not None:  # the pass named itself; the prefix names it already
@@ -331,3 +338,12 @@ def _prefixed(e: PipeirError, prefix: str, note: Note | None = None,
     if isinstance(e, UsageError) and not rest:
         return UsageError(diag.message, diag.span, diag.notes)
     return PipeirError([diag, *rest], e.exit_code)
+
+
+def _user_code(p: PassBase, where: str) -> contextlib.AbstractContextManager[None]:
+    """A plugin's `run` is user code (`pipeir.usercode`): what it raises is one line naming
+    its file and line, and its prints go to stderr; a built-in pass that raises is a pipeir
+    bug and keeps its traceback."""
+    if type(p).__module__.startswith("pipeir."):
+        return contextlib.nullcontext()
+    return contained(f"pass '{p.name}'", f"running {where}")

@@ -11,8 +11,6 @@ Third-party packages register passes under the entry-point group `pipeir.passes`
 from __future__ import annotations
 
 import dataclasses
-import importlib
-import importlib.util
 from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Final
@@ -20,6 +18,7 @@ from typing import Final
 from pipeir._importing import import_file
 from pipeir.diagnostics import Note, UsageError, did_you_mean
 from pipeir.passes.base import PassBase
+from pipeir.usercode import import_module
 
 #: The entry-point group third-party packages register passes under.
 ENTRY_POINT_GROUP: Final = "pipeir.passes"
@@ -101,10 +100,7 @@ def load_target(target: str, name: str | None = None) -> type[PassBase]:
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise UsageError(f"pass target '{target}' is not of the form module:Class")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise UsageError(f"pass '{name or target}': cannot import {module_name}: {e}") from None
+    module = import_module(module_name, f"pass '{name or target}'")
     return _check_class(module, attr, target, name)
 
 

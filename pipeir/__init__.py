@@ -31,6 +31,15 @@ def torch_schedule(stages: Any, schedule: Any, *, n_microbatches: int, loss_fn: 
     return build(stages, schedule, n_microbatches=n_microbatches, loss_fn=loss_fn, **kwargs)
 
 
+def split(module: Any, points: Any, example: Any = None) -> Any:
+    """`module` (an nn.Module) cut into pipeline stages, stage k beginning at the module
+    named `points[k - 1]`, keeping the module's parameter names and weights; see
+    `pipeir.models.module.split`. Imports torch (only when called)."""
+    from pipeir.models.module import split as cut  # noqa: PLC0415 - torch
+
+    return cut(module, points, example)
+
+
 __all__ = [
     "B",
     "CostModel",
@@ -55,6 +64,7 @@ __all__ = [
     "parse",
     "print_schedule",
     "simulate",
+    "split",
     "torch_schedule",
     "verify",
 ]

@@ -9,13 +9,15 @@ from pathlib import Path
 from types import ModuleType
 
 from pipeir.diagnostics import UsageError, mark_input
+from pipeir.usercode import contained
 
 
 def import_file(path: Path, prefix: str, label: str) -> ModuleType:
     """Import `path` under a private module name derived from its absolute path (so two files
     with the same stem do not collide, and every process picks the same name), registered in
     sys.modules as dataclasses and pickling need. Errors start with `label` (e.g. "--model
-    'x.py'") and are UsageErrors, never tracebacks."""
+    'x.py'"): a bad path is a UsageError, anything the file raises while importing (even
+    `sys.exit`) a `UserCodeError` naming its line, never a traceback."""
     if not path.is_file():
         raise UsageError(f"{label}: no such file {path}")
     mark_input(path)  # an output must not replace it (`pipeir.files`)
@@ -30,8 +32,9 @@ def import_file(path: Path, prefix: str, label: str) -> ModuleType:
     module = importlib.util.module_from_spec(loader_spec)
     sys.modules[name] = module
     try:
-        loader_spec.loader.exec_module(module)
-    except Exception as e:
+        with contained(label, f"importing {path}"):
+            loader_spec.loader.exec_module(module)
+    except BaseException:
         del sys.modules[name]
-        raise UsageError(f"{label}: {path} failed to import: {type(e).__name__}: {e}") from None
+        raise
     return module

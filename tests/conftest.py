@@ -1,10 +1,26 @@
-"""Shared test fixtures: golden files (with --update-goldens) and hypothesis profiles."""
+"""Shared test fixtures: golden files (with --update-goldens), hypothesis profiles, and the
+guard that keeps process-starting tests under the `mp` marker.
+
+The markers (registered in pyproject.toml; the default run deselects all but `smoke`):
+
+    mp      starts training processes (multiprocessing, torchrun) or a gloo process group
+    smoke   a small multi-process check kept in the default run (also marked `mp`)
+    solver  CP-SAT solves and long synthesis searches
+    abuse   the abuse suite (hostile inputs at scale)
+    slow    a long single-process check (mypy over the package, ...)
+
+`python -m pytest -q tests` runs the rest; `-m "mp or solver or abuse or slow"` the others.
+"""
 
 from __future__ import annotations
 
+import multiprocessing.process
 import os
-from collections.abc import Callable
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -53,3 +69,38 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., tuple[int, str, str
         return code, out, err
 
     return run
+
+
+@pytest.fixture(autouse=True)
+def _processes_need_the_mp_marker(request: pytest.FixtureRequest,
+                                  monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A test that starts training processes, torchrun or a process group must say so with
+    `@pytest.mark.mp`, or the default run would silently grow by minutes: unmarked, it fails
+    at the start with the marker to add."""
+    if request.node.get_closest_marker("mp") is not None:
+        yield
+        return
+    name = request.node.nodeid
+
+    def refuse(what: str) -> AssertionError:
+        return AssertionError(f"{name} {what}: mark it @pytest.mark.mp (tests/conftest.py)")
+
+    def start(self: multiprocessing.process.BaseProcess) -> None:
+        raise refuse("starts a process")
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", start)
+    popen_init = subprocess.Popen.__init__
+
+    def popen(self: subprocess.Popen[Any], args: Any, *rest: Any, **kw: Any) -> None:
+        if any(w in str(args) for w in ("torch.distributed.run", "torchrun")):
+            raise refuse("starts torchrun")
+        popen_init(self, args, *rest, **kw)
+
+    monkeypatch.setattr(subprocess.Popen, "__init__", popen)
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and hasattr(dist, "init_process_group"):
+        def group(*args: Any, **kw: Any) -> None:
+            raise refuse("makes a process group")
+
+        monkeypatch.setattr(dist, "init_process_group", group)
+    yield

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.abuse
+
 REPO = Path(__file__).parent.parent
 
 

@@ -207,6 +207,7 @@ def test_torchs_own_files_pass_or_fail_for_a_named_reason(torch_class: str,
             assert ok, (e.name, first)
 
 
+@pytest.mark.mp
 def test_a_few_files_live_under_torchs_runtime() -> None:
     """The labelling harness itself, on two files: a valid one trains, the issue's example
     fails at once (KeyError in SEND_F). Both steps run on 2 gloo processes."""

@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -265,6 +264,7 @@ def test_tune_with_dp_adds_the_reductions_to_every_candidate(cli) -> None:
 
 
 # ---- lowering --------------------------------------------------------------------------------
+@pytest.mark.mp
 def test_gradient_all_reduces_run_on_one_gloo_thread() -> None:
     """The simulator's reduction channel runs a rank's all-reduces one after another. torch
     builds a gloo group of `new_group` (and `init_device_mesh`) with its default two threads
@@ -308,6 +308,7 @@ def test_lowering_posts_reductions_in_the_last_round_and_waits_before_the_step()
 MLP = "pipeir.models.mlp:small"
 
 
+@pytest.mark.mp
 def test_pp2_x_dp2_trains_like_single_process_on_the_global_batch(tmp_path: Path) -> None:
     """... and saves a complete checkpoint (replica 0 writes it: its barrier once waited for
     replicas that never came, and `run --dp --save` always failed with a half-written one)."""
@@ -360,7 +361,7 @@ def test_pp2_x_dp2_trains_like_single_process_on_the_global_batch(tmp_path: Path
                             torch.from_numpy(mine[k]), r, rtol=1e-5, atol=max(1e-8, 1e-5 * scale),
                             msg=lambda m, w=f"{what} rank {rank} stage {s} {k}": f"{w}: {m}")
         assert result.steps[(j, 0)].loss is not None
-    assert sorted(p.name for p in saved.iterdir()) == ["latest", "step-2"]  # step-1 replaced
+    assert sorted(p.name for p in saved.iterdir()) == ["latest", "step-1", "step-2"]  # keep 2
     assert sorted(p.name for p in (saved / "step-2").iterdir()) == [
         "manifest.json", "stage-0.pt", "stage-1.pt"]
 
@@ -420,16 +421,15 @@ def test_a_world_past_32_bit_ranks_is_refused_before_anything_is_written(cli, tm
     assert code == 0, err
 
 
+@pytest.mark.mp
 def test_a_lost_rank_names_its_groups_and_stops_every_rank(cli, tmp_path: Path) -> None:
     """Replica 1's pipeline rank 1 (global rank 3) is killed mid-step: one message naming it,
     its pipeline and data-parallel groups, every process stopped, exit 1."""
     model = tmp_path / "bomb.py"
     model.write_text(DYING_MODEL)
-    t0 = time.monotonic()
     code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
                        "--model", f"{model}:spec", "--steps", "5", "--timeout", "5",
                        "--dp", "2")
-    assert time.monotonic() - t0 < 40
     assert code == 1
     assert "rank 3 (pp 1, dp 1) died (killed by signal 9) at instruction" in err
     assert "pipeline group ranks 1, 3; data-parallel group ranks 2, 3" in err
@@ -441,6 +441,7 @@ def _torchrun(gen: Path, port: int, *extra: str) -> list[str]:
             "--steps", "2", "--model", MLP, "--timeout", "30"]
 
 
+@pytest.mark.mp
 def test_two_torchrun_nodes_on_localhost_train_pp2_x_dp2(tmp_path: Path) -> None:
     """`compile -o DIR` output launched unchanged as two torchrun "nodes" of two processes
     (c10d rendezvous on 127.0.0.1), and a world that is not P x D under plain env://."""
@@ -494,6 +495,7 @@ def test_torch_csv_carries_reduce_grad(cli, tmp_path: Path) -> None:
     assert code == 0 and pipeir.parse(printed).programs == s.programs
 
 
+@pytest.mark.mp
 def test_replicas_of_a_program_without_reductions_are_refused(tmp_path: Path) -> None:
     """A program compiled without --dp, started on P x 2 processes, used to train two
     replicas apart without a word (each on its shard, never all-reduced). main.py refuses it
@@ -521,6 +523,7 @@ def test_replicas_of_a_program_without_reductions_are_refused(tmp_path: Path) ->
     Job(half, ("", ""), "mlp", 1, dp=3)
 
 
+@pytest.mark.mp
 @pytest.mark.parametrize(("env", "args", "message"), [
     ({"RANK": "0", "WORLD_SIZE": "0"}, [], "RANK=0 is not a rank of a world of WORLD_SIZE=0"),
     ({"RANK": "abc", "WORLD_SIZE": "2"}, [], "RANK='abc' and WORLD_SIZE='2' must be integers"),

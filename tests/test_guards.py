@@ -9,6 +9,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 import torch
 
 from pipeir.runtime.guards import batch_digest
@@ -17,6 +18,7 @@ REPO = Path(__file__).parent.parent
 Cli = Callable[..., tuple[int, str, str]]
 
 MODELS = '''
+import pytest
 import torch
 from pipeir.models import ModelSpec
 from pipeir.models.mlp import small as mlp
@@ -48,6 +50,7 @@ def _run(cli: Cli, tmp_path: Path, model: str, *extra: str) -> tuple[int, str, s
                *extra)
 
 
+@pytest.mark.mp
 def test_a_nan_loss_stops_the_run_naming_step_and_microbatch(cli: Cli, tmp_path: Path) -> None:
     code, out, err = _run(cli, tmp_path, "nan_at_step_2")
     assert code == 1 and "Traceback" not in err
@@ -56,6 +59,7 @@ def test_a_nan_loss_stops_the_run_naming_step_and_microbatch(cli: Cli, tmp_path:
     assert "step    2/4" in out and "step    3/4" not in out
 
 
+@pytest.mark.mp
 def test_allow_nonfinite_only_warns(tmp_path: Path) -> None:
     f = tmp_path / "models.py"
     f.write_text(MODELS)
@@ -67,6 +71,7 @@ def test_allow_nonfinite_only_warns(tmp_path: Path) -> None:
     assert "warning: the loss is nan at step 3 (batch(2)), micro-batch 1" in r.stderr  # a rank's
 
 
+@pytest.mark.mp
 def test_ranks_with_different_batches_stop(cli: Cli, tmp_path: Path) -> None:
     code, out, err = _run(cli, tmp_path, "unseeded")
     assert code == 1 and "Traceback" not in err
@@ -83,4 +88,7 @@ def test_batch_digest() -> None:
     assert batch_digest(x) != batch_digest(y)
     assert batch_digest(x) != batch_digest(x.reshape(4, 3))  # same bytes, other shape
     assert batch_digest(x) != batch_digest(x.double())
-    assert batch_digest(torch.tensor(1.0, dtype=torch.bfloat16)) >= 0
+    half = torch.tensor([1.0, 2.5], dtype=torch.bfloat16)  # no numpy dtype: digested too
+    assert batch_digest(half) == batch_digest(half.clone())
+    assert batch_digest(half) != batch_digest(half.float())
+    assert batch_digest(half) != batch_digest(torch.tensor([1.0, 3.0], dtype=torch.bfloat16))

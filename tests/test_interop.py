@@ -395,6 +395,7 @@ def _reference_grads(stages: int, m: int) -> list[dict[str, object]]:
     return [{k: p.grad for k, p in stage.named_parameters()} for stage in model]
 
 
+@pytest.mark.mp
 @pytest.mark.parametrize(("name", "fmt"), [("zb-h1", "compute_only"),
                                            ("dualpipe-v", "compute_comms")])
 def test_exported_schedule_trains_under_torch_runtime(tmp_path: Path, name: str,

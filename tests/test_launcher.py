@@ -28,6 +28,7 @@ def _abuse() -> ModuleType:
     return module
 
 
+@pytest.mark.mp
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_killing_the_launcher_leaves_no_process(sig: signal.Signals) -> None:
     abuse = _abuse()

@@ -4,6 +4,9 @@ for the memory budget before doing the work, names the limit and how to raise it
 from __future__ import annotations
 
 import time
+import tracemalloc
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,6 +23,23 @@ REPO = Path(__file__).parent.parent
 
 HEAD = "pipeline { ranks = 1  microbatches = 1 }\n"
 BODY = "schedule s { rank r {%s\n F(r, 0) B(r, 0) } }\n"
+
+
+@contextmanager
+def refused_before_the_work(most: int = 16 * 2**20) -> Iterator[None]:
+    """Assert the block allocates at most `most` bytes at its peak (16 MiB by default).
+
+    "Refused before the work" measured by what the work would have allocated (a list of a
+    billion rounds, 137 MiB of candidates, ...), which is the same on any machine, instead of
+    by wall-clock time, which is not.
+    """
+    tracemalloc.start()
+    try:
+        yield
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak <= most, f"allocated {peak:,} bytes before refusing (at most {most:,})"
 
 
 @pytest.fixture
@@ -51,11 +71,10 @@ def test_pipeline_sizes_are_checked_against_the_budget(budget: pytest.MonkeyPatc
 
 
 def test_library_sizes_point_at_the_setting(budget: pytest.MonkeyPatch) -> None:
-    t0 = time.monotonic()
-    with pytest.raises(pipeir.UsageError, match="1024 stages x 1024 micro-batches") as e:
+    with refused_before_the_work(), \
+            pytest.raises(pipeir.UsageError, match="1024 stages x 1024 micro-batches") as e:
         pipeir.library.get("interleaved-1f1b", 128, 1024, v=8)
     assert e.value.diagnostics[0].span is not None
-    assert time.monotonic() - t0 < 5
 
 
 def test_absurd_sizes_say_a_number_is_wrong() -> None:
@@ -85,12 +104,12 @@ def test_input_files_are_read_up_to_the_limit(budget: pytest.MonkeyPatch,
 
 def test_lowering_and_rounds_are_checked_before_the_work() -> None:
     s = pipeir.parse(HEAD.replace("}", " accumulate = 1000000000000 }") + BODY % "")
-    t0 = time.monotonic()
-    with pytest.raises(pipeir.UsageError, match=r"1000000000000 rounds: accumulate\) is too"):
-        lower(s)
-    with pytest.raises(pipeir.UsageError, match="rounds of 's'"):
-        expand_rounds(s)
-    assert time.monotonic() - t0 < 1
+    with refused_before_the_work():
+        with pytest.raises(pipeir.UsageError,
+                           match=r"1000000000000 rounds: accumulate\) is too"):
+            lower(s)
+        with pytest.raises(pipeir.UsageError, match="rounds of 's'"):
+            expand_rounds(s)
 
 
 def test_pass_outputs_are_checked_before_they_are_built() -> None:
@@ -102,10 +121,9 @@ def test_pass_outputs_are_checked_before_they_are_built() -> None:
 def test_recursion_that_fans_out_is_stopped() -> None:
     deep = "def f30(x) = x\n" + "".join(f"def f{i}(x) = f{i + 1}(f{i + 1}(x))\n"
                                         for i in reversed(range(30)))
-    t0 = time.monotonic()
+    # the count in the message is the behaviour: 2**30 calls were not made
     with pytest.raises(pipeir.UsageError, match="calls functions more than 100,008 times"):
         pipeir.parse(HEAD + deep + BODY % "let k = f0(0)")
-    assert time.monotonic() - t0 < 5
 
 
 def test_integers_are_64_bit() -> None:
@@ -115,18 +133,21 @@ def test_integers_are_64_bit() -> None:
     assert d.span is not None and (d.span.line, d.span.col) == (2, 30)
     with pytest.raises(pipeir.UsageError, match="integer overflow: 4294967296 \\* 4294967296"):
         pipeir.parse(HEAD + BODY % "let k = 4294967296 * 4294967296")
-    assert pipeir.parse(HEAD + BODY % f"let k = {limits.MAX_INT} - 1") is not None
+    # the largest integers compute exactly: k - (MAX_INT - 1) is micro-batch 0
+    text = HEAD + BODY.replace("F(r, 0)", "F(r, k - %d)") % (
+        f"let k = {limits.MAX_INT} - 1", limits.MAX_INT - 1)
+    assert set(pipeir.parse(text)) == {F(0, 0), B(0, 0)}
 
 
 def test_torch_csv_stage_numbers_are_not_listed() -> None:
-    t0 = time.monotonic()
-    with pytest.raises(pipeir.VerifyError, match="stage 0 appears in no cell"):
-        loads_csv("999999999F0\n")
-    with pytest.raises(pipeir.UsageError, match=r"integer 99999999999999999999 \(20 digits\)"):
-        loads_csv("0F99999999999999999999\n")
-    with pytest.raises(pipeir.UsageError, match="is a number wrong"):
-        loads_csv("0F9999999999999999\n")
-    assert time.monotonic() - t0 < 1
+    with refused_before_the_work():
+        with pytest.raises(pipeir.VerifyError, match="stage 0 appears in no cell"):
+            loads_csv("999999999F0\n")
+        with pytest.raises(pipeir.UsageError,
+                           match=r"integer 99999999999999999999 \(20 digits\)"):
+            loads_csv("0F99999999999999999999\n")
+        with pytest.raises(pipeir.UsageError, match="is a number wrong"):
+            loads_csv("0F9999999999999999\n")
 
 
 def test_every_integer_in_the_input_is_64_bit(cli, tmp_path: Path) -> None:
@@ -174,6 +195,7 @@ def _trained_state_bytes(stage: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+@pytest.mark.mp
 def test_training_that_cannot_fit_is_refused_before_any_process(
         budget: pytest.MonkeyPatch, cli, tmp_path: Path) -> None:
     import re
@@ -207,15 +229,16 @@ def test_tunes_whole_search_is_checked_against_the_budget(budget: pytest.MonkeyP
     ops; refused before any simulation, nothing written."""
     budget.setenv(limits.ENV, "40MB")
     out = tmp_path / "best.sched"
-    t0 = time.monotonic()
-    code, _, err = cli("tune", "--costs", REPO / "examples" / "costs" / "uniform.toml",
-                       "--ranks", 8, "--microbatches", 64, "--comm", "overlapped", "-o", out)
+    with refused_before_the_work():  # the search would hold 137 MiB
+        code, _, err = cli("tune", "--costs", REPO / "examples" / "costs" / "uniform.toml",
+                           "--ranks", 8, "--microbatches", 64, "--comm", "overlapped", "-o",
+                           out)
     assert code == 2
     assert err.startswith("error: tune's search (8 ranks, every candidate kept for the "
                           "ranking) is too large: 71,680 ops need 137 MiB")
     assert "over pipeir's memory budget of 38.1 MiB; to allow it, set PIPEIR_MAX_MEMORY=1GiB" \
         in err
-    assert not out.exists() and time.monotonic() - t0 < 10
+    assert not out.exists()
     budget.setenv(limits.ENV, "1GiB")
     assert cli("tune", "--costs", REPO / "examples" / "costs" / "uniform.toml", "--ranks", 8,
                "--microbatches", 64, "--comm", "overlapped", "-o", out)[0] == 0

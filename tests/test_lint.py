@@ -23,6 +23,7 @@ def test_ruff_clean() -> None:
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+@pytest.mark.slow
 def test_mypy_strict(tmp_path: Path) -> None:
     pytest.importorskip("mypy")
     pkg = tmp_path / "pipeir"

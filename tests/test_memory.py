@@ -316,6 +316,7 @@ def _kinds(s: Schedule, passes: str) -> set[str]:
     return {op.kind for op in pipeir.compile(s, passes or None).schedule}
 
 
+@pytest.mark.mp
 @pytest.mark.parametrize("p", [2, 4])
 def test_memory_ops_train_like_single_process_and_measure_the_simulated_peak(p: int) -> None:
     from pipeir.runtime.launch import launch
@@ -364,6 +365,7 @@ def _flat(d: dict[str, object], prefix: str = "") -> dict[str, object]:
     return out
 
 
+@pytest.mark.mp
 def test_run_reports_measured_and_simulated_peak_bytes_and_traces_copies(cli, tmp_path: Path
                                                                          ) -> None:
     import json

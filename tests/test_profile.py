@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("torch")
 
 
+@pytest.mark.mp
 def test_profile_mlp_on_two_ranks_feeds_simulate_and_tune(cli, tmp_path: Path) -> None:
     out = tmp_path / "costs.json"
     code, text, err = cli("profile", "--model", "mlp", "--nproc", "2", "--iters", "3",
@@ -37,6 +38,7 @@ def test_profile_mlp_on_two_ranks_feeds_simulate_and_tune(cli, tmp_path: Path) -
     assert "best:" in table
 
 
+@pytest.mark.mp
 def test_profile_one_rank_measures_no_link(cli, tmp_path: Path) -> None:
     out = tmp_path / "one.json"
     code, text, err = cli("profile", "--model", "mlp", "--nproc", "1", "--iters", "2",

@@ -282,6 +282,7 @@ def spec():
 '''
 
 
+@pytest.mark.mp
 def test_variable_length_microbatches_reordered_every_step_train_like_one_process(
         tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")

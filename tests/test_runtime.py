@@ -6,7 +6,6 @@ one after another (`launch` takes a list of jobs), with explicit timeouts.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import pytest
@@ -77,6 +76,17 @@ def _example(name: str, **overrides: int) -> Schedule:
 PAIRED_1F1B = (Path(__file__).parent.parent / "examples" / "paired-1f1b.sched").read_text()
 
 
+@pytest.mark.mp
+@pytest.mark.smoke
+def test_smoke_two_ranks_train_like_single_process() -> None:
+    """The default run's check of the runtime: two gloo ranks train 1F1B with overlapped
+    communication exactly as one process does (the marked suite runs every kind)."""
+    jobs = [_job(_lib("1f1b", 2, 4), "overlap", 2)]
+    result = launch(jobs, 2, timeout_s=TIMEOUT)
+    _assert_matches_reference(jobs, result)
+
+
+@pytest.mark.mp
 def test_two_ranks_every_schedule_kind_matches_single_process() -> None:
     jobs = [
         _job(_lib("gpipe", 2, 4), None, 1),
@@ -110,6 +120,7 @@ def test_two_ranks_every_schedule_kind_matches_single_process() -> None:
     assert losses[0] is not None and losses[0] > 0
 
 
+@pytest.mark.mp
 def test_four_ranks_match_single_process() -> None:
     jobs = [
         _job(_lib("1f1b", 4, 8), "overlap", 2),
@@ -129,6 +140,7 @@ FP16 = f"{ZOO}:structured_fp16"  # fp16 loss scaling: the first two steps overfl
 CONVERTED = f"{ZOO}:converted"  # stages built with .to(...) / .double(): traced for real
 
 
+@pytest.mark.mp
 def test_real_models_two_ranks_match_single_process() -> None:
     """Structured activations, any stage, the training loop, tied weights and bf16 across
     1F1B, interleaved, zb-h1 (split I/W) and dualpipe-v (V placement: local hand-offs, and
@@ -172,6 +184,7 @@ def test_real_models_two_ranks_match_single_process() -> None:
     assert [result.steps[(16, k)].info["skipped"] for k in range(4)] == [True, True, False, False]
 
 
+@pytest.mark.mp
 def test_real_models_four_ranks_and_resume_on_two(tmp_path: Path) -> None:
     """4 ranks; then a checkpoint saved by 1F1B on 4 ranks resumes as interleaved (v=2) on 2
     ranks and ends where uninterrupted single-process training ends."""
@@ -186,7 +199,8 @@ def test_real_models_four_ranks_and_resume_on_two(tmp_path: Path) -> None:
     ]
     result = launch(jobs, 4, timeout_s=TIMEOUT)
     _assert_matches_reference(jobs[:-1], result)
-    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["latest", "step-2"]
+    assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["latest", "step-1",
+                                                                    "step-2"]  # keep 2
     resumed = [_job(_lib("interleaved-1f1b", 2, 4, v=2), "overlap", 4, GPT, resume=ck),
                _job(_lib("zb-v", 2, 4), None, 3, GPT, resume=ck)]
     after = launch(resumed, 2, timeout_s=TIMEOUT)
@@ -277,6 +291,7 @@ def _same_rank_schedules(draw: st.DrawFn) -> list[Schedule]:
     return draw(st.lists(schedules(cfg), min_size=3, max_size=3))
 
 
+@pytest.mark.mp
 @settings(max_examples=2, deadline=None)
 @given(_same_rank_schedules(), st.lists(st.booleans(), min_size=3, max_size=3))
 def test_random_schedules_train_like_single_process(group: list[Schedule],
@@ -288,6 +303,7 @@ def test_random_schedules_train_like_single_process(group: list[Schedule],
 
 # ---- `pipeirc run` -----------------------------------------------------------------------------
 
+@pytest.mark.mp
 def test_run_trains_and_reports_bubble_and_trace(cli, tmp_path: Path) -> None:
     trace = tmp_path / "t.json"
     code, out, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "4",
@@ -313,6 +329,7 @@ def test_run_trains_and_reports_bubble_and_trace(cli, tmp_path: Path) -> None:
     assert starts[0] >= 0 and starts[-1] > starts[0]  # one time line for all steps
 
 
+@pytest.mark.mp
 def test_run_progress_is_one_line_on_a_terminal(cli, monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 
@@ -391,6 +408,7 @@ def spec():
 '''
 
 
+@pytest.mark.mp
 @pytest.mark.parametrize(("action", "expected"), [
     ("raise RuntimeError('shape mismatch in my layer')",
      "rank 1 failed at instruction #4 `forward stage=1 mb=0` (F(1,0), "),
@@ -404,11 +422,9 @@ def test_a_failing_rank_stops_every_rank_with_one_clear_message(
         cli, tmp_path: Path, action: str, expected: str) -> None:
     model = tmp_path / "bomb.py"
     model.write_text(FAILING_MODEL.replace("{action}", action))
-    t0 = time.monotonic()
     code, out, err = cli("run", EXAMPLES / "1f1b.sched", "--set", "ranks=2", "--set",
                          "microbatches=2", "--model", f"{model}:spec", "--steps", "5",
                          "--timeout", "3")
-    assert time.monotonic() - t0 < 30
     assert code == 1
     assert expected in err
     assert "1f1b.sched:13" in err  # the .sched line of F(1,0)
@@ -419,6 +435,7 @@ def test_a_failing_rank_stops_every_rank_with_one_clear_message(
         assert "step    1/5" in out
 
 
+@pytest.mark.mp
 def test_generated_program_runs_under_torchrun(tmp_path: Path) -> None:
     import subprocess
     import sys
@@ -436,6 +453,7 @@ def test_generated_program_runs_under_torchrun(tmp_path: Path) -> None:
     assert "step 2/2  loss " in proc.stdout
 
 
+@pytest.mark.mp
 def test_generated_program_with_a_bad_model_says_so_once(tmp_path: Path) -> None:
     """A bad --model under torchrun: one error line (global rank 0's), not one per rank, and
     no traceback from pipeir (torchrun's own report of the exit codes follows it)."""
@@ -460,6 +478,7 @@ def test_generated_program_with_a_bad_model_says_so_once(tmp_path: Path) -> None
     assert "pipeir/runtime" not in proc.stderr  # no frame of ours
 
 
+@pytest.mark.mp
 def test_generated_program_runs_only_what_check_lowered_verified(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -506,6 +525,7 @@ def test_metrics_file_is_opened_at_the_first_step(tmp_path: Path) -> None:
 REPORT_PASSES = ["split-backward", "split-backward{mode=h2},overlap", "interleave", "reorder"]
 
 
+@pytest.mark.mp
 def test_run_report_measures_and_simulates_the_compiled_schedule() -> None:
     """For every pass combination the report is built from the schedule that ran (after its
     passes): each rank's measured busy time is the sum of its compute instructions' measured
@@ -548,6 +568,7 @@ def test_run_report_measures_and_simulates_the_compiled_schedule() -> None:
         assert {op.kind for op in rep.predicted.start} == kinds  # I and W where split
 
 
+@pytest.mark.mp
 def test_run_with_a_pass_reports_and_traces_the_ops_the_pass_made(cli, tmp_path: Path) -> None:
     """`run --passes split-backward` once built its report from the schedule before the pass
     (every I and W unknown: a measured bubble of 89% against a simulated 50%, and a KeyError
@@ -567,6 +588,7 @@ def test_run_with_a_pass_reports_and_traces_the_ops_the_pass_made(cli, tmp_path:
 
 # ---- `pipeirc run` with real models: --check, --metrics, checkpoints, bad input -----------------
 
+@pytest.mark.mp
 def test_run_check_and_metrics(cli, tmp_path: Path) -> None:
     metrics = tmp_path / "m.jsonl"
     code, out, err = cli("run", EXAMPLES / "1f1b.sched", "--set", "ranks=2", "--model", GPT,
@@ -619,6 +641,7 @@ def spec():
 '''
 
 
+@pytest.mark.mp
 def test_save_kill_resume_elsewhere_equals_uninterrupted_and_bad_input(
         cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import shutil
@@ -671,6 +694,7 @@ def test_profile_takes_structured_activations_and_parameterless_stages() -> None
     assert times[1].W == 0.0 and times[2].W > 0 and times[1].I > 0
 
 
+@pytest.mark.mp
 def test_check_compares_float64_models_in_float64(cli) -> None:
     """One rank runs what one process runs, bit for bit; --check used to round both sides to
     float32 first, so a float64 model could not be checked below ~5e-8."""
@@ -680,6 +704,7 @@ def test_check_compares_float64_models_in_float64(cli) -> None:
     assert "all stages within 1e-13 of single-process training" in out
 
 
+@pytest.mark.mp
 def test_check_with_replicas_leaves_their_own_buffers_out(cli) -> None:
     """Each replica keeps its own BatchNorm statistics (DDP without SyncBatchNorm); the
     gradients and parameters still equal one process over every replica's micro-batches, and

@@ -4,11 +4,14 @@ training, like every library schedule in test_runtime."""
 
 from __future__ import annotations
 
+import pytest
 from test_runtime import TIMEOUT, _assert_matches_reference, _job
 
 from pipeir.runtime.launch import launch
 from pipeir.search.synth import make_problem, synthesize
 from pipeir.sim import CostModel
+
+pytestmark = pytest.mark.mp
 
 # heavy last stage, W < I, a non-free link: the solver's order is not a library one
 COSTS = CostModel.from_settings({"F": 1.0, "I": 1.2, "W": 0.6, "stage.1.F": 1.6,

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from pipeir.runtime.launch import free_port
+
+pytestmark = pytest.mark.mp
 
 EXAMPLES = Path(__file__).parent.parent / "examples"
 M = 4  # micro-batches

@@ -179,6 +179,7 @@ def test_bubble_command_has_rows_for_the_new_schedules(cli) -> None:
     assert "| dualpipe-v | 4 | 8 | - | n/a | 11.11% | 9 | - |" in out
 
 
+@pytest.mark.mp
 def test_zero_bubble_schedules_train_like_single_process() -> None:
     """Through pipeir's own backend (lowering, codegen, gloo runtime), reusing the runtime
     tests' helpers: parameters and gradients equal single-process training."""
@@ -193,6 +194,7 @@ def test_zero_bubble_schedules_train_like_single_process() -> None:
     _assert_matches_reference(jobs, result)
 
 
+@pytest.mark.mp
 def test_run_command_trains_zb_v(cli) -> None:
     code, out, err = cli("run", "--schedule", "zb-v", "--ranks", "2", "--microbatches", "4",
                          "--model", "mlp", "--steps", "2")

@@ -1,9 +1,10 @@
 """Test models for the runtime (loaded by path: `tests/zoo.py:structured`).
 
 `structured`: stages hand over a nested structure, (hidden, {"mask": bool, "skip": float that
-carries a gradient, "raw": float that does not, "n": an int constant}), on sequences whose
-length changes from step to step. Odd middle stages have no parameters; even middle stages
-have a frozen Linear and a Linear the output does not depend on.
+carries a gradient, "raw": float that does not, "n": an int constant}), the next stage's two
+positional arguments, on sequences whose length changes from step to step. Odd middle stages
+have no parameters; even middle stages have a frozen Linear and a Linear the output does not
+depend on.
 """
 
 from __future__ import annotations
@@ -30,8 +31,7 @@ class First(nn.Module):
 
 
 class NoParams(nn.Module):
-    def forward(self, x: Any) -> Any:
-        h, aux = x
+    def forward(self, h: torch.Tensor, aux: dict[str, Any]) -> Any:
         return torch.tanh(h) + 0.5 * aux["skip"], {**aux, "skip": aux["skip"] * 2}
 
 
@@ -42,8 +42,7 @@ class Frozen(nn.Module):
         self.frozen = nn.Linear(D, D).requires_grad_(False)
         self.unused = nn.Linear(D, D)
 
-    def forward(self, x: Any) -> Any:
-        h, aux = x
+    def forward(self, h: torch.Tensor, aux: dict[str, Any]) -> Any:
         h = torch.tanh(self.lin(h) + self.frozen(aux["skip"]))
         h = h.masked_fill(~aux["mask"][..., None], 0.0) + 0.1 * aux["raw"]
         return h, aux
@@ -54,8 +53,7 @@ class Last(nn.Module):
         super().__init__()
         self.lin = nn.Linear(D, D)
 
-    def forward(self, x: Any) -> torch.Tensor:
-        h, aux = x
+    def forward(self, h: torch.Tensor, aux: dict[str, Any]) -> torch.Tensor:
         out: torch.Tensor = self.lin(h + aux["skip"]) * aux["n"]
         return out
 

@@ -12,11 +12,13 @@ import os
 import pkgutil
 import re
 import sys
+import traceback
 from collections.abc import Sequence
 from types import ModuleType
 from typing import NoReturn
 
 from pipeir.diagnostics import EXIT_USAGE, PipeirError, reading
+from pipeir.usercode import EXIT_INTERRUPT, EXIT_USER, UserCodeError, explain, raised_at
 
 
 def _modules() -> list[ModuleType]:
@@ -44,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     for mod in _modules():
         p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(p)
+        p.add_argument("--traceback", action="store_true",
+                       help="when user code (a model, a pass plugin) fails, also print its "
+                            "full Python traceback")
         p.set_defaults(_run=mod.run)
     return parser
 
@@ -90,12 +95,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             code = int(args._run(args))
         sys.stdout.flush()  # a full disk under `> FILE` fails here, inside the handlers
         return code
+    except UserCodeError as e:
+        print(e.render(), file=sys.stderr)
+        if args.traceback:
+            traceback.print_exception(e.cause, file=sys.stderr)
+        return e.exit_code
     except PipeirError as e:
         print(e.render(), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("pipeirc: interrupted", file=sys.stderr)
-        return 130
+        return EXIT_INTERRUPT
+    except SystemExit as e:  # user code pipeir called where it did not expect it to exit
+        print(f"error: {explain(e)} at {raised_at(e)}: user code tried to end pipeirc",
+              file=sys.stderr)
+        if args.traceback:
+            traceback.print_exception(e, file=sys.stderr)
+        return EXIT_USER
     except BrokenPipeError:
         _drop_stdout()
         return 0

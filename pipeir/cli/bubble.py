@@ -11,10 +11,10 @@ from __future__ import annotations
 import argparse
 import math
 
-from pipeir import library
+from pipeir import driver, library
 from pipeir.cli.common import positive_ints
 from pipeir.diagnostics import EXIT_INVALID, EXIT_OK, PipeirError, UsageError
-from pipeir.sim import CostModel, simulate
+from pipeir.sim import CostModel
 from pipeir.sim.analytic import analytic
 
 #: The library schedules in the default table, classic first.
@@ -83,11 +83,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _row(name: str, p: int, m: int, v: int, takes_v: bool) -> tuple[list[str] | None, str]:
+    ref = driver.ScheduleRef(library=name, ranks=p, microbatches=m, v=v if takes_v else None)
     try:
-        s = library.get(name, p, m, **({"v": v} if takes_v else {}))
+        elab = driver.load_schedules(ref)[0]
     except PipeirError as e:
         return None, f"not defined at these sizes ({e.message})"
-    result = simulate(s, CostModel(F=1.0 / v, B=2.0 / v))
+    result = driver.simulate(driver.Loaded(elab, CostModel(F=1.0 / v, B=2.0 / v)))
     theory = analytic(name, p, m, v)
     peak = max(result.peak_activations)
     if theory.bubble is None:

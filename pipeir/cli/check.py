@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import copy
+from dataclasses import replace
 
-from pipeir.cli.common import (
-    add_schedule_args,
-    is_cost_setting,
-    load_schedules,
-    memory_limit,
-    parse_override,
-)
-from pipeir.cli.simulate import (
-    add_costs_arg,
-    load_with_costs,
-    with_cost_names,
-)
+from pipeir import driver
+from pipeir.cli.common import add_schedule_args, memory_limit, overrides, schedule_ref, show
+from pipeir.cli.simulate import add_costs_arg
 from pipeir.diagnostics import EXIT_OK, PipeirError, UsageError
 from pipeir.verify import verify
 
@@ -71,13 +62,16 @@ def _check_one(args: argparse.Namespace, f: str | None) -> list[str]:
         _refuse_flags(args, str(f), csv=True)
         return check_csv(str(f), memory_limit=args.memory_limit,
                          microbatches=args.microbatches, lowered=args.lowered)
-    one = copy.copy(args)
-    one.files = [f] if f is not None else []
+    ref = replace(schedule_ref(args), files=(f,) if f is not None else ())
+    sets = overrides(args)
     where = f if f is not None else f"--schedule {args.schedule}"
     limit = args.memory_limit
     sizes = None
-    if isinstance(limit, float) or args.costs or _sets_costs(args):
-        elab, sizes = load_with_costs(one)
+    # a cost in --set (F=1.5, stage.0.memory_bytes=...) is read as simulate reads it
+    if isinstance(limit, float) or args.costs or any(map(driver.is_cost_setting, sets)):
+        loaded = driver.load_with_costs(ref, sets, args.costs)
+        show(loaded.warnings)
+        elab, sizes = loaded.elaborated, loaded.costs
         if not sizes.knows_memory:
             if isinstance(limit, float) or args.costs:
                 raise UsageError("peak bytes need activation sizes: give memory_bytes in the "
@@ -85,9 +79,9 @@ def _check_one(args: argparse.Namespace, f: str | None) -> list[str]:
             sizes = None  # costs set with --set only: nothing here is measured in bytes
     else:
         try:
-            elab = load_schedules(one)[0]
+            elab = driver.load_schedules(ref, sets)[0]
         except UsageError as e:  # an unknown --set may be a misspelt cost, as in simulate
-            raise with_cost_names(e, args.overrides) from None
+            raise driver.with_cost_names(e, sets) from None
     s = elab.schedule
     report = verify(s, memory_limit=limit if isinstance(limit, int) else None, sizes=sizes,
                     memory_limit_bytes=limit if isinstance(limit, float) else None)
@@ -102,12 +96,6 @@ def _check_one(args: argparse.Namespace, f: str | None) -> list[str]:
 
         lines.append(f"{where}: {check_schedule(s)}")
     return lines
-
-
-def _sets_costs(args: argparse.Namespace) -> bool:
-    """Whether `--set` names a cost (F=1.5, stage.0.memory_bytes=...): those are read as
-    simulate reads them (`load_with_costs`), not as pipeline settings."""
-    return any(is_cost_setting(parse_override(text)[0]) for text in args.overrides)
 
 
 def _refuse_flags(args: argparse.Namespace, f: str, csv: bool) -> None:

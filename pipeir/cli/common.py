@@ -7,21 +7,13 @@ import argparse
 import math
 import shlex
 import sys
-from collections.abc import Iterable, Mapping
-from pathlib import Path
-from typing import TYPE_CHECKING
+from collections.abc import Iterable
 
-from pipeir import library, limits
-from pipeir.api import load
+from pipeir import driver, limits
 from pipeir.argtypes import positive_int
-from pipeir.diagnostics import Note, UsageError
+from pipeir.diagnostics import Diagnostic, UsageError
+from pipeir.driver import ScheduleRef
 from pipeir.frontend.elaborate import Elaborated, Value
-from pipeir.passes.context import costless_message
-from pipeir.sim.cost_settings import TOP_KEYS
-
-if TYPE_CHECKING:
-    from pipeir.passes.base import PassBase
-    from pipeir.sim.costs import CostModel
 
 
 def add_schedule_args(p: argparse.ArgumentParser, *, many: bool = False) -> None:
@@ -53,9 +45,6 @@ def memory_limit(text: str) -> int | float:
     if not 0 < value < math.inf:  # (infB was an infinite budget; nanB is refused too)
         raise argparse.ArgumentTypeError(f"expected a positive, finite size, got {text!r}")
     return value
-
-
-
 
 #: The widest text picture drawn: the timeline is built in memory a column at a time, so a
 #: width of 10^8 took minutes and gigabytes before any check.
@@ -116,79 +105,20 @@ def _literal(raw: str, where: str) -> Value:
                      "or a list [a, b, ...])")
 
 
-
-
-
 def wrote_schedule(path: str) -> None:
     """The one line a command that writes a `.sched` with -o prints (as compile, tune and
     synth do for theirs): silence after a write left users unsure anything was written."""
     print(f"wrote {path} (pipeirc simulate {shlex.quote(path)})")
 
 
-def warn_shadowed(names: Iterable[str]) -> None:
-    """Warn (stderr) when a pass the command runs is also claimed by an installed plugin,
-    which is ignored: the user may believe the plugin runs."""
-    from pipeir.passes import registry
-
-    shadowed = registry.shadowed_plugins()
-    for name in dict.fromkeys(names):
-        if name in shadowed:
-            print(f"warning: {registry.shadow_warning(name, shadowed[name])}", file=sys.stderr)
+def schedule_ref(args: argparse.Namespace) -> ScheduleRef:
+    """What FILE (or FILE...) or `--schedule NAME --ranks P --microbatches M [--v V]` names."""
+    files = args.files if isinstance(args.files, list) else [args.files] if args.files else []
+    return ScheduleRef(tuple(files), args.schedule, args.ranks, args.microbatches, args.v)
 
 
-def warn_fewer_stages(where: str, known: int | None, ranks: int) -> None:
-    """Warn (stderr) when --ranks asks for more stages than the cost file describes: the
-    stages past its last `[stage.K]` take the file's defaults, and its last stage (often the
-    LM head and loss) becomes a middle one."""
-    if known is not None and ranks > known:
-        print(f"warning: {where} describes {known} stages (stage.{known - 1}.* is the last "
-              f"set) but --ranks is {ranks}: stages {known} to {ranks - 1} take the file's "
-              "defaults", file=sys.stderr)
-
-
-#: The most processes: torch.distributed numbers ranks with 32-bit integers.
-MAX_WORLD = 2**31 - 1
-
-
-def check_replicas(ranks: int, dp: int) -> None:
-    """--dp D for a P-rank pipeline: at least one replica, and P x D processes that
-    torch.distributed can number (compile, run and tune)."""
-    if dp < 1:
-        raise UsageError(f"--dp {dp}: need at least 1 replica")
-    if ranks * dp > MAX_WORLD:
-        raise UsageError(f"--dp {dp}: {ranks} ranks x {dp:,} replicas is {ranks * dp:,} "
-                         "processes; torch.distributed numbers them with 32-bit integers (at "
-                         f"most {MAX_WORLD:,})")
-
-
-def check_mb_costs(costs: CostModel, microbatches: int) -> None:
-    """Per-micro-batch costs (`[mb.K]`) for more micro-batches than `--microbatches`: a
-    UsageError (tune and synth; simulate, with a schedule of its own, warns). Ignored, they
-    made every micro-batch look unequal, and tune put `reorder` on every candidate."""
-    if costs.mb or costs.stage_mb:
-        given = max([*costs.mb, *(m for _, m in costs.stage_mb)]) + 1
-        if given > microbatches:
-            raise UsageError(f"the costs give per-micro-batch times for {given} micro-batches "
-                             f"but --microbatches is {microbatches}")
-
-
-def warn_costless(passes: Iterable[PassBase], costs: Mapping[str, object]) -> None:
-    """Warn (stderr) when a pass that decides by cost runs with no costs at all (no --costs,
-    no costs block, no cost in --set): it then plans for the default unit costs, which is
-    rarely what was meant."""
-    if costs:
-        return
-    for name in dict.fromkeys(p.name for p in passes if p.costed):
-        print(f"warning: {costless_message(name, 'give --costs FILE or a costs block')}",
-              file=sys.stderr)
-
-
-def is_cost_setting(name: str) -> bool:
-    """Whether a --set name is a cost (F, stage.2.F, latency, ...), not a pipeline setting."""
-    return name in TOP_KEYS or name.startswith(("stage.", "mb."))
-
-
-def _overrides(args: argparse.Namespace) -> dict[str, Value]:
+def overrides(args: argparse.Namespace) -> dict[str, Value]:
+    """`--set NAME=VALUE`, every one of them read (the last of a name wins)."""
     out: dict[str, Value] = {}
     for text in args.overrides:
         k, v = parse_override(text)
@@ -196,66 +126,20 @@ def _overrides(args: argparse.Namespace) -> dict[str, Value]:
     return out
 
 
-def load_schedules(args: argparse.Namespace) -> list[Elaborated]:
-    """Every schedule the command line names, elaborated (files first, in order). Commands
-    that take costs have taken theirs out of --set already (`load_with_costs`), so a cost
-    name that is no setting here is one the command has no use for, and it says so."""
-    try:
-        return _load_schedules(args)
-    except UsageError as e:
-        for text in args.overrides:
-            k = text.split("=", 1)[0].strip()
-            if is_cost_setting(k) and e.message.startswith(f"--set {k}: unknown setting"):
-                raise UsageError(f"--set {text}: '{k}' is a cost, and this command uses none "
-                                 "(simulate, plot, check, print, opt, compile and run take "
-                                 "costs)") from None
-        raise
-
-
-def _load_schedules(args: argparse.Namespace) -> list[Elaborated]:
-    files = args.files if isinstance(args.files, list) else [args.files] if args.files else []
-    overrides = _overrides(args)
-    if args.schedule is not None:
-        if files:
-            raise UsageError("give either FILE or --schedule, not both")
-        if args.ranks is None or args.microbatches is None:
-            raise UsageError("--schedule needs --ranks P and --microbatches M")
-        found = library.require(args.schedule)
-        kw: dict[str, Value] = {}
-        if args.v is not None:
-            if "v" not in found.params:
-                raise UsageError(f"--v: library schedule '{found.name}' has no chunks parameter v")
-            kw["v"] = args.v
-        for flag in ("ranks", "microbatches", "v"):
-            if flag in overrides and getattr(args, flag) is not None:
-                raise UsageError(f"--set {flag}=... and --{flag} disagree about who decides; "
-                                 "give one of them")
-        overrides.update(ranks=args.ranks, microbatches=args.microbatches)
-        return [library.instantiate(found, overrides, kw)]
-    if not files:
-        raise UsageError("no schedule given: pass a .sched FILE, or --schedule NAME "
-                         "--ranks P --microbatches M")
-    for flag in ("ranks", "microbatches", "v"):
-        if getattr(args, flag) is not None:
-            raise UsageError(f"--{flag} goes with --schedule; with a FILE, use --set {flag}=N")
-    for f in files:
-        if str(f).lower().endswith(".csv"):
-            raise UsageError(f"{f}: this is a torch schedule CSV: use `pipeirc import-torch "
-                             f"{f} -o FILE.sched` first (check and export-torch read it too)")
-        library_name(str(f))
-    return [load(Path(f), overrides=overrides) for f in files]
-
-
-def library_name(f: str) -> None:
-    """FILE that is no file but names a library schedule (`pipeirc run 1f1b`): the error
-    shows the flags that name it, which a first-time user cannot guess from "no such file"."""
-    found = library.find(f) if not Path(f).exists() else None
-    if found is not None:
-        v = " --v V" if "v" in found.params else ""
-        raise UsageError(f"{f}: no such .sched file", notes=(Note(
-            f"'{found.name}' is a library schedule: use --schedule {found.name} --ranks P "
-            f"--microbatches M{v}"),))
+def show(warnings: Iterable[Diagnostic]) -> None:
+    """Print the driver's warnings to stderr, where every command's diagnostics go."""
+    for d in warnings:
+        print(d.render(), file=sys.stderr)
 
 
 def load_one(args: argparse.Namespace) -> Elaborated:
-    return load_schedules(args)[0]
+    """The schedule the command line names, for commands that take no costs."""
+    return driver.load_schedules(schedule_ref(args), overrides(args))[0]
+
+
+def load_with_costs(args: argparse.Namespace) -> driver.Loaded:
+    """The schedule the command line names with its costs (`--costs`, `--set F=...`); the
+    driver's warnings are printed."""
+    loaded = driver.load_with_costs(schedule_ref(args), overrides(args), args.costs)
+    show(loaded.warnings)
+    return loaded

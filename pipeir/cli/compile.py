@@ -6,20 +6,14 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-from pipeir.cli.common import add_schedule_args, check_replicas, warn_costless, warn_shadowed
-from pipeir.cli.simulate import add_costs_arg, load_with_costs
+from pipeir import driver
+from pipeir.cli.common import add_schedule_args, load_with_costs, show
+from pipeir.cli.simulate import add_costs_arg
 from pipeir.diagnostics import EXIT_OK, UsageError
 from pipeir.files import check_tree, write_tree
-from pipeir.passes import Compiled
 from pipeir.progress import Progress
-
-if TYPE_CHECKING:
-    from pipeir.passes import Pipeline
-    from pipeir.schedule import Schedule
 
 ORDER = 90
 NAME = "compile"
@@ -46,46 +40,17 @@ def add_backend_args(p: argparse.ArgumentParser) -> None:
 
 
 def compile_args(args: argparse.Namespace, progress: Callable[[str], None] | None = None
-                 ) -> Compiled:
+                 ) -> driver.Build:
     """The schedule the command line names, through its passes, lowered and proved, under its
-    costs (which place communication and drive cost-aware passes such as `reorder`);
-    `progress` hears of each phase (`pipeir.progress`)."""
-    from pipeir.passes import PassContext, PassManager, Phases, Pipeline, parse_pipeline
-    from pipeir.passes.overlap import Overlap
-
-    if args.max_posted is not None and args.max_posted < 0:
-        raise UsageError("--max-posted must be a non-negative integer")
-    pipeline = parse_pipeline(args.passes) if args.passes else Pipeline.of(())
-    warn_shadowed(p.name for p in pipeline.passes)
-    if (args.overlap or args.max_posted is not None) and not any(
-            isinstance(p, Overlap) for p in pipeline.passes):
-        pipeline = pipeline.then(Overlap(max_posted=args.max_posted or 0))
-    elab, costs = load_with_costs(args)
-    warn_costless(pipeline.passes, elab.costs)
-    if args.dp is None:  # the costs' replicas, as tune reads them (a dp = 2 in the costs
-        args.dp = costs.dp  # built one replica without reductions, without a word)
-    check_replicas(elab.schedule.config.ranks, args.dp)
-    if args.dp > 1:
-        costs = replace(costs, dp=args.dp)
-        pipeline = _with_reductions(pipeline, elab.schedule)
-    ctx = PassContext(costs, pipeline.comm)
-    instruments = [Phases(progress)] if progress is not None else []
-    return PassManager(pipeline, context=ctx, instruments=instruments).compile(elab.schedule)
-
-
-def _with_reductions(pipeline: Pipeline, schedule: Schedule) -> Pipeline:
-    """`pipeline` with `dp-reduce` before its first lowered pass, unless it has one or the
-    schedule places its own reductions (R ops)."""
-    from pipeir.passes import LoweredPass, Pipeline
-    from pipeir.passes.dp_reduce import DpReduce
-
-    if any(isinstance(p, DpReduce) for p in pipeline.passes) or any(
-            op.kind == "R" for op in schedule):
-        return pipeline
-    n = next((i for i, p in enumerate(pipeline.passes) if isinstance(p, LoweredPass)),
-             len(pipeline.passes))
-    return Pipeline((*pipeline.passes[:n], DpReduce(), *pipeline.passes[n:]),
-                    (*pipeline.spans[:n], None, *pipeline.spans[n:]))
+    costs and data-parallel replicas (`pipeir.driver`); `progress` hears of each phase
+    (`pipeir.progress`). Warnings are printed as the driver gives them."""
+    planned = driver.plan_pipeline(args.passes, overlap=args.overlap,
+                                   max_posted=args.max_posted)
+    show(planned.warnings)
+    loaded = load_with_costs(args)
+    show(driver.costless(planned.pipeline.passes, loaded.elaborated.costs))
+    return driver.compile_schedule(loaded.schedule, planned.pipeline, loaded.costs,
+                                   dp=args.dp, progress=progress)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -117,7 +82,8 @@ def run(args: argparse.Namespace) -> int:
         check_tree(out, MARKER, flag="-o", force=args.force)
     with Progress("compile") as progress:
         progress("reading the schedule")
-        lowered = compile_args(args, progress).lowered
+        build = compile_args(args, progress)
+        lowered = build.compiled.lowered
         if out is not None:
             progress(f"generating {lowered.ranks} rank programs")
             files = generate(lowered)
@@ -126,8 +92,9 @@ def run(args: argparse.Namespace) -> int:
         if not args.emit:
             print(f"wrote {out}/: {', '.join(f'rank{r}.py' for r in range(lowered.ranks))}, "
                   f"main.py, lowered.json; run with: torchrun --nproc-per-node "
-                  f"{lowered.ranks * args.dp} {out}/main.py --model mlp"
-                  + (f" (pipeline x {args.dp} data-parallel replicas)" if args.dp > 1 else ""))
+                  f"{lowered.ranks * build.dp} {out}/main.py --model mlp"
+                  + (f" (pipeline x {build.dp} data-parallel replicas)" if build.dp > 1
+                     else ""))
     if args.emit == "lowered":
         sys.stdout.write(format_lowered(lowered))
     elif args.emit == "json":

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeir.cli.common import add_schedule_args, warn_costless, warn_shadowed, wrote_schedule
-from pipeir.cli.simulate import add_costs_arg, load_with_costs
+from pipeir import driver
+from pipeir.cli.common import add_schedule_args, load_with_costs, show, wrote_schedule
+from pipeir.cli.simulate import add_costs_arg
 from pipeir.diagnostics import UsageError
 from pipeir.files import resolve_output, write_atomic
 from pipeir.printer import print_schedule
@@ -37,34 +38,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeir.passes import (
-        DumpDir,
-        Instrument,
-        PassContext,
-        PassManager,
-        PrintAfter,
-        TimePasses,
-        load_plugin,
-        parse_pipeline,
-    )
+    from pipeir.passes import DumpDir, Instrument, PrintAfter, TimePasses, load_plugin
     from pipeir.passes.context import printed_costs
 
     extra = {}
     for spec in args.pass_plugin:
         cls = load_plugin(spec)
         extra[cls.name] = cls
-    pipeline = parse_pipeline(args.passes, extra)
+    planned = driver.plan_pipeline(args.passes, extra=extra, required=True)
+    show(planned.warnings)
+    pipeline = planned.pipeline
     names = {p.name for p in pipeline.passes}
-    warn_shadowed(names - set(extra))
     wanted = {n for text in args.print_after for n in text.split(",") if n}
     unknown = sorted(wanted - names - {"all"})
     if unknown:
         raise UsageError(f"--print-after {unknown[0]}: the pipeline has no pass called that "
                          f"(it runs {', '.join(sorted(names))}; or use 'all')")
-    elab, costs = load_with_costs(args)
+    loaded = load_with_costs(args)
+    elab = loaded.elaborated
     if args.output is not None:  # before the passes run, not after them (after the input
         resolve_output(args.output, "-o")  # is read: it must not be the output)
-    warn_costless(pipeline.passes, elab.costs)
+    show(driver.costless(pipeline.passes, elab.costs))
     instruments: list[Instrument] = []
     if wanted:
         instruments.append(PrintAfter(wanted, sys.stderr))
@@ -73,8 +67,8 @@ def run(args: argparse.Namespace) -> int:
         instruments.append(DumpDir(args.dump_dir, write_atomic, settings))
     if args.time_passes:
         instruments.append(TimePasses(sys.stderr))
-    done = PassManager(pipeline, context=PassContext(costs), verify_each=args.verify_each,
-                       instruments=instruments).optimize(elab.schedule)
+    done = driver.optimize(elab.schedule, pipeline, loaded.costs, comm="overlapped",
+                           verify_each=args.verify_each, instruments=instruments)
     out = done.schedule
     text = print_schedule(out, printed_costs(done.context, settings,
                                              elab.schedule.config.stages, out.config.stages))

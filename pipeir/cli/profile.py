@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     mbs = args.microbatches if args.microbatches is not None else 2 * args.nproc
     if mbs < 1:
         raise UsageError(f"--microbatches {mbs}: need at least 1")
-    from pipeir.models.spec import resolve
+    from pipeir.models.refs import resolve
 
     spec = resolve(args.model)
     resolve_output(args.output, "-o")  # before the measurement (after the import: not over it)

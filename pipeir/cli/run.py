@@ -29,8 +29,13 @@ HELP = "compile a schedule and train a model with it on P local processes (gloo/
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_schedule_args(p)
     add_backend_args(p)
-    p.add_argument("--model", default="mlp", metavar="M",
-                   help="mlp, transformer, package.module:function or file.py[:function]")
+    p.add_argument("--model", metavar="M",
+                   help="mlp (default), transformer, heavy-lm, package.module:function or "
+                        "file.py[:function]; MODEL@POINT,... cuts a model that can be cut "
+                        "at named points there")
+    p.add_argument("--plan", metavar="PLAN",
+                   help="run a plan file from `pipeirc plan` (its split and schedule) instead "
+                        "of FILE; --model defaults to the planned model")
     p.add_argument("--steps", type=int, default=10, metavar="N", help="optimizer steps")
     p.add_argument("--nproc", type=int, metavar="P",
                    help="processes to start (default and only accepted value: the ranks "
@@ -59,23 +64,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--save", metavar="DIR", help="checkpoint per stage into DIR (atomically)")
     p.add_argument("--save-every", type=int, default=0, metavar="N",
                    help="with --save: every N steps as well as after the last")
+    p.add_argument("--keep", type=int, metavar="N",
+                   help="with --save: keep the newest N checkpoints, deleting older ones "
+                        "(default 2; 0 keeps all)")
     p.add_argument("--resume", metavar="DIR",
                    help="continue from the newest checkpoint in DIR (any schedule or rank "
                         "count with the same stages); --steps counts from step 0")
 
 
 def run(args: argparse.Namespace) -> int:
+    """Train, holding the --save directory's lock throughout (one writer per directory;
+    under torchrun, global rank 0's process holds it)."""
+    from pipeir.runtime.savelock import holding
+
+    locks = args.save is not None and os.environ.get("RANK", "0") == "0"
+    with holding(args.save if locks else None) as held:
+        if held is not None and held.note:
+            print(f"note: {held.note}", file=sys.stderr)
+        return _train(args)
+
+
+def _train(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UsageError("--steps must be at least 1")
-    compiled = compile_args(args)
+    if args.plan is not None:
+        _use_plan(args)
+    elif args.model is None:
+        args.model = "mlp"
+    build = compile_args(args)
+    compiled, dp = build.compiled, build.dp
     schedule, lowered = compiled.schedule, compiled.lowered
-    world = lowered.ranks * args.dp
+    world = lowered.ranks * dp
     if args.nproc is not None and args.nproc != world:
-        fits = args.nproc > 0 and args.nproc % args.dp == 0  # ranks that would make it fit
+        fits = args.nproc > 0 and args.nproc % dp == 0  # ranks that would make it fit
         raise UsageError(f"--nproc {args.nproc}: the schedule runs on {lowered.ranks} ranks"
-                         + (f" x {args.dp} replicas" if args.dp > 1 else "")
+                         + (f" x {dp} replicas" if dp > 1 else "")
                          + f"; use --nproc {world}"
-                         + (f" or --set ranks={args.nproc // args.dp}" if fits else ""))
+                         + (f" or --set ranks={args.nproc // dp}" if fits else ""))
     from pipeir.backend.codegen import rank_source
     from pipeir.models import resolve
 
@@ -89,19 +114,22 @@ def run(args: argparse.Namespace) -> int:
                 os.path.realpath(args.metrics):
             raise UsageError(f"--trace and --metrics both name {args.metrics}; the trace "
                              "would replace the metrics: give two files")
+    from pipeir.runtime.checkpoint import KEEP
     from pipeir.runtime.preflight import preflight
     from pipeir.runtime.worker import Job
 
     torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
-    preflight(spec, args.model, lowered.stages, lowered.microbatches * lowered.accumulate,
-              args.steps, save=args.save, save_every=args.save_every, resume=args.resume,
-              placement=None if torchrun else lowered.placement, dp=args.dp)
+    start = preflight(spec, args.model, lowered.stages,
+                      lowered.microbatches * lowered.accumulate, args.steps, save=args.save,
+                      save_every=args.save_every, resume=args.resume, keep=args.keep,
+                      placement=None if torchrun else lowered.placement, dp=dp)
     sources = tuple(rank_source(lowered, r) for r in range(lowered.ranks))
     job = Job(lowered, sources, args.model, args.steps, plan=_planner(compiled, args),
               collect=args.check, save=args.save, save_every=args.save_every,
-              resume=args.resume, dp=args.dp, allow_nonfinite=args.allow_nonfinite)
+              resume=args.resume, dp=dp, allow_nonfinite=args.allow_nonfinite,
+              keep=KEEP if args.keep is None else args.keep)
     if torchrun:  # each node's processes: torchrun placed them, pipeir cannot count them
-        return _under_torchrun(job, args)
+        return _under_torchrun(job, args, dp)
     from pipeir.runtime.launch import StepReport, launch
     from pipeir.runtime.metrics import MetricsFile, describe, metrics
 
@@ -109,11 +137,19 @@ def run(args: argparse.Namespace) -> int:
     print(f"training {args.model} with {schedule.name}: {c.ranks} ranks, {c.stages} stages, "
           f"{c.microbatches} micro-batches x {c.accumulate} round(s)"
           f"{', overlap' if lowered.overlap else ''}; {args.steps} steps"
-          + (f"; x {args.dp} data-parallel replicas ({world} processes, rank = pp x "
-             f"{args.dp} + dp)" if args.dp > 1 else ""), flush=True)
+          + (f"; x {dp} data-parallel replicas ({world} processes, rank = pp x "
+             f"{dp} + dp)" if dp > 1 else ""), flush=True)
 
+    if start.checkpoint is not None:
+        print(f"resumed from {start.checkpoint} at step {start.step}", flush=True)
     live = sys.stdout.isatty()  # a terminal: one progress line, rewritten in place
     pending = [False]  # a progress line without its newline is on the terminal
+
+    def note(text: str) -> None:  # "saved DIR/step-N (...)", below the progress line
+        if pending[0]:
+            sys.stdout.write("\n")
+            pending[0] = False
+        print(text, flush=True)
 
     log = MetricsFile(args.metrics)
 
@@ -131,18 +167,38 @@ def run(args: argparse.Namespace) -> int:
             print(line, flush=True)
 
     try:
-        result = launch([job], world, timeout_s=args.timeout, on_step=progress)
+        result = launch([job], world, timeout_s=args.timeout, on_step=progress, on_note=note)
     finally:
         log.close()
         if pending[0]:  # keep the last step's line (and any error below it)
             sys.stdout.write("\n")
             sys.stdout.flush()
-    _report(compiled, result, args)
+    _report(compiled, result, args, dp)
     if args.check:
         from pipeir.runtime.compare import check
 
         check(spec, job, result, args.tolerance)
     return EXIT_OK
+
+
+def _use_plan(args: argparse.Namespace) -> None:
+    """Point `args` at the plan's schedule and its model cut at the planned points; a model
+    that cannot be cut at named points, or not at these, is refused here."""
+    from pipeir.models.refs import resolve_splittable
+    from pipeir.plan import planfile
+
+    if args.files or args.schedule is not None:
+        raise UsageError("give either --plan or a schedule (FILE or --schedule), not both")
+    plan = planfile.read(args.plan)
+    model = args.model if args.model is not None else plan.model
+    if "@" in model:
+        raise UsageError(f"--model {model}: with --plan, name the model without split "
+                         "points (the plan gives them)")
+    resolve_splittable(model).at(plan.points)  # refuses unknown points before any process
+    args.model = f"{model}@{','.join(plan.points)}"
+    args.files = [plan.source()]
+    if plan.comm == "overlapped" and args.passes is None:
+        args.overlap = True  # the communication the plan was simulated with
 
 
 def _planner(compiled: Compiled, args: argparse.Namespace) -> StepPlanner | None:
@@ -161,19 +217,19 @@ def _planner(compiled: Compiled, args: argparse.Namespace) -> StepPlanner | None
     return planner
 
 
-def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace) -> None:
+def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace, dp: int) -> None:
     from pipeir.runtime.dist import compute_slots
     from pipeir.runtime.measure import measured_result, run_report, steps_trace
 
     lowered, ranks = compiled.lowered, compiled.lowered.ranks
-    every = {s: {g: result.times[(0, g, s)] for g in range(ranks * args.dp)}
+    every = {s: {g: result.times[(0, g, s)] for g in range(ranks * dp)}
              for (_, s) in result.steps}
-    reduced = {s: {g: result.reduced.get((0, g, s), []) for g in range(ranks * args.dp)}
+    reduced = {s: {g: result.reduced.get((0, g, s), []) for g in range(ranks * dp)}
                for (_, s) in result.steps}
     rep = run_report(lowered, compiled.schedule, every,
-                     {s: st.time for (_, s), st in result.steps.items()}, args.dp, reduced)
+                     {s: st.time for (_, s), st in result.steps.items()}, dp, reduced)
     # with data parallelism: replica 0's pipeline (global rank = pp rank x dp)
-    times = {s: {r: t[r * args.dp] for r in range(ranks)} for s, t in every.items()}
+    times = {s: {r: t[r * dp] for r in range(ranks)} for s, t in every.items()}
     predicted, free = rep.predicted, rep.free
     print(f"\nmedian step time {rep.step_time * 1e3:.1f} ms over {len(rep.measured)} step(s); "
           f"simulated {predicted.makespan * 1e3:.1f} ms")
@@ -187,10 +243,10 @@ def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace) -> 
     print(f"{'all':>6} {rep.bubble:>9.1%} {predicted.bubble:>10.1%} {free.bubble:>10.1%}")
     if predicted.has_reductions or any(m.has_reductions for m in rep.measured):
         exposed = sorted(m.exposed_reduction for m in rep.measured)[len(rep.measured) // 2]
-        print(f"gradient all-reduce ({args.dp} replicas): {exposed * 1e3:.1f} ms of the step "
+        print(f"gradient all-reduce ({dp} replicas): {exposed * 1e3:.1f} ms of the step "
               f"waits for it (median), simulated {predicted.exposed_reduction * 1e3:.1f} ms "
               f"with the measured all-reduce times ({predicted.hidden_reduction:.0%} hidden)")
-    _report_memory(compiled, result, ranks, args.dp)
+    _report_memory(compiled, result, ranks, dp)
     cores = compute_slots()
     if ranks > cores:
         print(f"note: {ranks} ranks share {cores} CPU core(s), so ranks that compute at the "
@@ -223,9 +279,9 @@ def _report_memory(compiled: Compiled, result: RunResult, ranks: int, dp: int) -
         print(f"  rank {r}: measured {got:,} simulated {simulated[r]:,.0f}")
 
 
-def _under_torchrun(job: Job, args: argparse.Namespace) -> int:
+def _under_torchrun(job: Job, args: argparse.Namespace, dp: int) -> int:
     """Started by torchrun: this process is one rank (of P x D); the last stage's rank
     prints."""
     from pipeir.runtime.torchrun import run_env
 
-    return run_env(job, args.timeout, args.dp)
+    return run_env(job, args.timeout, dp)

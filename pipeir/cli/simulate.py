@@ -7,27 +7,11 @@ import json
 import os
 import shutil
 import sys
-from dataclasses import replace
-from typing import Any
 
-from pipeir.cli.common import (
-    add_schedule_args,
-    columns,
-    is_cost_setting,
-    load_one,
-    parse_override,
-)
-from pipeir.config import PipelineConfig
-from pipeir.diagnostics import Diagnostic, Span, UsageError, did_you_mean
+from pipeir import driver
+from pipeir.cli.common import add_schedule_args, columns, load_with_costs
 from pipeir.files import resolve_output, write_atomic
-from pipeir.frontend.elaborate import Elaborated
-from pipeir.sim import COMM_MODELS, CostModel, SimResult, simulate
-from pipeir.sim.cost_files import read_cost_file
-from pipeir.sim.cost_settings import TOP_KEYS
-from pipeir.sim.lengths import check_count, split_length_settings
-from pipeir.verify import verify
-
-COST_NAMES = ", ".join((*TOP_KEYS, "stage.S.K", "mb.M.K", "stage.S.mb.M.K"))
+from pipeir.sim import COMM_MODELS, SimResult
 
 ORDER = 40
 NAME = "simulate"
@@ -35,7 +19,7 @@ HELP = "simulate a schedule: makespan, bubble, peak memory and an ASCII timeline
 
 
 def add_costs_arg(p: argparse.ArgumentParser) -> None:
-    """--costs (cost settings in --set are handled by `load_with_costs`)."""
+    """--costs (cost settings in --set are read by `pipeir.driver.load_with_costs`)."""
     p.add_argument("--costs", metavar="FILE",
                    help="JSON or TOML cost file (replaces the .sched file's costs block); "
                         "--set F=1.5 and the like override single costs")
@@ -59,90 +43,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def simulate_args(args: argparse.Namespace) -> SimResult:
     """Load, verify and simulate the schedule the command line names, with its costs."""
-    elab, costs = load_with_costs(args)
-    verify(elab.schedule)
-    return simulate(elab.schedule, costs, comm=args.comm)
-
-
-def load_with_costs(args: argparse.Namespace) -> tuple[Elaborated, CostModel]:
-    """The schedule the command line names and its cost model: the `.sched` file's
-    costs block, or `--costs FILE` instead, with cost names in `--set` on top. The schedule's
-    `costs` become those settings (less the cost file's free-form `meta` table, which a
-    costs block cannot hold), so a command that prints it writes the costs it used."""
-    cost_sets: dict[str, tuple[Any, Span | None]] = {}
-    rest = []
-    for text in args.overrides:
-        name, value = parse_override(text)
-        if is_cost_setting(name):
-            cost_sets[name] = (value, None)
-        else:
-            rest.append(text)
-    args.overrides = rest
-    try:
-        elab = load_one(args)
-    except UsageError as e:
-        raise with_cost_names(e, rest) from None
-    settings: dict[str, tuple[Any, Span | None]] = \
-        read_cost_file(args.costs) if args.costs else dict(elab.costs)
-    CostModel.from_settings(cost_sets, where="--set")  # so --set errors name --set
-    merged = {**settings, **cost_sets}
-    costs = CostModel.from_settings(merged)
-    if args.costs and elab.costs:
-        _warn_replaced(args.costs, elab, costs)
-    _, spec = split_length_settings(merged)
-    if spec is not None:
-        check_count(spec, elab.schedule.config.microbatches, merged["lengths"][1],
-                    "--set" if "lengths" in cost_sets else args.costs)
-    _warn_unused(elab.schedule.config, merged)
-    written = {k: v for k, v in merged.items() if k != "meta" and not k.startswith("meta.")}
-    return replace(elab, costs=written), costs
-
-
-def _warn_replaced(path: str, elab: Elaborated, costs: CostModel) -> None:
-    """--costs replaces a file's own costs block: say so, and say why it is likely wrong when
-    the cost file describes fewer stages than the schedule has (what `pipeirc tune -o` writes
-    is costs per chunk, rescaled from the cost file, for that schedule alone)."""
-    from pipeir.search.tune import infer_ranks
-
-    stages = elab.schedule.config.stages
-    described = infer_ranks(costs)
-    why = ""
-    if described is not None and described < stages:
-        why = (f"; {path} describes {described} stages but the schedule has {stages}: if "
-               "`pipeirc tune` wrote this file, its costs block holds the per-chunk costs it "
-               "ranked by, so simulate it without --costs")
-    n = len(elab.costs)
-    d = Diagnostic(f"--costs {path} replaces the schedule file's own costs block "
-                   f"({n} setting{'s' if n != 1 else ''}){why}", severity="warning")
-    print(d.render(), file=sys.stderr)
-
-
-def _warn_unused(config: PipelineConfig, settings: dict[str, tuple[Any, Span | None]]) -> None:
-    """A cost for a stage or micro-batch the pipeline does not have changes nothing: usually a
-    typo, sometimes a sweep (`--set microbatches=4` on a file with per-micro-batch costs)."""
-    for name, (_, span) in settings.items():
-        parts = name.split(".")
-        for key, count in (("stage", config.stages), ("mb", config.microbatches)):
-            if key in parts[:-1]:
-                i = parts.index(key)
-                idx = parts[i + 1] if i + 1 < len(parts) else ""
-                if idx.isdigit() and (len(idx) > 18 or int(idx) >= count):
-                    d = Diagnostic(f"cost '{name}' names {key} {idx}, but the pipeline has "
-                                   f"{count} ({key} 0 to {count - 1}); it is ignored", span,
-                                   severity="warning")
-                    print(d.render(), file=sys.stderr)
-
-
-def with_cost_names(e: UsageError, sets: list[str]) -> UsageError:
-    """An unknown --set name may be a misspelt cost: say that costs are settable too."""
-    d = e.diagnostics[0]
-    for text in sets:
-        name = text.split("=", 1)[0].strip()
-        if d.message.startswith(f"--set {name}: unknown setting"):
-            candidates = [*TOP_KEYS, *(f"stage.0.{k}" for k in "FBIW")]
-            notes = d.notes or did_you_mean(name, candidates)
-            return UsageError(f"{d.message}; or a cost: {COST_NAMES}", d.span, notes)
-    return e
+    return driver.simulate(load_with_costs(args), args.comm)
 
 
 def run(args: argparse.Namespace) -> int:

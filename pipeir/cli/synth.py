@@ -7,8 +7,9 @@ import argparse
 import sys
 from typing import Any
 
+from pipeir import driver
 from pipeir.argtypes import positive_float, positive_int
-from pipeir.cli.common import check_mb_costs, warn_fewer_stages
+from pipeir.cli.common import show
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
 
@@ -57,20 +58,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from pipeir.printer import print_schedule
     from pipeir.search.synth import BudgetError, synth
-    from pipeir.search.tune import check_inferred, infer_ranks
-    from pipeir.sim import CostModel
     from pipeir.sim.cost_files import read_cost_file
     from pipeir.verify import verify
 
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
     if args.output is not None:  # before the search (after the read: not over the cost file)
         resolve_output(args.output, "-o")
-    costs = CostModel.from_settings(settings)
-    ranks = args.ranks if args.ranks is not None else infer_ranks(costs)
-    if args.ranks is None and ranks is not None:
-        check_inferred(args.costs, costs, ranks)
-    elif ranks is not None:
-        warn_fewer_stages(args.costs, infer_ranks(costs), ranks)
+    found = driver.search_costs(args.costs, settings, args.ranks)
+    show(found.warnings)
+    costs, ranks = found.costs, found.ranks
     _check(args, costs, ranks, settings)
     assert ranks is not None
     limit = args.memory_limit if args.memory_bytes is None and args.memory_limit is not None \
@@ -150,13 +146,12 @@ def _at_least(x: float) -> str:
 
 def _check(args: argparse.Namespace, costs: Any, ranks: int | None,
            settings: dict[str, tuple[Any, Span | None]]) -> None:
-    from pipeir.search.tune import infer_ranks
     from pipeir.sim.lengths import check_count, split_length_settings
 
     if ranks is None:
         raise UsageError(f"{args.costs} has no per-stage costs to tell the number of stages; "
                          "give --ranks P")
-    known = infer_ranks(costs)
+    known = driver.infer_ranks(costs)
     if known is not None and known > ranks:
         raise UsageError(f"the costs describe {known} stages (stage.{known - 1}.* is set) but "
                          f"--ranks is {ranks}; synth runs one model stage per rank")
@@ -167,7 +162,7 @@ def _check(args: argparse.Namespace, costs: Any, ranks: int | None,
     _, spec = split_length_settings(settings, where=args.costs)
     if spec is not None:
         check_count(spec, args.microbatches, settings["lengths"][1], args.costs)
-    check_mb_costs(costs, args.microbatches)
+    driver.check_mb_costs(costs, args.microbatches)
 
 
 class _Line:

@@ -6,8 +6,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from pipeir import driver
 from pipeir.argtypes import positive_float
-from pipeir.cli.common import check_mb_costs, check_replicas, positive_ints, warn_fewer_stages
+from pipeir.cli.common import positive_ints, show
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
 from pipeir.progress import Progress
@@ -45,8 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from pipeir.printer import print_schedule
-    from pipeir.search.tune import check_inferred, infer_ranks, search, table
-    from pipeir.sim import CostModel
+    from pipeir.search.tune import search, table
     from pipeir.sim.cost_files import read_cost_file
     from pipeir.sim.lengths import check_count, parse_lengths, split_length_settings
     from pipeir.verify import verify
@@ -57,17 +57,14 @@ def run(args: argparse.Namespace) -> int:
     if args.lengths:
         settings["lengths"] = (parse_lengths(args.lengths), None)
     _, spec = split_length_settings(settings, where=args.costs)
-    costs = CostModel.from_settings(settings)
-    ranks = args.ranks if args.ranks is not None else infer_ranks(costs)
+    found = driver.search_costs(args.costs, settings, args.ranks)
+    show(found.warnings)
+    costs, ranks = found.costs, found.ranks
     if ranks is None:
         raise UsageError(f"{args.costs} has no per-stage costs to tell the number of stages; "
                          "give --ranks P")
-    if args.ranks is None:
-        check_inferred(args.costs, costs, ranks)
-    else:
-        warn_fewer_stages(args.costs, infer_ranks(costs), ranks)
     if args.dp is not None:
-        check_replicas(ranks, args.dp)
+        driver.check_replicas(ranks, args.dp)
     if args.top is not None and args.top < 1:
         raise UsageError(f"--top {args.top}: need at least 1")
     if args.microbatches is not None:
@@ -78,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
         mbs = [2 * ranks, 4 * ranks]
     for m in mbs:
         check_count(spec, m)
-        check_mb_costs(costs, m)
+        driver.check_mb_costs(costs, m)
     comms = ("overlapped", "blocking") if args.comm == "both" else (args.comm,)
     with Progress("tune") as progress:
         result = search(costs, ranks, mbs, memory_limit=args.memory_limit, max_v=args.max_v,

@@ -27,15 +27,14 @@ what lets pipeir split it into micro-batches and know every shape without a hand
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pipeir._importing import import_file
 from pipeir.diagnostics import UsageError, did_you_mean
+from pipeir.usercode import contained, import_module
 
 if TYPE_CHECKING:
     import torch
@@ -44,6 +43,7 @@ if TYPE_CHECKING:
 BUILTINS: dict[str, str] = {
     "mlp": "pipeir.models.mlp:spec",
     "transformer": "pipeir.models.transformer:spec",
+    "heavy-lm": "pipeir.models.heavy_lm:spec",
 }
 
 
@@ -91,6 +91,26 @@ class ModelSpec:
     autocast: str | None = None
     tied: Callable[[int], Sequence[TiedGroup]] | None = None
     tokens: Callable[[Any], int] | None = None
+
+
+def call_stage(module: torch.nn.Module, value: Any) -> Any:
+    """Run a stage on its input as torch's `PipelineStage` does: a tuple (or list) is the
+    stage's positional arguments, anything else (a tensor, a dict) its one argument. So the
+    tuple a stage returns becomes the next stage's arguments, and one stage module serves
+    pipeir and torch alike."""
+    return module(*value) if isinstance(value, tuple | list) else module(value)
+
+
+@runtime_checkable
+class HasModelSpec(Protocol):
+    """A model description that becomes a `ModelSpec` (`pipeir.models.ModuleSpec`)."""
+
+    def model_spec(self) -> ModelSpec:
+        ...
+
+    def state_names(self) -> dict[str, list[str]]:
+        """The unsplit module's state_dict names -> every name of the same tensor."""
+        ...
 
 
 def autocast_dtype(spec: ModelSpec) -> torch.dtype | None:
@@ -193,36 +213,48 @@ def build_stage(spec: ModelSpec, s: int, stages: int) -> torch.nn.Module:
 
 
 def resolve(ref: str) -> ModelSpec:
-    """`mlp`, `transformer`, `package.module:function` or `path/to/file.py[:function]`
-    (function defaults to `spec`) -> the ModelSpec it returns. Bad references are UsageErrors."""
-    target = BUILTINS.get(ref, ref)
+    """`mlp`, `transformer`, `heavy-lm`, `package.module:function` or
+    `path/to/file.py[:function]` (function defaults to `spec`) -> the ModelSpec it returns (a
+    `ModuleSpec` is cut into one). Bad references are UsageErrors.
+    (`pipeir.models.refs.resolve` adds `REF@POINT,...`.)"""
+    spec = load(ref)
+    if isinstance(spec, HasModelSpec):
+        try:
+            return spec.model_spec()
+        except UsageError as e:
+            raise UsageError(f"--model '{ref}': {e.message}") from None
+    return spec
+
+
+def load(ref: str) -> ModelSpec | HasModelSpec:
+    """What `--model ref`'s function returns: a ModelSpec, or a description that becomes
+    one (a `ModuleSpec`, which also knows the unsplit module's names for export)."""
+    got = call_factory(ref, BUILTINS.get(ref, ref))
+    if not isinstance(got, ModelSpec | HasModelSpec):
+        raise UsageError(f"--model '{ref}': returned {type(got).__name__}, expected a "
+                         "pipeir.models.ModelSpec or ModuleSpec")
+    return got
+
+
+def call_factory(ref: str, target: str) -> Any:
+    """What the function `target` ("module:function", "file.py[:function]") returns."""
     where, sep, fn = target.rpartition(":")
     if not sep:
         where, fn = target, "spec"
     if where.endswith(".py") or "/" in where:
         module = _load_file(ref, Path(where))
     elif not where or not where.replace(".", "").replace("_", "").isalnum():
-        raise UsageError(f"--model '{ref}': expected mlp, transformer, module:function or "
-                         "file.py[:function]")
+        raise UsageError(f"--model '{ref}': expected {', '.join(BUILTINS)}, module:function "
+                         "or file.py[:function]")
     else:
-        try:
-            module = importlib.import_module(where)
-        except ImportError as e:
-            # a bare word is far more often a mistyped built-in than a module name
-            notes = did_you_mean(ref, BUILTINS) if "." not in where else ()
-            raise UsageError(f"--model '{ref}': cannot import {where}: {e}",
-                             notes=notes) from None
+        # a bare word is far more often a mistyped built-in than a module name
+        module = import_module(where, f"--model '{ref}'",
+                               did_you_mean(ref, BUILTINS) if "." not in where else ())
     factory = getattr(module, fn, None)
     if not callable(factory):
         raise UsageError(f"--model '{ref}': {where} has no function '{fn}'")
-    try:
-        spec = factory()
-    except Exception as e:
-        raise UsageError(f"--model '{ref}': {fn}() raised {type(e).__name__}: {e}") from None
-    if not isinstance(spec, ModelSpec):
-        raise UsageError(f"--model '{ref}': {fn}() returned {type(spec).__name__}, "
-                         "expected a pipeir.models.ModelSpec")
-    return spec
+    with contained(f"--model '{ref}'", f"calling {fn}()"):
+        return factory()
 
 
 def _load_file(ref: str, path: Path) -> Any:

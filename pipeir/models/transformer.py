@@ -3,6 +3,8 @@ on a synthetic token stream with a learnable pattern (next token = previous + 1 
 a sequence length that changes from step to step.
 
 Stage 0 owns the embedding, the last stage the final norm and head; blocks are spread evenly.
+`splittable()` is the same network as a `Splittable` (`transformer@blocks.1,norm` on the
+command line, or a `pipeirc plan`): cut at any block or before the norm and head.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from pipeir.models.chain import ChainModel, Part
 from pipeir.models.spec import ModelSpec
 
 VOCAB = 64
@@ -73,3 +76,15 @@ def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def spec() -> ModelSpec:
     return ModelSpec(stage=Stage, loss=_loss, batch=_batch)
+
+
+def pieces(vocab: int, dim: int, layers: int) -> list[list[Part]]:
+    """Embedding, `layers` blocks, then the final norm and head, as a chain's pieces."""
+    blocks: list[list[Part]] = [[(f"blocks.{i}", Block)] for i in range(layers)]
+    return [[("embed", lambda: nn.Embedding(vocab, dim))], *blocks,
+            [("norm", lambda: nn.LayerNorm(dim)), ("head", lambda: nn.Linear(dim, vocab))]]
+
+
+def splittable() -> ChainModel:
+    """The built-in transformer as a `Splittable` (see the module docstring)."""
+    return ChainModel(pieces(VOCAB, DIM, LAYERS), spec())

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.utils import _pytree as pytree
 
-from pipeir.models.spec import ModelSpec, autocast_dtype
+from pipeir.models.spec import ModelSpec, autocast_dtype, call_stage
 from pipeir.runtime import shapes, splitgrad
 from pipeir.runtime.memory import SavedActivations
 from pipeir.runtime.mesh import Mesh
@@ -147,7 +147,7 @@ class Context:
         t0 = self._enter()
         key = (stage, mb)
         with self._autocast(), self.saved.recording(key):
-            self.outputs[key] = self.modules[stage](self.inputs[key])
+            self.outputs[key] = call_stage(self.modules[stage], self.inputs[key])
         self._leave(t0)
 
     def forward_checkpoint(self, stage: int, mb: int) -> None:
@@ -156,7 +156,7 @@ class Context:
         key = (stage, mb)
         self.saved.checkpoint(key, self.inputs[key])
         with self._autocast(), torch.no_grad():
-            out = self.modules[stage](self.inputs[key])
+            out = call_stage(self.modules[stage], self.inputs[key])
         # the output goes on as if autograd had made it (the same gradient flags); its RC
         # makes the real one before the backward
         self.outputs[key] = shapes.detached(out, self.plan.act(stage, mb))
@@ -173,7 +173,7 @@ class Context:
         # (`self.ema = 0.9 * self.ema + ...`); either way the FC's value is what stays
         kept = [(name, b, b.detach().clone()) for name, b in module.named_buffers()]
         with self.saved.replaying(key), self._autocast():
-            self.outputs[key] = module(self.inputs[key])
+            self.outputs[key] = call_stage(module, self.inputs[key])
         with torch.no_grad():
             for name, b, before in kept:
                 b.copy_(before)

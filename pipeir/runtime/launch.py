@@ -34,7 +34,7 @@ from typing import Any
 from pipeir.backend.instructions import Lowered
 from pipeir.diagnostics import PipeirError
 from pipeir.runtime.mesh import MeshShape
-from pipeir.runtime.worker import Job
+from pipeir.runtime.worker import LOADING_PC, SAVING_PC, Job
 
 GRACE_S = 1.5
 
@@ -90,6 +90,14 @@ class RunResult:
     kept_per_stage: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class Reporters:
+    """Where the launcher passes what ranks report while they run."""
+
+    step: Callable[[StepReport], None] | None = None
+    note: Callable[[str], None] | None = None
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -99,6 +107,10 @@ def free_port() -> int:
 def describe(lowered: Lowered, rank: int, pc: int) -> str:
     """`#pc `instr` (F(1,0), file.sched:12)` for messages."""
     prog = lowered.program(rank)
+    if pc == SAVING_PC:
+        return "while saving a checkpoint"
+    if pc == LOADING_PC:
+        return "while loading the checkpoint"
     if not 0 <= pc < len(prog):
         return "outside any instruction (while setting up or between steps)"
     ins = prog[pc]
@@ -150,8 +162,10 @@ def _on_leash(leash: Any, target: Callable[..., None], *args: Any) -> None:
 
 def launch(jobs: Sequence[Job], nproc: int, *, timeout_s: float = 60.0,
            stall_s: float | None = None,
-           on_step: Callable[[StepReport], None] | None = None) -> RunResult:
-    """Run `jobs` one after another on `nproc` fresh local processes (gloo on CPU)."""
+           on_step: Callable[[StepReport], None] | None = None,
+           on_note: Callable[[str], None] | None = None) -> RunResult:
+    """Run `jobs` one after another on `nproc` fresh local processes (gloo on CPU);
+    `on_step` gets every step, `on_note` the ranks' lines for the user ("saved DIR/step-N")."""
     ctx = _context()
     q = ctx.Queue()
     pcs = ctx.Array("i", [0, -1] * nproc, lock=False)
@@ -161,7 +175,7 @@ def launch(jobs: Sequence[Job], nproc: int, *, timeout_s: float = 60.0,
     result = RunResult()
     stall = stall_s if stall_s is not None else timeout_s + 30.0
     try:
-        _watch(procs, q, pcs, jobs, result, stall, on_step)
+        _watch(procs, q, pcs, jobs, result, stall, Reporters(on_step, on_note))
     finally:
         for p in procs:
             if p.is_alive():
@@ -180,7 +194,7 @@ def _entry(*args: Any) -> None:
 
 
 def _watch(procs: list[Any], q: Any, pcs: Any, jobs: Sequence[Job], result: RunResult,
-           stall: float, on_step: Callable[[StepReport], None] | None) -> None:
+           stall: float, on: Reporters) -> None:
     n = len(procs)
     exited: set[int] = set()
     errors: list[tuple[Any, ...]] = []
@@ -194,7 +208,7 @@ def _watch(procs: list[Any], q: Any, pcs: Any, jobs: Sequence[Job], result: RunR
         now = time.monotonic()
         if msg is not None:
             last_news = now
-            _record(msg, result, exited, errors, on_step, n)
+            _record(msg, result, exited, errors, on, n)
             if msg[0] == "error" and first_error_at is None:
                 first_error_at = now
         dead = [r for r, p in enumerate(procs)
@@ -202,7 +216,7 @@ def _watch(procs: list[Any], q: Any, pcs: Any, jobs: Sequence[Job], result: RunR
         if dead and first_error_at is None:
             first_error_at = now
         if first_error_at is not None and now - first_error_at > GRACE_S and msg is None:
-            _drain(q, result, exited, errors, on_step, n)  # reports sent before the failure
+            _drain(q, result, exited, errors, on, n)  # reports sent before the failure
             raise RunError(_blame(errors, dead, procs, pcs, jobs))
         if now - last_news > stall:
             where = "; ".join(f"rank {r}: job {pcs[2 * r]} "
@@ -217,18 +231,17 @@ def _watch(procs: list[Any], q: Any, pcs: Any, jobs: Sequence[Job], result: RunR
 
 
 def _drain(q: Any, result: RunResult, exited: set[int], errors: list[tuple[Any, ...]],
-           on_step: Callable[[StepReport], None] | None, n: int) -> None:
+           on: Reporters, n: int) -> None:
     while True:
         try:
             msg = q.get(timeout=0.05)
         except queue_mod.Empty:
             return
-        _record(msg, result, exited, errors, on_step, n)
+        _record(msg, result, exited, errors, on, n)
 
 
 def _record(msg: tuple[Any, ...], result: RunResult, exited: set[int],
-            errors: list[tuple[Any, ...]], on_step: Callable[[StepReport], None] | None,
-            n: int) -> None:
+            errors: list[tuple[Any, ...]], on: Reporters, n: int) -> None:
     kind = msg[0]
     if kind == "step":
         _, job, rank, step, loss, t0, t1, times, info, reduced = msg
@@ -250,8 +263,8 @@ def _record(msg: tuple[Any, ...], result: RunResult, exited: set[int],
         if rep.ranks == n:
             prev = result.steps.get((job, step - 1))
             rep.time = rep.end - (prev.end if prev is not None else rep.start)
-            if on_step is not None:
-                on_step(rep)
+            if on.step is not None:
+                on.step(rep)
     elif kind == "memory":
         _, job, rank, step, peak, per_stage, kept = msg
         result.saved_peak[(job, rank, step)] = peak
@@ -263,6 +276,9 @@ def _record(msg: tuple[Any, ...], result: RunResult, exited: set[int],
         result.params.setdefault(job, {}).update(params)
         result.grads.setdefault(job, {}).update(grads)
         result.by_rank.setdefault(job, {})[rank] = (params, grads)
+    elif kind == "note":
+        if on.note is not None:
+            on.note(msg[2])
     elif kind == "exit":
         exited.add(msg[1])
     elif kind == "error":

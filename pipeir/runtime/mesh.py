@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -128,6 +128,17 @@ def shard(batch: Sequence[Any], dp: int, replica: int, microbatches: int = 1
     return tuple(out)
 
 
+class Pending(Protocol):
+    """What `Mesh.finish_reduce` waits on: a collective's `Work` or a `Future` chained to one.
+
+    NOTE: torch's stubs type the two differently and change between releases (2.14 types
+    `dist.all_reduce`'s result as `Work`, so a list inferred from it refuses the future);
+    waiting is all this module does with either, so it types them by that alone.
+    """
+
+    def wait(self) -> object: ...
+
+
 @dataclass
 class Mesh:
     """This process's place in the mesh and its process groups."""
@@ -143,7 +154,7 @@ class Mesh:
     buckets: dict[int, list[tuple[torch.Tensor, list[tuple[torch.nn.Parameter, torch.Tensor]]]]] \
         = field(default_factory=dict)
     #: stage -> its work objects (and, on CPU, the future that records when they are done)
-    pending: dict[int, list[Any]] = field(default_factory=dict)
+    pending: dict[int, list[Pending]] = field(default_factory=dict)
     #: stage -> when its last all-reduce finished (time.perf_counter(); CPU only: a CUDA
     #: work's future completes when the collective is queued, not when it is done)
     done: dict[int, float] = field(default_factory=dict)
@@ -207,18 +218,24 @@ class Mesh:
 
     def start_reduce(self, stage: int) -> None:
         """Start the all-reduce (sum) of `stage`'s gradient buckets."""
-        works = []
+        works: list[Pending] = []
+        last: Any = None  # the CPU reducer's last work (the gloo backend is untyped)
         for flat, _ in self.buckets.get(stage, ()):
             if self.stream is not None:
                 self.stream.wait_stream(torch.cuda.current_stream(self.device))
                 with torch.cuda.stream(self.stream):
-                    works.append(dist.all_reduce(flat, group=self.dp_group, async_op=True))
+                    work = dist.all_reduce(flat, group=self.dp_group, async_op=True)
+                assert work is not None, "an asynchronous all-reduce returns its work"
+                works.append(work)
             else:
-                works.append(self.reducer.allreduce([flat]))
-        if works and self.stream is None:
+                last = self.reducer.allreduce([flat])
+                works.append(last)
+        if last is not None:
             # NOTE: `then`, not `add_done_callback`: a waiter may wake before the callbacks
             # run; waiting for the chained future makes sure the time is recorded
-            works.append(works[-1].get_future().then(lambda _: self._finished(stage)))
+            recorded: torch.futures.Future[None] = last.get_future().then(
+                lambda _: self._finished(stage))
+            works.append(recorded)
         self.pending[stage] = works
 
     def _finished(self, stage: int) -> None:

@@ -7,6 +7,8 @@ run's checkpoint."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
+from typing import NamedTuple
 
 from pipeir import limits
 from pipeir.diagnostics import UsageError
@@ -15,28 +17,34 @@ from pipeir.runtime import checkpoint
 from pipeir.runtime.mesh import shard
 from pipeir.runtime.shapes import PlanError, ShapePlan
 from pipeir.runtime.worker import split_batch
+from pipeir.usercode import contained
 
 
 def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps: int, *,
               save: str | None = None, save_every: int = 0, resume: str | None = None,
-              placement: Sequence[int] | None = None, dp: int = 1) -> int:
-    """Validate the model and the checkpoint flags; returns the step training starts at. With
+              placement: Sequence[int] | None = None, dp: int = 1,
+              keep: int | None = None) -> Start:
+    """Validate the model and the checkpoint flags; returns where training starts. With
     `placement` (stage -> rank; the processes run on this machine, `dp` copies of each), check
     that their weights, gradients and optimizer state fit its memory (pipeir.limits)."""
     try:
         check_spec(spec, stages)
     except UsageError as e:
         raise UsageError(f"--model {model}: {e.message}") from None
+    with contained(f"--model {model}", "calling batch(0)"):
+        batch = spec.batch(0)
     try:  # replica 0's share, as its ranks will cut it (`mesh.shard`)
-        first = split_batch(shard(spec.batch(0), dp, 0, microbatches), microbatches)
+        first = split_batch(shard(batch, dp, 0, microbatches), microbatches)
     except ValueError as e:
         raise UsageError(f"--model {model}: {e}") from None
-    except Exception as e:
-        raise UsageError(f"--model {model}: batch(0) raised {type(e).__name__}: {e}") from None
+    except Exception as e:  # not (inputs, targets): a tuple of the wrong length, None ...
+        raise UsageError(f"--model {model}: batch(0) gave a value pipeir cannot split into "
+                         f"micro-batches: {type(e).__name__}: {e}") from None
     plan = ShapePlan(spec, stages)
     try:
         for x in first[0]:
             plan.trace(x)
+        plan.trace_real(first[0])
     except PlanError as e:
         raise UsageError(f"--model {model}: {e}") from None
     if placement is not None:
@@ -49,12 +57,25 @@ def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps
         raise UsageError("--save-every must be at least 1")
     if save_every and save is None:
         raise UsageError("--save-every goes with --save DIR")
-    start = 0
+    if keep is not None and keep < 0:
+        raise UsageError("--keep must be at least 0 (0 keeps every checkpoint)")
+    if keep is not None and save is None:
+        raise UsageError("--keep goes with --save DIR")
+    start = Start(0, None)
     if resume is not None:
-        start = checkpoint.validate(resume, spec, stages)
-        if start >= steps:
-            raise UsageError(f"--resume {resume}: the checkpoint is at step {start}; "
+        source, step = checkpoint.validate(resume, spec, stages)
+        start = Start(step, source)
+        if start.step >= steps:
+            raise UsageError(f"--resume {resume}: the checkpoint is at step {start.step}; "
                              f"--steps {steps} leaves nothing to train")
     if save is not None:
         checkpoint.check_target(save, resume)
+        checkpoint.check_space(save, spec, stages)
     return start
+
+
+class Start(NamedTuple):
+    """Where training starts: the step, and the checkpoint it resumes (None: from scratch)."""
+
+    step: int
+    checkpoint: Path | None

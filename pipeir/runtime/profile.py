@@ -36,7 +36,8 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from pipeir.models.spec import ModelSpec, autocast_dtype, build_stage
+from pipeir.models.spec import ModelSpec, autocast_dtype, build_stage, call_stage
+from pipeir.models.splittable import Splittable
 from pipeir.runtime.memory import SavedActivations, input_bytes
 from pipeir.runtime.shapes import grad_leaves, tensor_leaves
 from pipeir.runtime.splitgrad import backward_input_many, backward_weight
@@ -133,6 +134,18 @@ def profile_stages(spec: ModelSpec, stages: int, microbatches: int, warmup: int 
         torch.set_num_threads(threads)
 
 
+def profile_pieces(model: Splittable, microbatches: int, warmup: int = 2, iters: int = 5,
+                   progress: Callable[[str], None] | None = None
+                   ) -> list[tuple[str, StageTimes]]:
+    """Every piece of a `Splittable` (the model cut at all its split points) timed and sized
+    as a stage of its own, named by the split point where it begins ("" for the first): the
+    per-layer costs `pipeirc plan` chooses cut points from."""
+    points = list(model.split_points())
+    times = profile_stages(model.at(points), len(points) + 1, microbatches, warmup, iters,
+                           progress)
+    return list(zip(["", *points], times))
+
+
 def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
                    warmup: int, iters: int, clock: Clock) -> tuple[StageTimes, Any]:
     """Stage s's times on input `x` (a tensor or a structure whose tensors that carry a
@@ -147,7 +160,7 @@ def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
         inp = pytree.tree_map(_leaf, x)
         with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
             with record():
-                o = module(inp)
+                o = call_stage(module, inp)
             return inp, spec.loss(o, y) if last else o
 
     # the bytes autograd saves, counted as the runtime counts them (parameters are not

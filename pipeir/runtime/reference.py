@@ -12,8 +12,11 @@ from typing import Any
 
 import torch
 
-from pipeir.models.spec import ModelSpec, autocast_dtype, build_stage, tied_groups
+from pipeir.models.spec import ModelSpec, autocast_dtype, build_stage, call_stage, tied_groups
 from pipeir.runtime.worker import split_batch
+
+#: stage -> parameter (or buffer) name -> tensor
+State = dict[int, dict[str, torch.Tensor]]
 
 
 def build_model(spec: ModelSpec, stages: int) -> list[torch.nn.Module]:
@@ -29,23 +32,25 @@ def build_model(spec: ModelSpec, stages: int) -> list[torch.nn.Module]:
 
 
 def train_reference(spec: ModelSpec, stages: int, microbatches: int, accumulate: int,
-                    steps: int, dp: int = 1) -> tuple[dict[int, dict[str, torch.Tensor]],
-                                                      dict[int, dict[str, torch.Tensor]]]:
+                    steps: int, dp: int = 1, reverse: bool = False) -> tuple[State, State]:
     """Train `steps` optimizer steps; returns (stage -> state dict, stage -> gradients of
     the last step). Runs on one intra-op thread, as each rank does: kernels then reduce in the
     same order, which matters under bf16 autocast (one rounding flip is a 0.4% difference).
     With `dp` data-parallel replicas the batch is cut into the micro-batches of all of them
-    (replica r's i-th is the (r * microbatches * accumulate + i)-th), each weighted alike."""
+    (replica r's i-th is the (r * microbatches * accumulate + i)-th), each weighted alike.
+    `reverse` sums each step's micro-batch gradients last to first (the forwards run in
+    order, drawing the same random numbers): the same training summed in another order,
+    whose difference is the rounding noise `--check` allows."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return _train(spec, stages, microbatches * dp, accumulate, steps)
+        return _train(spec, stages, microbatches * dp, accumulate, steps, reverse)
     finally:
         torch.set_num_threads(threads)
 
 
-def _train(spec: ModelSpec, stages: int, microbatches: int, accumulate: int, steps: int
-           ) -> tuple[dict[int, dict[str, torch.Tensor]], dict[int, dict[str, torch.Tensor]]]:
+def _train(spec: ModelSpec, stages: int, microbatches: int, accumulate: int, steps: int,
+           reverse: bool) -> tuple[State, State]:
     modules = build_model(spec, stages)
     params = list({id(p): p for m in modules for p in m.parameters() if p.requires_grad}
                   .values())
@@ -57,13 +62,22 @@ def _train(spec: ModelSpec, stages: int, microbatches: int, accumulate: int, ste
     for step in range(steps):
         opt.zero_grad(set_to_none=True)
         xs, ys = split_batch(spec.batch(step), n)
+        parts: list[tuple[torch.Tensor | None, ...]] = []
         for x, y in zip(xs, ys):
             with _autocast(dtype):
                 h: Any = x
                 for m in modules:
-                    h = m(h)
+                    h = call_stage(m, h)
                 loss = spec.loss(h, y)
-            torch.autograd.backward(scaler.scale(loss / n))
+            if not reverse:
+                torch.autograd.backward(scaler.scale(loss / n))
+            else:  # each micro-batch's gradients apart, summed last to first below
+                parts.append(torch.autograd.grad(scaler.scale(loss / n), params,
+                                                 allow_unused=True))
+        for part in reversed(parts):
+            for p, g in zip(params, part):
+                if g is not None:
+                    p.grad = g if p.grad is None else p.grad + g
         if spec.clip_grad_norm is not None:
             scaler.unscale_(opt)
             torch.nn.utils.clip_grad_norm_(params, spec.clip_grad_norm)

@@ -29,7 +29,13 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
-from pipeir.models.spec import ModelSpec, StageBuildError, autocast_dtype, stage_modules
+from pipeir.models.spec import (
+    ModelSpec,
+    StageBuildError,
+    autocast_dtype,
+    call_stage,
+    stage_modules,
+)
 
 ALIGN = 16
 
@@ -104,6 +110,20 @@ def detached(value: Any, layout: Layout) -> Any:
     out = [x.detach().requires_grad_(m.grad) if isinstance(x, torch.Tensor) else x
            for x, m in zip(leaves, layout.leaves)]
     return pytree.tree_unflatten(out, spec)
+
+
+def difference(got: Layout, want: Layout) -> str:
+    """Where two layouts first differ: the element's path and both values (e.g.
+    "[1]['mask']: None here, bool[2x16] there")."""
+    a = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(got.leaves), got.spec))[0]
+    b = pytree.tree_flatten_with_path(pytree.tree_unflatten(list(want.leaves), want.spec))[0]
+    for (pa, va), (pb, vb) in zip(a, b):
+        if pa != pb or va != vb:
+            where = pytree.keystr(pa if pa == pb or len(pa) <= len(pb) else pb) or "the output"
+            return f"{where}: {va!r} here, {vb!r} there"
+    longer, other = (a, "here") if len(a) > len(b) else (b, "there")
+    path, value = longer[min(len(a), len(b))]
+    return f"{pytree.keystr(path)}: {value!r} only {other}"
 
 
 def check(value: Any, layout: Layout, what: str) -> None:
@@ -226,13 +246,40 @@ class ShapePlan:
             for s, mod in enumerate(modules):
                 try:
                     with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
-                        h = mod(h)
+                        h = call_stage(mod, h)
                 except Exception as e:
                     given = "the micro-batch input" if s == 0 else f"stage {s - 1}'s output"
                     raise PlanError(f"stage {s} cannot take {given} {found[-1] if s else key}: "
                                     f"{type(e).__name__}: {e}") from None
                 found.append(Layout.of(h))
         return found
+
+    def trace_real(self, inputs: Sequence[Any]) -> None:
+        """Run the stages for real (no autograd) on `inputs`, the micro-batches of a batch,
+        and raise PlanError where a stage's output structure differs from what the plan
+        traces for the same input layout: a hand-off that depends on the data's values (a
+        mask that is None when a micro-batch has no padding), which the ranks would
+        otherwise find only after they start. Names the stage, micro-batch and element."""
+        dtype = autocast_dtype(self.spec)
+        try:
+            with self.device:
+                real = stage_modules(self.spec, self.stages, range(self.stages))
+        except StageBuildError as e:
+            raise PlanError(e.message) from None
+        for mb, x in enumerate(inputs):
+            want = self.trace(x)
+            h = x
+            with torch.no_grad(), torch.autocast(self.device.type, dtype=dtype,
+                                                 enabled=dtype is not None):
+                for s in range(self.stages):
+                    h = call_stage(real[s], h)
+                    got, traced = _structure(Layout.of(h)), _structure(want[s])
+                    if got != traced:
+                        raise PlanError(
+                            f"stage {s}'s output for micro-batch {mb} of batch(0) differs "
+                            f"from the traced plan at {difference(got, traced)}: the "
+                            "hand-off's structure depends on the data's values; make it "
+                            "the same for every micro-batch (e.g. always pass the mask)")
 
     def state_bytes(self) -> list[int]:
         """Each stage's training state in bytes: parameters and buffers, the gradients of the
@@ -250,6 +297,13 @@ class ShapePlan:
 
     def act(self, stage: int, mb: int) -> Layout:
         return self._mb[mb][stage]
+
+
+def _structure(layout: Layout) -> Layout:
+    """The layout without gradient flags (autograd is off in `trace_real`)."""
+    return Layout(layout.spec, tuple(TensorMeta(x.shape, x.dtype, False)
+                                     if isinstance(x, TensorMeta) else x
+                                     for x in layout.leaves))
 
 
 def _nbytes(t: torch.Tensor) -> int:

@@ -41,7 +41,7 @@ from pipeir.argtypes import positive_int, timeout_seconds
 from pipeir.backend.codegen import rank_source
 from pipeir.backend.program_io import from_json
 from pipeir.diagnostics import PipeirError, UsageError
-from pipeir.models.spec import resolve
+from pipeir.models.refs import resolve
 from pipeir.runtime.mesh import MeshShape, check_world
 from pipeir.runtime.worker import Job, run_rank
 
@@ -138,6 +138,8 @@ def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
             sys.stdout.write(f"step {step + 1}/{job.steps}  loss {loss:.5f}{shard}  "
                              f"{(t1 - t0) * 1e3:.1f} ms\n")
             sys.stdout.flush()
+        elif msg[0] == "note":  # "saved DIR/step-N (...)", from the rank that completed it
+            print(msg[2], flush=True)
 
     try:
         run_rank(rank, world, "env://", [job], emit, lambda j, pc: None, timeout_s)

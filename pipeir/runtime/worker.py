@@ -15,7 +15,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -23,7 +23,8 @@ import torch
 from torch.utils import _pytree as pytree
 
 from pipeir.backend.instructions import Lowered
-from pipeir.models.spec import build_stage, resolve
+from pipeir.models.refs import resolve
+from pipeir.models.spec import build_stage
 from pipeir.runtime import checkpoint, shapes
 from pipeir.runtime import dist as pdist
 from pipeir.runtime.context import CommFailure, Context
@@ -33,6 +34,10 @@ from pipeir.runtime.optim import Optim
 from pipeir.runtime.shapes import ShapePlan
 
 Emit = Callable[[tuple[Any, ...]], None]
+
+#: what a rank reports as its instruction while it saves or loads a checkpoint
+SAVING_PC = -2
+LOADING_PC = -3
 
 
 @dataclass(frozen=True)
@@ -49,6 +54,9 @@ class Job:
     plan: Any = None
     save: str | None = None  # checkpoint directory (pipeir.runtime.checkpoint)
     save_every: int = 0  # save after every N steps (and after the last); 0: after the last
+    keep: int = checkpoint.KEEP  # checkpoints kept in `save` (0: all)
+    #: names this run's temporary checkpoint directories (checkpoint.new_run_id)
+    run_id: str = field(default_factory=checkpoint.new_run_id)
     resume: str | None = None  # start from the newest checkpoint in this directory
     #: data-parallel replicas: the job runs on lowered.ranks x dp processes (pipeir.runtime.mesh)
     dp: int = 1
@@ -126,7 +134,12 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
     optim = Optim(spec, modules, low.stages, low.placement, rank, distributed=True, mesh=mesh)
     start = 0
     if job.resume is not None:
+        track(index, LOADING_PC)
         start = checkpoint.load(job.resume, modules, optim, device)
+        track(index, -1)
+    saver = None if job.save is None else checkpoint.Saver(
+        job.save, job.run_id, job.keep, job.model, low.stages,
+        checkpoint.model_fingerprints(spec, low.stages))
     ctx = Context(spec, modules, low.stages, device, ShapePlan(spec, low.stages, device),
                   optim, on_instr=lambda pc: track(index, pc))
     ctx.mesh = mesh
@@ -166,17 +179,30 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
               dict(ctx.saved.per_stage), dict(ctx.saved.inputs_per_stage)))
         track(index, -1)
         done = step + 1
-        saver = mesh is None or mesh.replica == 0  # replicas hold the same state
-        if job.save is not None and saver and (
+        saves = mesh is None or mesh.replica == 0  # replicas hold the same state
+        if saver is not None and saves and (
                 done == job.steps or (job.save_every and done % job.save_every == 0)):
-            checkpoint.save(job.save, done, spec, job.model, low.stages, modules, optim, rank,
-                            None if mesh is None else mesh.pp_group)
+            track(index, SAVING_PC)
+            saver.save(done, modules, optim, rank, None if mesh is None else mesh.pp_group,
+                       lambda text: emit(("note", index, text)))
+            track(index, -1)
     if job.collect:
         emit(("params", index, rank if mesh is None else mesh.rank,
               {s: {k: _numpy(v) for k, v in m.state_dict().items()}
                for s, m in modules.items()},
               {s: {k: _numpy(v.grad) for k, v in m.named_parameters() if v.grad is not None}
                for s, m in modules.items()}))
+
+
+#: what gloo and NCCL say when a peer went away: a secondary error, never the cause
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe",
+              "NCCL communicator was aborted", "remote process exited")
+
+
+def lost_peer(e: BaseException) -> bool:
+    """Whether `e` only says that another rank died or stopped answering."""
+    return isinstance(e, CommFailure) or (
+        isinstance(e, RuntimeError) and any(t in str(e) for t in _PEER_GONE))
 
 
 def _numpy(t: torch.Tensor) -> Any:
@@ -223,7 +249,7 @@ def main(rank: int, world: int, init_method: str, jobs: Sequence[Job], queue: An
         queue.close()
         queue.join_thread()
     except BaseException as e:
-        kind = "comm" if isinstance(e, CommFailure) else "error"
+        kind = "comm" if lost_peer(e) else "error"
         tb = traceback.extract_tb(e.__traceback__)
         where = next((f"{f.filename}:{f.lineno}" for f in reversed(tb)
                       if "pipeir/runtime" not in f.filename), "")

@@ -30,11 +30,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from pipeir import library, limits
+from pipeir import driver, library, limits
 from pipeir.diagnostics import PipeirError, UsageError
-from pipeir.passes import PassContext, PassManager
+from pipeir.driver import infer_ranks
+from pipeir.passes import Pipeline
 from pipeir.passes.base import Pass
-from pipeir.passes.dp_reduce import DpReduce
 from pipeir.passes.reorder import Reorder
 from pipeir.passes.split_backward import SplitBackward
 from pipeir.schedule import Schedule
@@ -82,24 +82,6 @@ class TuneResult:
     @property
     def best(self) -> Candidate:
         return self.ranked[0]
-
-
-def infer_ranks(costs: CostModel) -> int | None:
-    """The number of stages a cost file describes, when it has per-stage costs."""
-    keys = [*costs.stage, *(s for s, _ in costs.stage_mb)]
-    return max(keys) + 1 if keys else None
-
-
-def check_inferred(where: str, costs: CostModel, ranks: int) -> None:
-    """Stop before the search when the number of ranks, read off the highest stage with its
-    own costs, rests on a few far-apart stages: `[stage.99]` for `[stage.9]` would otherwise
-    search 100 ranks for minutes without a word."""
-    named = sorted({*costs.stage, *(s for s, _ in costs.stage_mb)})
-    if ranks > 2 * len(named) + 2:
-        shown = ", ".join(map(str, named[:6])) + (", ..." if len(named) > 6 else "")
-        raise UsageError(f"{where}: per-stage costs for stages {shown} only, yet the highest, "
-                         f"stage.{ranks - 1}, would make the search cover {ranks} ranks; a typo? "
-                         "give --ranks P to search P ranks")
 
 
 #: The most chunks per rank tune interleaves. NOTE: --max-v 4096 on two ranks took 37 s and
@@ -251,21 +233,21 @@ def _families(ranks: int, m: int, max_v: int) -> list[tuple[str, int]]:
 
 def _evaluate(base: Schedule, costs: CostModel, family: str, v: int, m: int,
               split: str | None, comm: str, reorder: bool, scale: float) -> Candidate:
-
     passes: list[Pass] = [] if split is None else [SplitBackward(mode=split)]  # type: ignore[arg-type]
     if reorder:
         # bounded by evaluations, not time: the table must not depend on machine load
         passes.append(Reorder(budget_ms=10**9, evals=100))
-    if costs.dp > 1:
-        passes.append(DpReduce())
-    ctx = PassContext(costs, "blocking" if comm == "blocking" else "overlapped")
-    s = PassManager(passes, context=ctx, verify_each=False).run(base)
+    # the costs' dp (set by `search`): dp-reduce last, as `pipeirc compile` would add it
+    rep = driver.data_parallel(Pipeline.of(passes), base, costs)
+    s = driver.optimize(base, rep.pipeline, rep.costs,
+                        comm="blocking" if comm == "blocking" else "overlapped",
+                        verify_each=False).schedule
     r = simulate(s, costs, comm=comm)
     peak_units = max(r.peak_activations, default=0) * scale / v
     return Candidate(schedule=s, costs=costs, family=family, v=v, microbatches=m,
                      passes=",".join(f"{p.name}{{mode={split}}}"
                                      if isinstance(p, SplitBackward) else p.name
-                                     for p in passes),
+                                     for p in rep.pipeline.passes),
                      comm=comm, step_time=r.makespan,
                      bubble=r.bubble, peak_memory=peak_units,
                      peak_bytes=None if r.peak_bytes is None else max(r.peak_bytes, default=0.0),
@@ -300,3 +282,17 @@ def _bytes(b: float) -> str:
         if b >= size:
             return f"{b / size:.2f} {unit}"
     return f"{b:.0f} B"
+
+
+def evaluate(base: Schedule, costs: CostModel, family: str, v: int, microbatches: int,
+             split: str | None, comm: str) -> Candidate:
+    """One candidate outside `search`: the library schedule `base` (family, v chunks per
+    rank) through split-backward `split`, simulated under `costs` that already describe each
+    of its `ranks * v` virtual stages (no rescaling: a planner's unequal chunks)."""
+    return _evaluate(base, costs, family, v, microbatches, split, comm, False, 1.0)
+
+
+def variants(family: str, splits: Sequence[str | None], comms: Sequence[str]
+             ) -> list[tuple[str | None, str]]:
+    """The (split-backward mode, comm model) pairs `search` tries on a library schedule."""
+    return _variants(family, splits, comms)

@@ -285,9 +285,9 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
                          t0 + max(time_limit * LIBRARY_SHARE, FLOOR))
     shapes = [make_problem(costs, ranks, microbatches, n, shape, split, comm, memory_limit,
                            memory_bytes)
-              for n, shape in _shapes(candidates, ranks, v, placement,
-                                      memory_limit if memory_bytes is None else None,
-                                      ranks * microbatches * (3 if split else 2))]
+              for n, shape in search_shapes(candidates, ranks, v, placement,
+                                            memory_limit if memory_bytes is None else None,
+                                            ranks * microbatches * (3 if split else 2))]
     problems = _within_budget(shapes, memory_limit if memory_bytes is None else memory_bytes)
     # NOTE: bounding a shape costs seconds on large problems (5 s for the 98,304 ops of p =
     # 64, m = 256, two chunks): once half the time (and `FLOOR`) is spent, the shapes not yet
@@ -395,7 +395,7 @@ def _within_budget(problems: list[Problem], limit: float | None) -> list[Problem
                                  for p in problems))
 
 
-def _shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
+def search_shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
             placement: Placement, memory_limit: float | None, ops_per_chunk: int
             ) -> list[tuple[int, Literal["loop", "vshape"]]]:
     """The (chunks per rank, placement) pairs to search, in `placement` ("search": loop and

@@ -196,14 +196,14 @@ def lower_bound(problem: Problem, head: Mapping[Op, T], occ: Mapping[Op, T],
     """The longest dependency chain, and per rank two one-machine bounds: Jackson's
     preemptive schedule with heads and tails (a rank cannot start an op before its head, and
     after each op its tail must still run elsewhere), and the idle the memory limit forces
-    (`_memory_idle`). Generic in the number type, so the solver's integer model gets the same
+    (`memory_idle`). Generic in the number type, so the solver's integer model gets the same
     bound in its own units."""
     best = max(head[op] + occ[op] + tail[op] for op in problem.ops)
     by_rank: list[list[Op]] = [[] for _ in range(problem.config.ranks)]
     for op in problem.ops:
         by_rank[problem.rank(op)].append(op)
     for mine in by_rank:
-        best = max(best, _jackson(mine, head, occ, tail), _memory_idle(problem, mine, head, occ,
+        best = max(best, jackson(mine, head, occ, tail), memory_idle(problem, mine, head, occ,
                                                                        tail))
     return best
 
@@ -337,7 +337,7 @@ def longest_paths(ops: Sequence[Op], edges: Sequence[tuple[Op, Op, T]], occ: Map
     return head, tail
 
 
-def _jackson(ops: list[Op], head: Mapping[Op, T], occ: Mapping[Op, T],
+def jackson(ops: list[Op], head: Mapping[Op, T], occ: Mapping[Op, T],
              tail: Mapping[Op, T]) -> T:
     """The preemptive one-machine bound: at each moment run the released op with the longest
     tail; the answer, max over ops of completion + tail, is a lower bound on any
@@ -364,13 +364,13 @@ def _jackson(ops: list[Op], head: Mapping[Op, T], occ: Mapping[Op, T],
     return best
 
 
-#: The most release times `_memory_idle` tries per rank (the earliest, where memory binds
+#: The most release times `memory_idle` tries per rank (the earliest, where memory binds
 #: hardest); any subset of them gives a valid bound, and this keeps it linear-time on the
 #: largest problems.
 MEMORY_POINTS = 16
 
 
-def _memory_idle(problem: Problem, mine: list[Op], head: Mapping[Op, T], occ: Mapping[Op, T],
+def memory_idle(problem: Problem, mine: list[Op], head: Mapping[Op, T], occ: Mapping[Op, T],
                  tail: Mapping[Op, T]) -> T:
     """A rank's bound with the idle its memory limit forces: until an activation can first be
     released, the rank can start only as many Fs as fit in the limit, and the other ops
@@ -379,7 +379,7 @@ def _memory_idle(problem: Problem, mine: list[Op], head: Mapping[Op, T], occ: Ma
     For a time T, the live memory at T is the Fs started by then less the releases ended by
     then, so at most `cap(T)` Fs (the limit plus what the releases that can end before T free,
     over the least positive activation size) start before T. The work the rank can do before
-    T (`_work_before`) is then bounded, and what is left runs after T: the step is at least
+    T (`work_before`) is then bounded, and what is left runs after T: the step is at least
     T + load - work before T + the least tail. Tried at the release times, where cap grows."""
     zero = occ[mine[0]] * 0
     limit = problem.memory_limit
@@ -401,11 +401,11 @@ def _memory_idle(problem: Problem, mine: list[Op], head: Mapping[Op, T], occ: Ma
         cap = math.floor((limit + freed) / least + 1e-9)
         if cap >= len(sizes):
             break
-        best = max(best, t + load - _work_before(t, ranked, head, occ, cap) + last)
+        best = max(best, t + load - work_before(t, ranked, head, occ, cap) + last)
     return best
 
 
-def _work_before(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
+def work_before(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
                  occ: Mapping[Op, T], cap: int) -> T:
     """The most work one rank can do before `t` when at most `cap` of its F ops (flagged in
     `ranked`, which is sorted by head) start by then. For any tau, the ops whose head is
@@ -416,7 +416,7 @@ def _work_before(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
     with several chunks the F ops of one micro-batch that start by `t` are a prefix of that
     micro-batch's chain there: a later chunk's forward brings its earlier ones' activations
     along. Where a rank holds a chain (two chunks or more) the capped work is the best such
-    choice (`_chain_work`), not the `cap` largest forwards: on heavy-ends' four-chunk V at
+    choice (`chain_work`), not the `cap` largest forwards: on heavy-ends' four-chunk V at
     K = 4 (rank 3 holds stages 3, 4, 11 and 12; its first backward's head is 8.1) the
     largest sixteen forwards are eight of stage 12 and eight of stage 3, 6.2 of work, while
     any sixteen activations that a schedule can hold do at most 5.125 (three whole chains
@@ -432,7 +432,7 @@ def _work_before(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
 
 def _work_pass(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
                occ: Mapping[Op, T], cap: int, best: T, chained: bool) -> T:
-    """One pass of `_work_before` over tau, lowering `best`: with the `cap` largest forwards,
+    """One pass of `work_before` over tau, lowering `best`: with the `cap` largest forwards,
     or (`chained`) the best prefixes of their chains where that could lower it."""
     zero = t * 0
     other, fs, least = zero, zero, zero
@@ -461,15 +461,15 @@ def _work_pass(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
         if not chained:
             best = min(best, other + fs + t - tau)
         elif counted > cap and longest > 1 and other + least + t - tau < best:
-            least = _chain_work(chains.values(), cap, zero)
+            least = chain_work(chains.values(), cap, zero)
             best = min(best, other + least + t - tau)
     return best
 
 
-def _chain_work(chains: Iterable[list[tuple[int, T]]], cap: int, zero: T) -> T:
+def chain_work(chains: Iterable[list[tuple[int, T]]], cap: int, zero: T) -> T:
     """The most work of at most `cap` forwards when each micro-batch's (a list of (stage,
     work), its forwards on the rank) must be a prefix of its chain in stage order: a
-    knapsack over the micro-batches, each offering its prefixes (`_work_before`'s NOTE)."""
+    knapsack over the micro-batches, each offering its prefixes (`work_before`'s NOTE)."""
     kind = type(zero)
     most = np.zeros(cap + 1, dtype=np.int64 if kind is int else np.float64)
     for chain in chains:  # most[c]: the most work with at most c forwards

@@ -21,9 +21,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
+from pipeir import driver
 from pipeir.diagnostics import PipeirError
 from pipeir.ops import Op
-from pipeir.passes.manager import PassManager
+from pipeir.passes import Pipeline
 from pipeir.passes.merge_backward import MergeBackward
 from pipeir.passes.split_backward import split_in_place
 from pipeir.schedule import Schedule
@@ -68,7 +69,8 @@ def conform(problem: Problem, schedule: Schedule) -> Schedule | None:
     if problem.split and "B" in kinds:
         schedule = split_in_place(schedule)
     elif not problem.split and "I" in kinds:
-        schedule = PassManager([MergeBackward()], verify_each=False).run(schedule)
+        schedule = driver.optimize(schedule, Pipeline.of([MergeBackward()]), problem.costs,
+                                   verify_each=False).schedule
     if set(schedule) != set(problem.ops):
         return None
     return problem.build(schedule.programs, schedule.name)  # pairs run in turn

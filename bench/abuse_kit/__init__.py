@@ -1,0 +1,1 @@
+"""The pieces of bench/abuse.py."""

@@ -1,0 +1,230 @@
+"""pipeirc plan: profile a model piece by piece, choose its cut points and schedule together
+under a memory budget, print the plan beside the uniform split with tune's best, and write
+the plan file (`run --plan`) and the `.sched`."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from pipeir.argtypes import positive_float, timeout_seconds
+from pipeir.cli.common import memory_limit
+from pipeir.diagnostics import PipeirError, UsageError
+from pipeir.files import resolve_output, write_atomic
+from pipeir.progress import Progress
+
+if TYPE_CHECKING:
+    from pipeir.models.splittable import Splittable
+    from pipeir.plan import Choice, LayerCost, Link, Plan
+    from pipeir.plan.planfile import PlanFile
+
+ORDER = 107
+NAME = "plan"
+HELP = ("choose where to cut a model and which schedule to run (profiled per layer, under a "
+        "memory budget); writes a plan for `run --plan`")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, metavar="M",
+                   help="a model that can be cut at named points: transformer, heavy-lm, or "
+                        "module:function / file.py:function returning a Splittable")
+    p.add_argument("--ranks", type=int, required=True, metavar="P", help="pipeline ranks")
+    p.add_argument("--microbatches", type=int, metavar="M",
+                   help="micro-batches a step's batch is split into (default 2P)")
+    p.add_argument("--memory", type=memory_limit, metavar="BYTES|K",
+                   help="memory per rank: bytes with a unit (40GB, 512MiB: saved activations "
+                        "plus --weight-copies times the weights) or K, micro-batches of "
+                        "activations a rank may hold (1F1B needs P)")
+    p.add_argument("--weight-copies", type=float, default=2.0, metavar="N",
+                   help="bytes held per parameter byte besides activations (default 2: "
+                        "weights and gradients; Adam's two states make 4)")
+    p.add_argument("--layer-costs", metavar="PLAN",
+                   help="plan from the per-piece costs in an earlier plan file instead of "
+                        "profiling (same model and micro-batches)")
+    p.add_argument("--latency", type=float, metavar="MS",
+                   help="transfer latency in ms (default: measured between two gloo ranks)")
+    p.add_argument("--bandwidth", type=positive_float, metavar="BYTES_PER_MS",
+                   help="link bandwidth (default: measured, with --latency: unlimited)")
+    p.add_argument("--max-v", type=int, default=4, metavar="V",
+                   help="most chunks per rank (interleaved and V-shaped schedules, each "
+                        "chunk a range of pieces); 1 for one stage per rank (default 4)")
+    p.add_argument("--keep", type=int, default=6, metavar="N",
+                   help="splits the dynamic program hands to tune, per objective (default 6)")
+    p.add_argument("--warmup", type=int, default=2, metavar="N", help="default: 2")
+    p.add_argument("--iters", type=int, default=5, metavar="N",
+                   help="measured iterations per piece, the median is kept (default: 5)")
+    p.add_argument("--timeout", type=timeout_seconds, default=120.0, metavar="S",
+                   help="seconds allowed for the transfer measurement (default: 120)")
+    p.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (JSON)")
+    p.add_argument("--schedule-out", metavar="SCHED",
+                   help="write the planned schedule as a .sched file (with its costs)")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pipeir.models.refs import resolve_splittable
+    from pipeir.plan import planfile as pf
+    from pipeir.plan.search import plan
+    from pipeir.printer import print_schedule
+    from pipeir.verify import verify
+
+    _check_numbers(args)
+    mbs = args.microbatches if args.microbatches is not None else 2 * args.ranks
+    if "@" in args.model:
+        raise UsageError(f"--model {args.model}: name the model without split points; "
+                         "choosing them is what plan does")
+    model = resolve_splittable(args.model)
+    names = ["", *model.split_points()]
+    if args.ranks > len(names):
+        raise UsageError(f"--ranks {args.ranks}: {args.model} has {len(names)} pieces (its "
+                         f"split points and its start), so at most {len(names)} stages")
+    earlier = pf.read(args.layer_costs) if args.layer_costs else None
+    outs = [resolve_output(path, flag)[0] for flag, path in
+            (("-o", args.output), ("--schedule-out", args.schedule_out)) if path is not None]
+    if len(outs) == 2 and outs[0] == outs[1]:  # (checked before the measurement)
+        raise UsageError(f"-o and --schedule-out both name {args.output}: give two files")
+    with Progress("plan") as progress:
+        if earlier is not None:
+            layers = _reuse(earlier, names, mbs, args)
+            how = f"from {args.layer_costs}"
+        else:
+            layers = _profile(model, args, mbs, progress)
+            how = (f"pipeirc plan: medians of {args.iters} runs per piece on this host, one "
+                   "intra-op thread")
+        link = _link(args, progress, earlier)
+        progress(f"searching splits and schedules for {args.ranks} ranks")
+        result = plan(layers, args.ranks, mbs, link, memory=args.memory,
+                      weight_copies=args.weight_copies, keep=args.keep, max_v=args.max_v)
+    best = result.planned.candidate
+    text = print_schedule(best.schedule, best.costs.settings())
+    print(_report(result, names), end="")
+    if args.schedule_out is not None:
+        verify(best.schedule)
+        write_atomic(args.schedule_out, text, "--schedule-out")
+        print(f"wrote {args.schedule_out}")
+    if args.output is not None:
+        write_atomic(args.output, pf.to_json(result, args.model, text, how), "-o")
+        print(f"wrote {args.output} (train with it: pipeirc run --plan {args.output} --model "
+              f"{args.model})")
+    return 0
+
+
+def _check_numbers(args: argparse.Namespace) -> None:
+    if args.ranks < 1:
+        raise UsageError(f"--ranks {args.ranks}: need at least 1 rank")
+    if args.microbatches is not None and args.microbatches < 1:
+        raise UsageError(f"--microbatches {args.microbatches}: need at least 1")
+    if args.max_v < 1:
+        raise UsageError(f"--max-v {args.max_v}: need at least 1")
+    if args.keep < 1:
+        raise UsageError(f"--keep {args.keep}: need at least 1")
+    if args.warmup < 0 or args.iters < 1:
+        raise UsageError("--warmup must be at least 0 and --iters at least 1")
+    if not 0 <= args.weight_copies < float("inf"):
+        raise UsageError(f"--weight-copies {args.weight_copies:g}: need a finite number >= 0")
+    if args.latency is not None and not 0 <= args.latency < float("inf"):
+        raise UsageError(f"--latency {args.latency:g}: need a finite number of ms >= 0")
+
+
+def _reuse(earlier: PlanFile, names: list[str], mbs: int, args: argparse.Namespace
+           ) -> list[LayerCost]:
+    got = [x.name for x in earlier.layers]
+    if got != names:
+        raise UsageError(f"--layer-costs {args.layer_costs}: its pieces ({', '.join(got[1:])}) "
+                         f"are not {args.model}'s ({', '.join(names[1:])})")
+    if earlier.microbatches != mbs:
+        raise UsageError(f"--layer-costs {args.layer_costs}: its costs are for one of "
+                         f"{earlier.microbatches} micro-batches; give --microbatches "
+                         f"{earlier.microbatches}, or profile again")
+    return list(earlier.layers)
+
+
+def _profile(model: Splittable, args: argparse.Namespace, mbs: int,
+             progress: Progress) -> list[LayerCost]:
+    from pipeir.plan import LayerCost
+    from pipeir.runtime.profile import profile_pieces
+
+    try:
+        pieces = profile_pieces(model, mbs, args.warmup, args.iters, progress)
+    except PipeirError:
+        raise
+    except Exception as e:
+        raise UsageError(f"--model {args.model}: running its pieces failed: "
+                         f"{type(e).__name__}: {e}") from None
+    return [LayerCost(name, t.F, t.B, t.I, t.W, t.activation_bytes, t.memory_bytes,
+                      t.param_bytes, t.input_bytes) for name, t in pieces]
+
+
+def _link(args: argparse.Namespace, progress: Progress, earlier: PlanFile | None) -> Link:
+    """--latency / --bandwidth, else measured between two gloo ranks (none for one rank)."""
+    from pipeir.plan import Link
+
+    if args.latency is not None or args.bandwidth is not None or args.ranks == 1:
+        return Link(args.latency or 0.0, args.bandwidth)
+    if earlier is not None:
+        return earlier.link
+    from pipeir.runtime.profile import measure_link
+
+    progress("timing transfers between two gloo ranks")
+    try:
+        latency, bandwidth = measure_link(timeout_s=args.timeout)
+    except RuntimeError as e:
+        raise UsageError(str(e)) from None
+    return Link(latency, bandwidth)
+
+
+def _report(result: Plan, names: list[str]) -> str:
+    """The per-piece costs, the plan, its bounds and the uniform split's best."""
+    unit = "ms"
+    rows = [f"pieces: one micro-batch of {result.microbatches} ({unit}, bytes)",
+            f"  {'piece':<12} {'F':>8} {'B':>8} {'I':>8} {'W':>8} {'hand-off':>10} "
+            f"{'saved':>10} {'params':>10}"]
+    for x in result.layers:
+        rows.append(f"  {x.name or '(start)':<12} {x.F:8.3f} {x.B:8.3f} {x.I:8.3f} {x.W:8.3f} "
+                    f"{x.activation_bytes:10.0f} {x.memory_bytes:10.0f} {x.param_bytes:10.0f}")
+    rows.append(f"link: {result.link.latency:.4g} ms per transfer, "
+                + ("unlimited bandwidth" if result.link.bandwidth is None
+                   else f"{result.link.bandwidth:.4g} bytes/ms"))
+    rows.append(f"tried {result.splits_tried} splits with tune's schedules; "
+                + ("no memory budget" if result.memory is None else
+                   f"memory per rank: {_budget(result)}"))
+    rows.append("")
+    rows += _choice("plan", result, result.planned, names)
+    rows.append(f"  lower bound {result.bound:.4g} {unit} for this split and placement "
+                f"({result.gap:+.1%} above it); no split or schedule can beat "
+                f"{result.best_bound:.4g} {unit} (pipeir.plan.partition explains both)")
+    if result.uniform is None:
+        rows.append("uniform split: no schedule of it fits the memory budget")
+    else:
+        rows += _choice("uniform split", result, result.uniform, names)
+        gain = result.gain or 0.0
+        rows.append(f"the plan's step is {result.planned.step / result.uniform.step:.2f}x the "
+                    f"uniform split's ({gain:.1%} faster)" if gain > 0 else
+                    "the uniform split is as fast as any split tried")
+    return "\n".join(rows) + "\n"
+
+
+def _choice(what: str, result: Plan, c: Choice, names: list[str]) -> list[str]:
+    from pipeir.plan.layers import bounds, stages_of
+
+    cand = c.candidate
+    out = [f"{what}: {', '.join(names[i] for i in c.cut) or '(one stage)'} -> "
+           f"{cand.family}" + (f" v={cand.v}" if cand.v > 1 else "")
+           + (f", {cand.passes}" if cand.passes else "") + f", {cand.comm} communication: "
+           f"step {cand.step_time:.4g} ms (simulated), bubble {cand.bubble:.1%}"]
+    stages = stages_of(result.layers, c.cut)
+    placement = cand.schedule.config.placement
+    for k, ((lo, hi), s) in enumerate(zip(bounds(c.cut, len(names)), stages)):
+        first = names[lo] or "(start)"
+        span = first if hi - lo == 1 else f"{first} .. {names[hi - 1]}"
+        out.append(f"  stage {k} on rank {placement[k]}: {span:<24} F+B {s.F + s.B:8.3f} ms")
+    if c.rank_bytes is not None:
+        out.append("  held per rank (MiB): "
+                   + " ".join(f"{b / 2**20:.4g}" for b in c.rank_bytes))
+    return out
+
+
+def _budget(result: Plan) -> str:
+    m = result.memory
+    if isinstance(m, int):
+        return f"{m} micro-batches of activations"
+    return f"{float(m or 0) / 2**20:.4g} MiB (activations + {result.weight_copies:g} x weights)"

@@ -1,0 +1,39 @@
+"""What `--model` names: a ModelSpec (`pipeir.models.spec.resolve`), a model that can be cut
+at named points (`resolve_splittable`), or one cut there (`REF@POINT,POINT...`, what
+`pipeirc run --plan` hands every rank). The one resolver the runtime and the CLI call.
+"""
+
+from __future__ import annotations
+
+from pipeir.diagnostics import UsageError
+from pipeir.models import spec as specs
+from pipeir.models.spec import ModelSpec
+from pipeir.models.splittable import Splittable
+
+#: Built-in models that can be cut anywhere -> "module:function".
+SPLITTABLE: dict[str, str] = {
+    "transformer": "pipeir.models.transformer:splittable",
+    "heavy-lm": "pipeir.models.heavy_lm:splittable",
+}
+
+
+def resolve(ref: str) -> ModelSpec:
+    """`specs.resolve`, and `REF@POINT,POINT...`: the Splittable REF cut at those points."""
+    base, at, points = ref.rpartition("@")
+    if at and "/" not in points:  # (not a directory named x@y)
+        return resolve_splittable(base).at([p.strip() for p in points.split(",") if p.strip()])
+    return specs.resolve(ref)
+
+
+def resolve_splittable(ref: str) -> Splittable:
+    """The `Splittable` `ref` names: a built-in (`transformer`, `heavy-lm`) or a function
+    returning one. A ModelSpec is refused: it is already cut, by stage number, and cannot be
+    cut elsewhere."""
+    got = specs.call_factory(ref, SPLITTABLE.get(ref, specs.BUILTINS.get(ref, ref)))
+    if isinstance(got, Splittable):
+        return got
+    what = ("a ModelSpec, already cut into stages by number" if isinstance(got, ModelSpec)
+            else type(got).__name__)
+    raise UsageError(f"--model '{ref}': returned {what}; planning and --plan need a model "
+                     f"that can be cut at named points (built-ins: {', '.join(SPLITTABLE)}, "
+                     "or a function returning a pipeir.models.splittable.Splittable)")

@@ -1,0 +1,255 @@
+"""Choose the cut points and the schedule together: the best few splits by the dynamic
+program (`pipeir.plan.partition`), each refined by tune's search of schedules in the
+simulator, under a memory budget; beside them the uniform split with tune's best.
+
+NOTE (memory). A budget is either a count, tune's unit (micro-batches of activations a rank
+may hold, 1F1B needs P), or bytes per rank: the simulated peak of saved activations on the
+rank plus `weight_copies` times the parameter bytes it holds (2: weights and gradients; an
+optimizer with state adds its copies, Adam 2 more). The dynamic program already drops stages
+that cannot fit 1F1B's in-flight micro-batches (min(P - k, M) on stage k); each schedule tune
+finds is then checked against the budget with its own simulated peak, and the fastest that
+fits is kept.
+
+NOTE (chunks). Tune interleaves by cutting each stage into v equal chunks, which a real
+model's stages are not (a head is one piece). Here a rank's v chunks are real ranges of
+pieces: splits into `ranks * v` chunks (the dynamic program's best by chunk work, and the
+uniform split into that many) are simulated on interleaved 1F1B, and for v = 2 on the
+V-shaped schedules, with each chunk's own costs. The uniform baseline is the uniform split
+at the best v under the same budget: what a user gets from tune without planning.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from pipeir import library
+from pipeir.diagnostics import PipeirError, UsageError
+from pipeir.plan.layers import (
+    Cut,
+    LayerCost,
+    Link,
+    cost_settings,
+    stage_cost,
+    stages_of,
+)
+from pipeir.plan.partition import (
+    StageScore,
+    best_splits,
+    bound_score,
+    lower_bound,
+    uniform_cut,
+    universal_bound,
+    work_score,
+)
+from pipeir.search.tune import PRESPLIT, SPLITS, Candidate, evaluate, search, variants
+from pipeir.sim import CostModel, simulate
+
+#: A budget: a count of micro-batch activations (int) or bytes per rank (float), as
+#: `pipeir.cli.common.memory_limit` reads `--memory`.
+Budget = int | float
+
+#: Transfers that cost nothing.
+NO_LINK = Link()
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A split and the schedule tune found for it."""
+
+    cut: Cut
+    candidate: Candidate
+    rank_bytes: tuple[float, ...] | None  # simulated activations + weight copies, per rank
+
+    @property
+    def step(self) -> float:
+        return self.candidate.step_time
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What `plan` found: the chosen split and schedule, the bounds, the baseline."""
+
+    layers: tuple[LayerCost, ...]
+    ranks: int
+    microbatches: int
+    link: Link
+    memory: Budget | None
+    weight_copies: float
+    planned: Choice
+    uniform: Choice | None  # None: no schedule of the uniform split fits the budget
+    bound: float  # the planned split's lower bound (`partition.lower_bound`)
+    best_bound: float  # what no split and schedule beats (`partition.universal_bound`)
+    splits_tried: int
+
+    @property
+    def gain(self) -> float | None:
+        """How much faster the plan is than the uniform split's best (0.2 = 20 %)."""
+        return None if self.uniform is None else self.uniform.step / self.planned.step - 1
+
+    @property
+    def gap(self) -> float:
+        """The plan's distance above its lower bound (0.03 = 3 %)."""
+        return self.planned.step / self.bound - 1 if self.bound > 0 else 0.0
+
+
+def plan(layers: Sequence[LayerCost], ranks: int, microbatches: int, link: Link = NO_LINK,
+         memory: Budget | None = None, weight_copies: float = 2.0, keep: int = 6,
+         max_v: int = 4, splits: Sequence[str | None] = SPLITS,
+         comms: Sequence[str] = ("overlapped", "blocking")) -> Plan:
+    """Plan a pipeline of `ranks` ranks over `layers` (one micro-batch of `microbatches`):
+    the `keep` best splits by stage work and by lower bound, and for v = 2, 4 .. `max_v`
+    chunks per rank the `keep` best splits into `ranks * v` chunks, plus the uniform split
+    at every v, each with its fastest schedule within `memory` (module NOTE). `splits` and
+    `comms` narrow tune's split-backward modes and comm models (a model whose backward
+    cannot be split: (None,))."""
+    layers = tuple(layers)
+    _check(layers, ranks, microbatches, weight_copies)
+    n = len(layers)
+    fits = _fits_1f1b(layers, ranks, microbatches, memory, weight_copies)
+    cuts: dict[tuple[Cut, int], None] = {}
+    for score in (work_score(layers), bound_score(layers, microbatches)):
+        cuts.update(((c, 1), None) for _, c in best_splits(n, ranks, _within(score, fits),
+                                                            keep))
+    chunks = [v for v in (2**k for k in range(1, 7)) if v <= max_v and ranks * v <= n
+              and ranks > 1]
+    for v in chunks:
+        cuts.update(((c, v), None) for _, c in best_splits(n, ranks * v, work_score(layers),
+                                                            keep))
+    uniform = [c for c in (_refine(layers, uniform_cut(n, ranks * v), ranks, microbatches, link,
+                                   memory, weight_copies, v, splits, comms)
+                           for v in [1, *chunks]) if c is not None]
+    chosen = uniform + [c for c in (_refine(layers, cut, ranks, microbatches, link, memory,
+                                            weight_copies, v, splits, comms)
+                                    for cut, v in cuts) if c is not None]
+    if not chosen:
+        raise UsageError(_nothing_fits(layers, ranks, microbatches, memory, weight_copies))
+    planned = min(chosen, key=_order)
+    placement = planned.candidate.schedule.config.placement
+    return Plan(layers, ranks, microbatches, link, memory, weight_copies, planned,
+                min(uniform, key=_order) if uniform else None,
+                lower_bound(layers, planned.cut, microbatches, link,
+                            [placement[s] for s in range(len(planned.cut) + 1)]),
+                universal_bound(layers, ranks, microbatches), len(cuts) + 1 + len(chunks))
+
+
+def _check(layers: Sequence[LayerCost], ranks: int, microbatches: int,
+           weight_copies: float) -> None:
+    if ranks < 1:
+        raise UsageError(f"--ranks {ranks}: need at least 1 rank")
+    if ranks > len(layers):
+        raise UsageError(f"--ranks {ranks}: the model has {len(layers)} pieces (its split "
+                         f"points and its start), so at most {len(layers)} stages")
+    if microbatches < 1:
+        raise UsageError(f"--microbatches {microbatches}: need at least 1")
+    if weight_copies < 0:
+        raise UsageError(f"--weight-copies {weight_copies:g}: cannot be negative")
+
+
+def _order(c: Choice) -> tuple[float, tuple[float, int, float, str]]:
+    return (c.step, c.candidate.sort_key())
+
+
+def static_bytes(stage: LayerCost, weight_copies: float) -> float:
+    """What a stage holds whatever the schedule: its weights and their copies."""
+    return weight_copies * stage.param_bytes
+
+
+def _fits_1f1b(layers: Sequence[LayerCost], ranks: int, microbatches: int,
+               memory: Budget | None, weight_copies: float) -> StageScore | None:
+    """Whether a stage can hold 1F1B's in-flight micro-batches within a byte budget (the
+    dynamic program's filter; see the module NOTE), or None without a byte budget."""
+    if memory is None or isinstance(memory, int):
+        return None
+    budget = float(memory)
+
+    def fits(lo: int, hi: int, k: int) -> float | None:
+        s = stage_cost(layers, lo, hi, k == 0)
+        held = static_bytes(s, weight_copies) + min(ranks - k, microbatches) * s.memory_bytes
+        return 0.0 if held <= budget else None
+
+    return fits
+
+
+def _within(score: StageScore, fits: StageScore | None) -> StageScore:
+    if fits is None:
+        return score
+
+    def both(lo: int, hi: int, k: int) -> float | None:
+        return None if fits(lo, hi, k) is None else score(lo, hi, k)
+
+    return both
+
+
+def _refine(layers: Sequence[LayerCost], cut: Cut, ranks: int, microbatches: int, link: Link,
+            memory: Budget | None, weight_copies: float, v: int,
+            splits: Sequence[str | None], comms: Sequence[str]) -> Choice | None:
+    """The fastest schedule for this split (`ranks * v` chunks) within the budget, or None:
+    tune's search for one chunk per rank, the interleaved and V-shaped library schedules
+    with these chunks' own costs for more."""
+    stages = stages_of(layers, cut)
+    costs = CostModel.from_settings(cost_settings(stages, link))
+    count = memory if isinstance(memory, int) else None
+    if v == 1:
+        try:
+            ranked = search(costs, ranks, [microbatches], memory_limit=count, max_v=1,
+                            comms=comms, splits=splits).ranked
+        except UsageError:  # no schedule within the count
+            return None
+    else:
+        ranked = sorted((c for c in _chunked(costs, ranks, microbatches, v, splits, comms)
+                         if count is None or c.peak_memory <= count + 1e-9),
+                        key=Candidate.sort_key)
+    for cand in ranked:
+        if memory is None or count is not None:
+            return Choice(cut, cand, None)
+        held = _rank_bytes(cand, stages, weight_copies)
+        if max(held) <= float(memory):
+            return Choice(cut, cand, held)
+    return None
+
+
+def _chunked(costs: CostModel, ranks: int, microbatches: int, v: int,
+             splits: Sequence[str | None], comms: Sequence[str]) -> list[Candidate]:
+    """Interleaved 1F1B with v chunks per rank (and for v = 2 the V-shaped schedules, which
+    split their backwards, unless `splits` allows no split) under costs for each chunk."""
+    out = []
+    for family in ["interleaved-1f1b", *(PRESPLIT if v == 2 and any(splits) else ())]:
+        try:
+            base = library.get(family, ranks=ranks, microbatches=microbatches,
+                               **({"v": v} if family == "interleaved-1f1b" else {}))
+        except PipeirError:  # e.g. M not a multiple of the ranks
+            continue
+        out += [evaluate(base, costs, family, v, microbatches, split, comm)
+                for split, comm in variants(family, splits, comms)]
+    return out
+
+
+def _rank_bytes(cand: Candidate, stages: Sequence[LayerCost], weight_copies: float
+                ) -> tuple[float, ...]:
+    """Per rank: the simulated peak of saved activations plus the weights of its chunks."""
+    sim = simulate(cand.schedule, cand.costs, comm=cand.comm)
+    config = cand.schedule.config
+    held = [0.0] * config.ranks
+    for k, stage in enumerate(stages):
+        held[config.placement[k]] += static_bytes(stage, weight_copies)
+    peaks = sim.peak_bytes or (0.0,) * config.ranks
+    return tuple(h + p for h, p in zip(held, peaks))
+
+
+def _nothing_fits(layers: Sequence[LayerCost], ranks: int, microbatches: int,
+                  memory: Budget | None, weight_copies: float) -> str:
+    if isinstance(memory, int):
+        return (f"no split and schedule fits --memory {memory} (micro-batches of activations "
+                f"per rank; 1F1B needs {ranks})")
+    least = min(static_bytes(x, weight_copies) + x.memory_bytes for x in layers)
+    return (f"no split and schedule fits --memory {_size(float(memory or 0))} per rank "
+            f"(the lightest piece alone needs {_size(least)} with one micro-batch in flight)"
+            if memory is not None else "no schedule found")
+
+
+def _size(b: float) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if b >= size:
+            return f"{b / size:.3g} {unit}"
+    return f"{b:.0f} B"

@@ -1,0 +1,91 @@
+"""Running code pipeir does not own: a model file or `--model` spec, a pass plugin, a batch
+function. Whatever it raises (an exception, `sys.exit`, Ctrl-C) becomes one `UserCodeError`
+naming the user's file, the line of the raise and the exception, exit 1 (130 for an interrupt);
+`pipeirc ... --traceback` prints the whole trace from `UserCodeError.cause`.
+
+NOTE (stdout): while user code runs, `print` goes to stderr, so a plugin that prints cannot
+corrupt a schedule that `pipeirc opt` writes to stdout. Only Python-level writes are redirected
+(`sys.stdout`); a plugin writing to file descriptor 1 itself is not caught.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import sys
+import sysconfig
+import traceback
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from types import ModuleType
+
+from pipeir.diagnostics import Diagnostic, Note, PipeirError, UsageError
+
+#: The exit code of an interrupt (128 + SIGINT), as a shell reports it.
+EXIT_INTERRUPT = 130
+#: The exit code of user code that failed.
+EXIT_USER = 1
+
+_PIPEIR = str(Path(__file__).resolve().parent)
+_LIBRARY = tuple(p for p in {sysconfig.get_paths().get(k) for k in ("stdlib", "purelib",
+                                                                      "platlib")} if p)
+
+
+class UserCodeError(PipeirError):
+    """User code raised `cause` (exit 1, or 130 for KeyboardInterrupt)."""
+
+    def __init__(self, message: str, cause: BaseException):
+        code = EXIT_INTERRUPT if isinstance(cause, KeyboardInterrupt) else EXIT_USER
+        super().__init__(Diagnostic(message), exit_code=code)
+        self.cause = cause
+
+
+def raised_at(e: BaseException) -> str:
+    """`file:line` where `e` was raised in the user's code: the innermost frame outside pipeir
+    and the Python installation (a model's line, not torch's), else the innermost frame."""
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"{e.filename}:{e.lineno}"
+    frames = traceback.extract_tb(e.__traceback__)
+    mine = [f for f in frames if not f.filename.startswith((_PIPEIR, *_LIBRARY))
+            and not f.filename.startswith("<frozen")]
+    pick = (mine or frames)[-1:] if frames else []
+    return f"{pick[0].filename}:{pick[0].lineno}" if pick else "?"
+
+
+def explain(e: BaseException) -> str:
+    """`SystemExit(3)`, `ValueError: bad width`, `KeyboardInterrupt` for messages."""
+    if isinstance(e, SystemExit):
+        return f"SystemExit({e.code!r})" if e.code is not None else "SystemExit"
+    try:
+        text = str(e).strip().splitlines()
+    except Exception:  # an exception whose __str__ raises: its class still says something
+        text = ["(its message could not be printed)"]
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
+
+
+@contextlib.contextmanager
+def contained(label: str, doing: str) -> Iterator[None]:
+    """Run user code inside: `label` names what the user gave (`--model 'm.py'`), `doing`
+    what pipeir was doing with it (`importing m.py`, `calling spec()`). A PipeirError passes
+    through (the user code called pipeir, which explained itself)."""
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    except PipeirError:
+        raise
+    except (Exception, SystemExit, KeyboardInterrupt) as e:
+        raise UserCodeError(f"{label}: {explain(e)} at {raised_at(e)} while {doing}",
+                            e) from None
+
+
+def import_module(name: str, label: str, notes: Iterable[Note] = ()) -> ModuleType:
+    """Import the dotted module `name` a user named: a module that does not exist is a
+    UsageError ("cannot import", with `notes`); one that raises while importing is
+    contained."""
+    with contained(label, f"importing {name}"):
+        try:
+            return importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name is None or not (name == e.name or name.startswith(e.name + ".")):
+                raise  # the module exists and imports something missing: its own error
+            raise UsageError(f"{label}: cannot import {name}: {e}", notes=notes) from None

@@ -1,0 +1,294 @@
+"""Bring your own nn.Module: `pipeir.split` and `ModuleSpec` train an unsplit module to the
+parameters of ordinary single-process training of that module (the oracle is written here
+with plain torch, not pipeir's reference), with its parameter names, tied weights and
+initial weights."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+from torch.utils import _pytree as pytree
+
+import pipeir
+from pipeir.backend.codegen import rank_source
+from pipeir.diagnostics import UsageError
+from pipeir.models import ModuleSpec, resolve
+from pipeir.models.splittable import Splittable
+from pipeir.runtime.compare import differences
+from pipeir.runtime.launch import launch
+from pipeir.runtime.worker import Job, split_batch
+from pipeir.schedule import Schedule
+from pipeir.sim import CostModel
+
+HERE = Path(__file__).parent
+MODELS = HERE / "byom_models.py"
+TIMEOUT = 90.0
+
+
+def _models() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("byom_models", MODELS)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+BM = _models()
+
+
+def train_unsplit(spec: ModuleSpec, microbatches: int, steps: int
+                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+    """Plain torch: the unsplit module, one optimizer, mean loss over micro-batches, clip.
+    Returns (state_dict, last step's gradients by every parameter name)."""
+    torch.manual_seed(spec.seed)
+    module = spec.module() if not isinstance(spec.module, nn.Module) else spec.module
+    if spec.weights is not None:
+        module.load_state_dict(torch.load(spec.weights, weights_only=True))  # type: ignore[arg-type]
+    opt = spec.optimizer(module.parameters())
+    for step in range(steps):
+        opt.zero_grad(set_to_none=True)
+        xs, ys = split_batch(spec.batch(step), microbatches)
+        for x, y in zip(xs, ys):
+            loss = spec.loss(_flat(module(x)), y) / microbatches
+            loss.backward()
+        if spec.clip_grad_norm is not None:
+            nn.utils.clip_grad_norm_(module.parameters(), spec.clip_grad_norm)
+        opt.step()
+    grads = {n: p.grad.clone() for n, p in module.named_parameters(remove_duplicate=False)
+             if p.grad is not None}
+    return {k: v.detach().clone() for k, v in module.state_dict().items()}, grads
+
+
+def _flat(output: Any) -> Any:
+    """A module's output as a traced last stage returns it: torch.export's leaves (a Hugging
+    Face ModelOutput without labels: its logits)."""
+    leaves = pytree.tree_leaves(output)
+    return leaves[0] if len(leaves) == 1 else tuple(leaves)
+
+
+def _job(schedule: Schedule, model: str, steps: int) -> Job:
+    """`model` (a `--model` reference; a bare name is a function of byom_models.py)."""
+    low = pipeir.compile(schedule, None).lowered
+    ref = model if ":" in model else f"{MODELS}:{model}"
+    return Job(low, tuple(rank_source(low, r) for r in range(low.ranks)), ref, steps,
+               collect=True)
+
+
+def _synthesised() -> Schedule:
+    """A schedule synthesised for two ranks and four micro-batches (skips without the
+    `synth` extra, OR-Tools)."""
+    pytest.importorskip("ortools")
+    from pipeir.search.synth import synth
+
+    return synth(CostModel(F=1.0, B=2.0), 2, 4, v=1, time_limit=5).schedule
+
+
+def test_split_keeps_names_and_computes_the_unsplit_forward() -> None:
+    """Both routes: pruned deep copies (no example) and torch's tracer (an example); a
+    traced stage hands a tuple on as the next stage's arguments."""
+    torch.manual_seed(0)
+    seq = BM._seq()
+    x = torch.randn(3, BM.D)
+    pruned = pipeir.split(seq, ["2.2", "3"])
+    assert [sorted(n for n, _ in s.named_parameters()) for s in pruned] == [
+        ["0.bias", "0.weight", "2.0.bias", "2.0.weight", "2.1.bias", "2.1.weight"],
+        ["2.2.bias", "2.2.weight", "2.3.bias", "2.3.weight"], ["3.bias", "3.weight"]]
+    h = x
+    for s in pruned:
+        h = s(h)
+    torch.testing.assert_close(h, seq(x), rtol=0, atol=0)
+
+    model = BM.Tied()
+    ids = torch.randint(0, BM.V, (2, 6))
+    traced = pipeir.split(model, ["layers.1", "layers.3"], example=ids)
+    names = set().union(*({n for n, _ in s.named_parameters()} for s in traced))
+    assert names <= {n for n, _ in model.named_parameters(remove_duplicate=False)}
+    out = traced[0](ids)
+    assert isinstance(out, tuple) and len(out) == 2  # (hidden, scale): two arguments
+    for s in traced[1:]:
+        out = s(*out) if isinstance(out, tuple) else s(out)
+    torch.testing.assert_close(out, model(ids), rtol=1e-6, atol=1e-6)
+
+
+def test_a_skip_connection_is_carried_along_the_chain() -> None:
+    """Stage 0's embedding, read after the last block, passes through stage 1."""
+    torch.manual_seed(0)
+    model = BM.Tied(skip=True)
+    ids = torch.randint(0, BM.V, (2, 6))
+    stages = pipeir.split(model, ["layers.1", "layers.3"], example=ids)
+    out: Any = ids
+    widths = []
+    for s in stages:
+        out = s(*out) if isinstance(out, tuple) else s(out)
+        widths.append(len(out) if isinstance(out, tuple) else 1)
+    assert widths == [3, 3, 1]  # hidden, scale and the carried embedding
+    torch.testing.assert_close(out, model(ids), rtol=1e-6, atol=1e-6)
+
+
+def test_module_spec_recognises_tied_weights_and_starts_from_the_unsplit_weights() -> None:
+    ms = BM.tied4().model_spec()
+    assert ms.tied(4) == [[(0, "embed.weight"), (3, "head.weight")]]
+    torch.manual_seed(0)
+    unsplit = BM.Tied().state_dict()
+    for s in range(4):
+        for k, v in ms.stage(s, 4).state_dict().items():
+            assert torch.equal(v, unsplit[k]), (s, k)
+
+
+def test_weights_come_from_an_unsplit_state_dict_file_and_stages_build_on_meta(
+        tmp_path: Path) -> None:
+    torch.manual_seed(3)
+    other = BM._seq()
+    path = tmp_path / "w.pt"
+    torch.save(other.state_dict(), path)
+    spec = ModuleSpec(module=BM._seq, batch=BM._batch, loss=nn.functional.mse_loss,
+                      points=["2.2"], weights=str(path))
+    ms = spec.model_spec()
+    with torch.device("meta"):
+        meta = ms.stage(1, 2)
+    assert all(p.is_meta for p in meta.parameters())
+    for s in range(2):
+        for k, v in ms.stage(s, 2).state_dict().items():
+            assert torch.equal(v, other.state_dict()[k]), (s, k)
+
+
+@pytest.mark.parametrize(("fn", "points", "message"), [
+    ("seq_bad_point", None, "split point '2.9' is not a candidate; the candidates are 1, "
+                            "2.0, 2.1, 2.2, 2.3, 3"),
+    ("seq", ["3", "2.2"], "must be distinct and in model order"),
+])
+def test_bad_points_are_one_clear_error(fn: str, points: list[str] | None,
+                                        message: str) -> None:
+    spec = getattr(BM, fn)()
+    with pytest.raises(UsageError, match=message.replace(".", r"\.").replace("(", r"\(")):
+        spec.at(points) if points is not None else spec.model_spec()
+
+
+def test_run_refuses_a_point_count_the_schedule_does_not_run(cli, tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch
+                                                             ) -> None:
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "4", "--microbatches", "4",
+                       "--model", f"{MODELS}:seq")
+    assert code == 2 and "Traceback" not in err
+    assert "the split points ['2.2'] make 2 stages; the schedule runs 4" in err
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                       "--model", f"{MODELS}:seq_bad_point")
+    assert code == 2 and "split point '2.9' is not a candidate" in err
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.mp
+def test_module_specs_train_like_the_unsplit_module() -> None:
+    """Pruned and traced splits, a tied weight across ranks, Adam and clipping, on 1F1B,
+    interleaved (four traced stages on two ranks), zb-h1 (split backward) and a
+    synthesised schedule: every parameter equals single-process training of the unsplit
+    module (1e-5), under its original name."""
+    lib = pipeir.library.get
+    jobs = [
+        _job(lib("1f1b", 2, 4), "seq", 3),
+        _job(lib("1f1b", 2, 4), "seq_uniform", 2),
+        _job(lib("1f1b", 2, 4), "tied", 3),
+        _job(lib("interleaved-1f1b", 2, 4, v=2), "tied4", 3),
+        _job(lib("zb-h1", 2, 4), "tied", 2),
+        _job(_synthesised(), "tied", 2),
+    ]
+    result = launch(jobs, 2, timeout_s=TIMEOUT)
+    for j, job in enumerate(jobs):
+        spec = getattr(BM, job.model.rpartition(":")[2])()
+        want, want_grads = train_unsplit(spec, 4, job.steps)
+        got: dict[str, Any] = {}
+        grads: dict[str, Any] = {}
+        for s in sorted(result.params[j]):
+            got.update(result.params[j][s])
+            grads.update(result.grads[j][s])
+        assert set(got) <= set(want) and set(want) - set(got) <= {"head.weight"}, j
+        for k, v in want.items():
+            mine = torch.from_numpy(got.get(k, got.get("embed.weight")))
+            torch.testing.assert_close(mine, v, rtol=1e-5, atol=1e-5 * float(v.abs().max()),
+                                       msg=lambda m, k=k, j=j: f"job {j} {k}: {m}")
+        for k, g in grads.items():
+            torch.testing.assert_close(torch.from_numpy(g), want_grads[k], rtol=1e-5,
+                                       atol=1e-5 * float(want_grads[k].abs().max()))
+    tied = result.params[3]
+    assert (tied[0]["embed.weight"] == tied[3]["head.weight"]).all()
+    # --check's judgement passes these correct runs (Adam, clipping, a tied weight)
+    for j, job in enumerate(jobs):
+        rows = differences(resolve(job.model), job, result, j)
+        assert max(max(p, g) for _, p, g, _ in rows) <= 1e-5, (j, rows)
+
+
+def test_resolve_turns_a_module_spec_into_the_model_spec_run_trains() -> None:
+    assert isinstance(BM.tied(), Splittable)  # the seam `pipeirc plan` cuts through
+    ms = resolve(f"{MODELS}:tied")
+    assert ms.tied is not None and ms.tied(2) == [[(0, "embed.weight"), (1, "head.weight")]]
+    assert ms.clip_grad_norm == 0.5
+
+
+@pytest.mark.mp
+def test_run_save_exports_one_state_dict_that_loads_into_the_unsplit_module(
+        cli, tmp_path: Path) -> None:
+    """`run --save` then `export-weights`: the file loads into the unsplit module with
+    strict=True and holds single-process training's parameters; as a ModuleSpec's
+    `weights` it gives the stages those parameters back."""
+    save, out = tmp_path / "ckpt", tmp_path / "w.safetensors"
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "4",
+                       "--steps", "2", "--model", f"{MODELS}:tied", "--save", save)
+    assert code == 0, err
+    code, printed, err = cli("export-weights", save, "--model", f"{MODELS}:tied", "-o", out)
+    assert code == 0, err
+    # every name of the unsplit module, head.weight (embed.weight's second name) included
+    assert f"wrote {len(BM.Tied().state_dict())} tensors" in printed
+    from safetensors.torch import load_file
+
+    state = load_file(str(out))
+    module = BM.Tied()
+    module.load_state_dict(state, strict=True)
+    want, _ = train_unsplit(BM.tied(), 4, 2)
+    for k, v in module.state_dict().items():
+        torch.testing.assert_close(v, want[k], rtol=1e-5, atol=1e-6)
+    back = ModuleSpec(module=BM.Tied, batch=BM._tokens, loss=BM._ce, points=["layers.2"],
+                      example=BM._tokens(0)[0][:2], weights=str(out)).model_spec()
+    for s in range(2):
+        for k, v in back.stage(s, 2).state_dict().items():
+            assert torch.equal(v, state[k]), (s, k)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("nowhere",), "nowhere: no checkpoint there"),
+    (("CKPT", "-o", "w.bin"), "-o w.bin: expected a .pt or .safetensors file"),
+])
+def test_export_weights_rejects_bad_input(cli, tmp_path: Path, args: tuple[str, ...],
+                                          message: str, monkeypatch: pytest.MonkeyPatch
+                                          ) -> None:
+    monkeypatch.chdir(tmp_path)
+    argv = [a.replace("CKPT", "nowhere") for a in args]
+    if "-o" not in argv:
+        argv += ["-o", "w.pt"]
+    code, _, err = cli("export-weights", *argv, "--model", f"{MODELS}:tied")
+    assert code == 2 and message in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_hand_off_whose_structure_depends_on_the_data_is_refused_before_launch(
+        cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Micro-batch 1 of batch(0) has no padding, so stage 0 hands over None for the mask;
+    the run stops before any process starts, naming the stage, micro-batch and element."""
+    monkeypatch.chdir(tmp_path)
+    xs, _ = split_batch(BM._batch(0), 4)
+    pads = [bool((x[:, 0] > 1.5).any()) for x in xs]
+    assert not all(pads) and any(pads)  # the data has both kinds of micro-batch
+    mb = pads.index(False)
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "4",
+                       "--model", f"{MODELS}:data_dependent")
+    assert code == 2 and "Traceback" not in err
+    assert (f"stage 0's output for micro-batch {mb} of batch(0) differs from the traced plan "
+            "at [1]: None here, bool[2] there: the hand-off's structure depends on the "
+            "data's values") in err
+    assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,182 @@
+"""The two front doors agree: `pipeirc compile --emit json` and `pipeir.compile` lower the
+same schedule, passes, data-parallel replicas and costs to the same programs, because both go
+through `pipeir.driver`. The matrix: library 1F1B, interleaved 1F1B, ZB-H1, an example file
+and one with a costs block × no passes, split-backward, overlap, interleave{v=2} and reorder
+× one replica, two from the costs and two from the flag × every example cost file (and none),
+each cost file met in turn. A case compiles to identical JSON through both doors, or
+(interleaving a schedule that is not one stage per rank) fails with the same message through
+both."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+import pipeir
+from pipeir import driver
+from pipeir.backend.program_io import dumps
+from pipeir.cli import main
+from pipeir.diagnostics import PipeirError
+from pipeir.driver import ScheduleRef
+from pipeir.frontend.elaborate import Elaborated
+from pipeir.schedule import Schedule
+from pipeir.sim import CostModel
+
+EXAMPLES = Path(__file__).parent.parent / "examples"
+FILE = EXAMPLES / "1f1b.sched"
+BLOCK = EXAMPLES / "costs" / "variable-length.sched"  # with a costs block of its own
+
+#: name: (CLI words that name the schedule, the API's way to build it); 8 micro-batches
+#: each, the count examples/costs/lengths.toml gives lengths for.
+SCHEDULES: dict[str, tuple[list[str], Callable[[], Schedule | Elaborated]]] = {
+    "1f1b": (["--schedule", "1f1b", "--ranks", "4", "--microbatches", "8"],
+             lambda: pipeir.library.get("1f1b", ranks=4, microbatches=8)),
+    "interleaved": (["--schedule", "interleaved-1f1b", "--ranks", "2", "--microbatches", "8",
+                     "--v", "2"],
+                    lambda: pipeir.library.get("interleaved-1f1b", ranks=2, microbatches=8,
+                                               v=2)),
+    "zb-h1": (["--schedule", "zb-h1", "--ranks", "4", "--microbatches", "8"],
+              lambda: pipeir.library.get("zb-h1", ranks=4, microbatches=8)),
+    "file": ([str(FILE)], lambda: pipeir.parse(FILE)),
+    # what pipeir.load returns: its costs block is the costs, as on the command line
+    "block": ([str(BLOCK)], lambda: pipeir.load(BLOCK)),
+}
+#: reorder bounded by evaluations, not by its default 20 ms: what it finds in 20 ms depends
+#: on the machine's load, and the doors must be compared on the same search
+PASSES = ["", "split-backward", "overlap", "interleave{v=2}", "reorder{budget_ms=1000000,evals=60}"]
+DP = ["1", "2-costs", "2-flag"]
+COSTS: list[Path | None] = [None, *sorted((EXAMPLES / "costs").glob("*.toml")),
+                            EXAMPLES / "costs" / "profile.json"]
+CASES = [(s, p, dp, COSTS[i % len(COSTS)])
+         for i, (s, p, dp) in enumerate(itertools.product(SCHEDULES, PASSES, DP))]
+
+
+def _with_dp2(path: Path | None, tmp: Path) -> Path:
+    """A copy of the cost file `path` (or an empty one) that says dp = 2."""
+    out = tmp / ("dp2.json" if path is not None and path.suffix == ".json" else "dp2.toml")
+    if path is None:
+        out.write_text("dp = 2\n")
+    elif path.suffix == ".json":
+        out.write_text(json.dumps({**json.loads(path.read_text()), "dp": 2}))
+    else:  # top-level keys before the first table
+        out.write_text("dp = 2\n" + path.read_text())
+    return out
+
+
+def _cli(words: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    capsys.readouterr()
+    code = main(words)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def _errors(err: str) -> str:
+    """The CLI's error lines (its warnings are the API's `warnings.warn`s)."""
+    return "\n".join(line for line in err.splitlines() if "error:" in line)
+
+
+@pytest.mark.parametrize(("name", "passes", "dp", "costs"), CASES,
+                         ids=[f"{s}-{p.split('{')[0] or 'none'}-dp{d}-{c.name if c else 'nocosts'}"
+                              for s, p, d, c in CASES])
+def test_cli_and_api_lower_alike(name: str, passes: str, dp: str, costs: Path | None,
+                                 tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    words, build = SCHEDULES[name]
+    # interleave takes one stage per rank, before any split: the only refusals here
+    refused = passes == "interleave{v=2}" and name in ("interleaved", "zb-h1")
+    cost_file = _with_dp2(costs, tmp_path) if dp == "2-costs" else costs
+    cli = ["compile", *words, "--emit", "json"]
+    cli += ["--passes", passes] if passes else []
+    cli += ["--costs", str(cost_file)] if cost_file is not None else []
+    cli += ["--dp", "2"] if dp == "2-flag" else []
+    code, out, err = _cli(cli, capsys)
+
+    try:
+        schedule = build()
+        model = CostModel.load(cost_file) if cost_file is not None else None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            compiled = pipeir.compile(schedule, passes, costs=model,
+                                      dp=2 if dp == "2-flag" else None)
+    except PipeirError as e:
+        assert refused, e.render()
+        assert code != 0, f"the CLI compiled what the API refused: {e.render()}"
+        assert _errors(err).endswith(e.diagnostics[0].render().splitlines()[0]), err
+        return
+    assert not refused
+    assert code == 0, f"the CLI refused what the API compiled:\n{err}"
+    assert out == dumps(compiled.lowered)
+    kinds = [i["i"] for program in json.loads(out)["programs"] for i in program]
+    # two replicas: every rank reduces its gradients (the dp policy ran in both doors)
+    assert ("reduce-grad" in kinds) == (dp != "1"), kinds
+
+
+def test_api_compile_reduces_with_dp2_costs() -> None:
+    """The issue's case: dp = 2 in the costs gives the two gradient reductions of a
+    two-rank pipeline through `pipeir.compile`, as through `pipeirc compile`; dp=1 given
+    outright builds one replica."""
+    s = pipeir.library.get("1f1b", ranks=2, microbatches=2)
+    def reductions(dp: int | None) -> int:
+        lowered = pipeir.compile(s, costs=CostModel(dp=2), dp=dp).lowered
+        return sum(i["i"] == "reduce-grad" for p in json.loads(dumps(lowered))["programs"]
+                   for i in p)
+
+    assert (reductions(None), reductions(2), reductions(1)) == (2, 2, 0)
+
+
+def test_load_with_costs_returns_warnings_and_prints_nothing(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A cost for a stage the pipeline lacks is a warning in the result, not a print."""
+    loaded = driver.load_with_costs(ScheduleRef(library="1f1b", ranks=2, microbatches=4),
+                                    {"stage.7.F": 2.0, "F": 1.5})
+    assert capsys.readouterr() == ("", "")
+    assert [(d.severity, d.message) for d in loaded.warnings] == [
+        ("warning", "cost 'stage.7.F' names stage 7, but the pipeline has 2 (stage 0 to 1); "
+                    "it is ignored")]
+    assert loaded.costs.F == 1.5
+    assert loaded.elaborated.costs["F"] == (1.5, None)
+
+
+def test_load_schedules_refuses_a_cost_where_none_is_used() -> None:
+    with pytest.raises(PipeirError) as e:
+        driver.load_schedules(ScheduleRef(library="1f1b", ranks=2, microbatches=4),
+                              {"F": 5})
+    assert e.value.diagnostics[0].message.startswith("--set F=5: 'F' is a cost, and this "
+                                                     "command uses none")
+
+
+def test_data_parallel_policy() -> None:
+    """dp-reduce goes before the first lowered pass, once; a schedule with its own R ops
+    keeps them; too many processes for torch.distributed are refused."""
+    from pipeir.passes import parse_pipeline
+
+    s = pipeir.library.get("1f1b", ranks=2, microbatches=2)
+    rep = driver.data_parallel(parse_pipeline("split-backward,overlap"), s, CostModel(dp=2))
+    assert [p.name for p in rep.pipeline.passes] == ["split-backward", "dp-reduce", "overlap"]
+    assert rep.dp == 2 and rep.costs.dp == 2
+    again = driver.data_parallel(rep.pipeline, s, rep.costs)
+    assert [p.name for p in again.pipeline.passes] == ["split-backward", "dp-reduce", "overlap"]
+    reduced = pipeir.compile(s, "dp-reduce", costs=CostModel(dp=2)).schedule
+    own = driver.data_parallel(parse_pipeline("overlap"), reduced, CostModel(dp=2))
+    assert [p.name for p in own.pipeline.passes] == ["overlap"]
+    with pytest.raises(PipeirError, match="need at least 1 replica"):
+        driver.data_parallel(parse_pipeline("overlap"), s, CostModel(), dp=0)
+    with pytest.raises(PipeirError, match="32-bit integers"):
+        driver.data_parallel(parse_pipeline("overlap"), s, CostModel(), dp=2**31)
+
+
+def test_the_driver_never_prints() -> None:
+    """Warnings travel back as diagnostics: no module of the driver calls print or writes to
+    sys.stdout / sys.stderr (read from its source, so a new one cannot slip in)."""
+    import ast
+
+    for path in Path(driver.__file__).parent.glob("*.py"):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            assert not (isinstance(node, ast.Name) and node.id == "print"), path
+            assert not (isinstance(node, ast.Attribute) and node.attr in ("stdout", "stderr")), \
+                path

@@ -1,0 +1,239 @@
+"""The planner as pure functions of per-piece costs (no torch): the dynamic program against
+brute-force enumeration of every split, the lower bound against the simulator's step for
+every split and schedule tune finds, the memory budget against the simulated peak, and the
+plan file's round trip and refusals."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from pipeir.diagnostics import UsageError
+from pipeir.models.splittable import check_points, uniform_points
+from pipeir.plan import LayerCost, Link, plan
+from pipeir.plan.layers import Cut, bounds, cost_settings, stages_of
+from pipeir.plan.partition import (
+    best_splits,
+    bound_score,
+    lower_bound,
+    uniform_cut,
+    work_score,
+)
+from pipeir.plan.planfile import read, to_json
+from pipeir.search.tune import search
+from pipeir.sim import CostModel
+
+
+def _piece(name: str, f: float, i: float, w: float, params: float = 1e5,
+           saved: float = 1e5) -> LayerCost:
+    return LayerCost(name, F=f, B=i + w, I=i, W=w, activation_bytes=4e3, memory_bytes=saved,
+                     param_bytes=params)
+
+
+def heavy_ends(blocks: int = 6, head: float = 3.0) -> list[LayerCost]:
+    """An embedding with a cheap forward and many parameters, equal blocks, a heavy head."""
+    return [LayerCost("", F=0.1, B=0.3, I=0.0, W=0.3, activation_bytes=4e3, memory_bytes=1e3,
+                      param_bytes=2e6),
+            *(_piece(f"blocks.{i}", 1.0, 1.0, 1.0) for i in range(blocks)),
+            _piece("norm", head, head, head, params=2e6)]
+
+
+def all_cuts(pieces: int, stages: int) -> list[Cut]:
+    return [c for c in itertools.combinations(range(1, pieces), stages - 1)]
+
+
+def brute(pieces: int, stages: int, score) -> list[float]:  # type: ignore[no-untyped-def]
+    out = []
+    for cut in all_cuts(pieces, stages):
+        vals = [score(lo, hi, k) for k, (lo, hi) in enumerate(bounds(cut, pieces))]
+        if None not in vals:
+            out.append(max(vals))
+    return sorted(out)
+
+
+costs_lists = st.lists(st.tuples(st.floats(0.01, 5), st.floats(0, 5), st.floats(0, 5)),
+                       min_size=1, max_size=8)
+
+
+@given(costs_lists, st.integers(1, 5), st.integers(1, 6), st.integers(1, 8))
+def test_dp_matches_brute_force(raw, stages, keep, mbs) -> None:  # type: ignore[no-untyped-def]
+    layers = [_piece(str(k), *x) for k, x in enumerate(raw)]
+    n = len(layers)
+    for score in (work_score(layers), bound_score(layers, mbs)):
+        got = best_splits(n, stages, score, keep)
+        want = brute(n, stages, score)[:keep]
+        assert [v for v, _ in got] == pytest.approx(want)
+        for v, cut in got:  # each reported value is its cut's worst stage
+            assert len(cut) == stages - 1 and list(cut) == sorted(set(cut))
+            assert v == pytest.approx(max(score(lo, hi, k) for k, (lo, hi)
+                                          in enumerate(bounds(cut, n))))
+
+
+def test_dp_honours_infeasible_stages() -> None:
+    layers = heavy_ends()
+    n = len(layers)
+
+    def score(lo: int, hi: int, k: int) -> float | None:  # no stage of more than 3 pieces
+        return None if hi - lo > 3 else work_score(layers)(lo, hi, k)
+
+    got = best_splits(n, 3, score, keep=50)
+    assert [v for v, _ in got] == pytest.approx(brute(n, 3, score)[:50])
+    assert all(hi - lo <= 3 for _, c in got for lo, hi in bounds(c, n))
+    assert best_splits(n, 2, score) == []  # 8 pieces cannot go in 2 stages of 3
+    assert best_splits(3, 4, score) == []
+
+
+@pytest.mark.parametrize("ranks, mbs", [(2, 4), (3, 6), (4, 8)])
+def test_bound_holds_for_every_split_and_schedule(ranks: int, mbs: int) -> None:
+    """The oracle is the simulator: no schedule tune finds for any split beats the split's
+    bound, and no split beats the best bound over all splits."""
+    rng = random.Random(ranks)
+    layers = [_piece("" if k == 0 else f"p{k}", rng.uniform(0.2, 2), rng.uniform(0.2, 2),
+                     rng.uniform(0.2, 2)) for k in range(6)]
+    layers[0] = LayerCost("", 0.3, 0.9, 0.0, 0.9, 4e3, 1e3, 1e5)
+    link = Link(latency=0.05, bandwidth=1e5)
+    best_bound = best_splits(len(layers), ranks, bound_score(layers, mbs))[0][0]
+    for cut in all_cuts(len(layers), ranks):
+        costs = CostModel.from_settings(cost_settings(stages_of(layers, cut), link))
+        lb = lower_bound(layers, cut, mbs, link)
+        assert lb >= best_bound - 1e-9
+        for cand in search(costs, ranks, [mbs], max_v=1).ranked:
+            assert cand.step_time >= lb - 1e-9, (cut, cand.label)
+
+
+@pytest.mark.parametrize("family", ["interleaved-1f1b", "zb-v"])
+def test_bound_holds_for_chunked_schedules(family: str) -> None:
+    """Two chunks per rank, each a real range of pieces: every split into 4 chunks on 2
+    ranks, simulated, stays above its bound with the schedule's placement."""
+    from pipeir import library
+    from pipeir.search.tune import evaluate, variants
+
+    rng = random.Random(7)
+    layers = [_piece("" if k == 0 else f"p{k}", rng.uniform(0.2, 2), rng.uniform(0.2, 2),
+                     rng.uniform(0.2, 2)) for k in range(7)]
+    link = Link(latency=0.05)
+    base = library.get(family, ranks=2, microbatches=4,
+                       **({"v": 2} if family == "interleaved-1f1b" else {}))
+    place = [base.config.placement[s] for s in range(4)]
+    for cut in all_cuts(len(layers), 4):
+        costs = CostModel.from_settings(cost_settings(stages_of(layers, cut), link))
+        lb = lower_bound(layers, cut, 4, link, place)
+        for split, comm in variants(family, [None, "h1", "h2"], ["overlapped", "blocking"]):
+            cand = evaluate(base, costs, family, 2, 4, split, comm)
+            assert cand.step_time >= lb - 1e-9, (cut, cand.label)
+
+
+def test_plan_beats_the_uniform_split_on_heavy_ends() -> None:
+    layers = heavy_ends()
+    p = plan(layers, 4, 8)
+    assert p.uniform is not None
+    assert p.uniform.cut == uniform_cut(len(layers), 4 * p.uniform.candidate.v)
+    assert uniform_cut(len(layers), 4) == (2, 4, 5)
+    # by hand: the head (F+B = 9) alone on the last rank does 8 micro-batches after the
+    # first one's forward has crossed everything else (embedding 0.1 + 6 blocks x 1): the
+    # step cannot be shorter, and the plan reaches it
+    assert p.planned.step == pytest.approx(8 * 9 + 0.1 + 6)
+    assert p.gain is not None and p.gain > 0.1
+    assert p.planned.step >= p.bound >= p.best_bound
+    assert p.gap < 0.05
+    # the planned schedule is tune's best for that split (the refinement kept it)
+    costs = CostModel.from_settings(cost_settings(stages_of(layers, p.planned.cut), Link()))
+    assert p.planned.step == pytest.approx(search(costs, 4, [8], max_v=1).best.step_time)
+
+
+def test_uniform_cut_is_uniform_points() -> None:
+    for pieces in range(1, 12):
+        names = [f"p{k}" for k in range(1, pieces)]
+        for stages in range(1, pieces + 1):
+            pts = uniform_points(names, stages)
+            assert tuple(check_points(names, pts)) == tuple(
+                k - 1 for k in uniform_cut(pieces, stages))
+    # the built-in transformer's own cut: embedding + 2 blocks | 2 blocks + head
+    assert uniform_cut(6, 2) == (3,)
+
+
+def test_byte_budget_is_respected_and_costs_speed() -> None:
+    layers = heavy_ends()
+    free = plan(layers, 4, 8)
+    budget = 4.3e6
+    tight = plan(layers, 4, 8, memory=budget)
+    assert tight.planned.rank_bytes is not None
+    assert max(tight.planned.rank_bytes) <= budget
+    # the embedding's and head's weights (2 copies of 2 MB) leave no room for the rest
+    assert tight.planned.step >= free.planned.step
+    if tight.uniform is not None:
+        assert tight.uniform.rank_bytes is not None
+        assert max(tight.uniform.rank_bytes) <= budget
+
+
+def test_count_budget_is_tunes_memory_limit() -> None:
+    even = [_piece(f"p{k}" if k else "", 1.0, 1.0, 1.0) for k in range(8)]
+    p = plan(even, 4, 8, memory=4)  # 1F1B's (and ZB-H1's) in-flight micro-batches
+    assert p.planned.candidate.peak_memory <= 4
+    assert p.uniform is not None and p.uniform.candidate.peak_memory <= 4
+    with pytest.raises(UsageError, match="no split and schedule fits --memory 3 "):
+        plan(heavy_ends(), 4, 8, memory=3)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"ranks": 0}, "--ranks 0: need at least 1"),
+    ({"ranks": 9}, "the model has 8 pieces"),
+    ({"microbatches": 0}, "--microbatches 0"),
+    ({"memory": 1.0}, "the lightest piece alone needs"),
+])
+def test_plan_refuses(kwargs: dict[str, float], message: str) -> None:
+    args = {"ranks": 2, "microbatches": 4, **kwargs}
+    with pytest.raises(UsageError, match=message):
+        plan(heavy_ends(), int(args["ranks"]), int(args["microbatches"]),
+             memory=kwargs.get("memory"))
+
+
+def test_plan_file_round_trip(tmp_path: Path) -> None:
+    layers = heavy_ends()
+    p = plan(layers, 3, 6, Link(0.01, 1e6))
+    path = tmp_path / "p.json"
+    path.write_text(to_json(p, "heavy-lm", "pipeline { }\n", "by hand"))
+    got = read(str(path))
+    assert got.model == "heavy-lm" and got.ranks == 3 and got.microbatches == 6
+    assert got.points == tuple(layers[i].name for i in p.planned.cut)
+    assert got.layers == tuple(layers) and got.link == Link(0.01, 1e6)
+    assert got.comm == p.planned.candidate.comm
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: "{", "1:2: error: malformed JSON plan file"),
+    (lambda d: json.dumps({**d, "version": 2}), "plan file version 2"),
+    (lambda d: json.dumps({**d, "format": "x"}), "not a plan file"),
+    (lambda d: json.dumps({k: v for k, v in d.items() if k != "points"}), "has no 'points'"),
+    (lambda d: json.dumps({**d, "ranks": "3"}), "expected a positive integer"),
+    (lambda d: json.dumps({**d, "points": ["blocks.0"]}),
+     "1 split points make 2 stages, not a multiple of its 3 ranks"),
+    (lambda d: json.dumps({**d, "costs": {**d["costs"], "latency": -1}}), "latency"),
+])
+def test_bad_plan_files(tmp_path: Path, edit, message: str) -> None:  # type: ignore[no-untyped-def]
+    p = plan(heavy_ends(), 3, 6)
+    data = json.loads(to_json(p, "heavy-lm", "", "by hand"))
+    path = tmp_path / "bad.json"
+    path.write_text(edit(data))
+    with pytest.raises(UsageError) as e:
+        read(str(path))
+    assert message in e.value.render()
+
+
+def test_split_points_are_checked() -> None:
+    names = ["blocks.0", "blocks.1", "norm"]
+    assert check_points(names, ["blocks.1", "norm"]) == [1, 2]
+    for pts, message in ((["blocks.7"], "did you mean 'blocks.1'"),
+                         (["norm", "blocks.0"], "comes before 'norm'"),
+                         (["norm", "norm"], "comes twice")):
+        with pytest.raises(UsageError) as e:
+            check_points(names, pts)
+        assert message in e.value.render()
+    with pytest.raises(UsageError, match="cannot cut a model of 4 pieces into 5"):
+        uniform_points(names, 5)

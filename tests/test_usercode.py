@@ -1,0 +1,118 @@
+"""User code cannot take pipeir down (issue 37): a model file, a `--model` spec, a pass
+plugin or a batch function that exits, is interrupted or raises is one line naming its file,
+the line of the raise and the exception, exit 1 (130 for an interrupt); `--traceback` adds the
+trace; a plugin's prints cannot corrupt a schedule written to stdout. Nothing here starts a
+process: every failure comes before training."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).parent.parent
+SCHED = REPO / "examples/1f1b.sched"
+RUN = ("run", SCHED, "--set", "ranks=2", "--set", "microbatches=2")
+LIB = ("--schedule", "1f1b", "--ranks", "2", "--microbatches", "2")
+
+MODEL_HEAD = "from pipeir.models.mlp import small\n"
+
+
+@pytest.mark.parametrize("body, line, shown, code", [
+    ("import sys\nsys.exit(0)\n", 2, "SystemExit(0)", 1),
+    ("import sys\n\nsys.exit(3)\n", 3, "SystemExit(3)", 1),
+    ("raise KeyboardInterrupt\n", 1, "KeyboardInterrupt", 130),
+    ("x = 1\nraise ValueError('no data')\n", 2, "ValueError: no data", 1),
+    ("def spec():\n    raise SystemExit('bye')\n", 2, "SystemExit('bye')", 1),
+    ("def spec():\n    return {}[1]\n", 2, "KeyError: 1", 1),
+    ("def spec():\n    raise KeyboardInterrupt\n", 2, "KeyboardInterrupt", 130),
+    (MODEL_HEAD + "import torch\nfrom pipeir.models import ModelSpec\n"
+     "def spec():\n    b = small()\n    def batch(step):\n        raise OSError('disk gone')\n"
+     "    return ModelSpec(stage=b.stage, loss=b.loss, batch=batch)\n", 7,
+     "OSError: disk gone", 1),
+    (MODEL_HEAD + "import sys\nfrom pipeir.models import ModelSpec\n"
+     "def spec():\n    b = small()\n    def batch(step):\n        sys.exit(4)\n"
+     "    return ModelSpec(stage=b.stage, loss=b.loss, batch=batch)\n", 7, "SystemExit(4)", 1),
+])
+def test_a_model_file_that_exits_or_raises(cli, tmp_path: Path, body: str, line: int,
+                                           shown: str, code: int) -> None:
+    model = tmp_path / "model.py"
+    model.write_text(body)
+    got, out, err = cli(*RUN, "--model", model, "--steps", "1")
+    assert got == code, out + err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: --model "), err
+    assert f"{shown} at {model}:{line} while " in err, err
+    assert "Traceback" not in err and "training" not in out
+    got, _, err = cli(*RUN, "--model", model, "--steps", "1", "--traceback")
+    assert got == code and "Traceback (most recent call last)" in err
+    assert f'File "{model}", line {line}' in err
+
+
+def test_a_model_module_that_raises_while_importing(cli, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "brokenpkg_37.py").write_text("import no_such_dependency_37\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    code, _, err = cli(*RUN, "--model", "brokenpkg_37:spec")
+    assert code == 1
+    assert (f"error: --model 'brokenpkg_37:spec': ModuleNotFoundError: No module named "
+            f"'no_such_dependency_37' at {tmp_path / 'brokenpkg_37.py'}:1 while importing "
+            "brokenpkg_37") in err
+    code, _, err = cli(*RUN, "--model", "no_such_module_37:spec")
+    assert code == 2 and "cannot import no_such_module_37" in err
+
+
+PLUGIN = '''from dataclasses import dataclass
+from typing import ClassVar
+from pipeir.passes import Pass
+
+@dataclass(frozen=True)
+class Loud(Pass):
+    name: ClassVar[str] = "loud"
+    summary: ClassVar[str] = "prints, then {what}"
+
+    def run(self, schedule, context):
+        print("hello from the plugin")
+        {what}
+        return schedule
+'''
+
+
+@pytest.mark.parametrize("what, line, shown, code", [
+    ("pass", None, None, 0),
+    ("raise RuntimeError('broken pass')", 12, "RuntimeError: broken pass", 1),
+    ("raise SystemExit(0)", 12, "SystemExit(0)", 1),
+    ("raise KeyboardInterrupt", 12, "KeyboardInterrupt", 130),
+])
+def test_a_plugin_that_prints_exits_or_raises(cli, tmp_path: Path, what: str,
+                                              line: int | None, shown: str | None,
+                                              code: int) -> None:
+    plugin = tmp_path / "loud.py"
+    plugin.write_text(PLUGIN.replace("{what}", what))
+    got, out, err = cli("opt", *LIB, "--pass-plugin", f"{plugin}:Loud", "--passes", "loud")
+    assert got == code, out + err
+    assert "hello from the plugin" in err and "hello" not in out
+    if code == 0:  # stdout is exactly the schedule
+        _, plain, _ = cli("opt", *LIB, "--passes", "verify")
+        assert out == plain
+        return
+    assert err.splitlines()[1] == (f"error: pass 'loud': {shown} at {plugin}:{line} while "
+                                   "running pass 1 of 1, 'loud'"), err
+    assert len(err.splitlines()) == 2 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("body, line, shown, code", [
+    ("import sys\nsys.exit(0)\n", 2, "SystemExit(0)", 1),
+    ("import sys\nsys.exit(3)\n", 2, "SystemExit(3)", 1),
+    ("raise KeyboardInterrupt\n", 1, "KeyboardInterrupt", 130),
+    ("print('noise')\nraise ImportError('half installed')\n", 2,
+     "ImportError: half installed", 1),
+])
+def test_a_plugin_file_that_exits_or_raises_while_importing(
+        cli, tmp_path: Path, body: str, line: int, shown: str, code: int) -> None:
+    plugin = tmp_path / "bad.py"
+    plugin.write_text(body)
+    got, out, err = cli("opt", *LIB, "--pass-plugin", f"{plugin}:X", "--passes", "verify")
+    assert got == code and out == ""
+    assert f"error: --pass-plugin '{plugin}:X': {shown} at {plugin}:{line} while importing " \
+           f"{plugin}" in err, err
+    assert "Traceback" not in err
