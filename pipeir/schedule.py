@@ -9,7 +9,9 @@ parallelism) has a DATA edge from every weight-gradient op of its stage and none
 the optimizer step, outside the schedule, waits for it.
 
 NOTE: the graph is the single source of truth. Per-rank programs are derived from it (and
-cached, so treat a built Schedule as immutable: passes build new schedules). A Schedule can
+cached, so treat a built Schedule as immutable: passes build new schedules), and so is its
+numbered dependency index, `Schedule.deps` (`pipeir.depgraph`), which the verifier, the
+simulator, lowering and synth read instead of walking the graph themselves. A Schedule can
 never hold the same op twice, because ops are the node keys; the builder rejects duplicates.
 """
 
@@ -24,6 +26,7 @@ import networkx as nx
 
 from pipeir import limits
 from pipeir.config import PipelineConfig
+from pipeir.depgraph import DepGraph
 from pipeir.diagnostics import Diagnostic, Note, Span, VerifyError
 from pipeir.ops import REDUCE, Op
 
@@ -74,20 +77,6 @@ def _predecessors(op: Op, lookup: Callable[[str, int, int], Op | None],
     return [p for p in found if p is not None]
 
 
-def pair_waits(schedule: Schedule) -> list[tuple[Op, Op, Op]]:
-    """What overlapped pairs add to the dependencies: `(p, first, second)` for every input `p`
-    of a pair's second op, which the pair's first op must also wait for, since the two start
-    together. (Everything the first op consumes the second may wait for anyway: it runs next.)
-    """
-    out = []
-    g = schedule.graph
-    for first, second in schedule.pairs:
-        for p, attrs in g._pred[second].items():
-            if p != first and attrs["kind"] & EdgeKind.DATA:
-                out.append((p, first, second))
-    return out
-
-
 class Schedule:
     """A pipeline schedule: which rank runs which op, in what order.
 
@@ -107,6 +96,7 @@ class Schedule:
         self.used_as: tuple[str, Span] | None = None
         self._programs: tuple[tuple[Op, ...], ...] | None = None
         self._pairs: tuple[tuple[Op, Op], ...] | None = None
+        self._deps: DepGraph | None = None
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -177,10 +167,18 @@ class Schedule:
     def pairs(self) -> tuple[tuple[Op, Op], ...]:
         """Overlapped pairs (first, second), in program order."""
         if self._pairs is None:
-            node = self.graph._node  # NOTE: networkx's node dict, read-only, for speed
-            self._pairs = tuple((op, p) for prog in self.programs for op in prog
-                                if (p := node[op].get("pair_next")) is not None)
+            nxt = {op: p for op, p in self.graph.nodes(data="pair_next") if p is not None}
+            self._pairs = tuple((op, nxt[op]) for prog in self.programs for op in prog
+                                if op in nxt)
         return self._pairs
+
+    @property
+    def deps(self) -> DepGraph:
+        """The dependency graph numbered once (`pipeir.depgraph`): what verify, timing,
+        lowering and synth read, built on first use and cached with this schedule."""
+        if self._deps is None:
+            self._deps = DepGraph.of(self.programs, self.graph, self.pairs)
+        return self._deps
 
     def pair_of(self, op: Op) -> Op | None:
         """The op `op` runs together with, if it is half of an overlapped pair."""
@@ -304,15 +302,12 @@ class ScheduleBuilder:
             for pred in _predecessors(op, lookup, stages, microbatches):
                 key = (pred, op)
                 edges[key] = get(key, 0) | data
-        g = _digraph(where, edges)
-        for a, b in self._pairs:
-            g._node[a]["pair_next"] = b
-            g._node[b]["pair_prev"] = a
+        g = _digraph(where, edges, self._pairs)
         return Schedule(self.config, g, self.name, self.span)
 
 
 def _digraph(where: dict[Op, tuple[int, int, Span | None]],
-             edges: dict[tuple[Op, Op], int]) -> nx.DiGraph:
+             edges: dict[tuple[Op, Op], int], pairs: Iterable[tuple[Op, Op]]) -> nx.DiGraph:
     """The graph, filled in through networkx's adjacency dicts.
 
     NOTE: `add_edges_from` spends ~1 µs per edge on checks and attribute merging that a fresh
@@ -326,6 +321,9 @@ def _digraph(where: dict[Op, tuple[int, int, Span | None]],
         node[op] = {"rank": r, "pos": p, "span": sp}
         succ[op] = {}
         pred[op] = {}
+    for a, b in pairs:
+        node[a]["pair_next"] = b
+        node[b]["pair_prev"] = a
     for (u, v), k in edges.items():
         d = {"kind": k}
         succ[u][v] = d

@@ -9,7 +9,6 @@ every op present, a memory count needs every op's partner).
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -18,7 +17,7 @@ from pipeir._gc import paused_gc
 from pipeir.diagnostics import Diagnostic, Note, Span, UsageError, VerifyError
 from pipeir.memunit import COUNTING
 from pipeir.ops import MEMORY_KINDS, NO_MB, REDUCE, Op
-from pipeir.schedule import EdgeKind, Schedule, pair_waits
+from pipeir.schedule import EdgeKind, Schedule
 
 MAX_LISTED = 8  # diagnostics listed per failing check before "... and N more"
 
@@ -283,31 +282,14 @@ def check_deadlock(schedule: Schedule) -> list[Diagnostic]:
     """The union of data and program-order edges (and the waits of overlapped pairs) is
     acyclic, i.e. every rank can run its program to the end. On failure, explain one waiting
     cycle across ranks."""
-    g = schedule.graph
-    pred = g._pred  # NOTE: networkx's adjacency dicts; read-only, for speed on large graphs
-    succ = g._succ
-    indeg = {op: len(p) for op, p in pred.items()}
-    extra: dict[Op, list[Op]] = {}
-    for p, first, _ in pair_waits(schedule):
-        extra.setdefault(p, []).append(first)
-        indeg[first] += 1
-    ready = deque(op for op, d in indeg.items() if d == 0)
-    done = 0
-    while ready:
-        op = ready.popleft()
-        done += 1
-        for nxt in (*succ[op], *extra.get(op, ())):
-            indeg[nxt] -= 1
-            if indeg[nxt] == 0:
-                ready.append(nxt)
-    if done == len(indeg):
+    deps = schedule.deps
+    if deps.acyclic:
         return []
-    return [_explain_deadlock(schedule, {op for op, d in indeg.items() if d > 0})]
+    return [_explain_deadlock(schedule, {deps.ops[i] for i in deps.blocked()})]
 
 
 def _explain_deadlock(schedule: Schedule, stuck: set[Op]) -> Diagnostic:
     """Follow who-waits-for-whom from a blocked rank until a rank repeats."""
-    g = schedule.graph
     heads: dict[int, Op] = {}
     for r, prog in enumerate(schedule.programs):
         for op in prog:
@@ -315,15 +297,16 @@ def _explain_deadlock(schedule: Schedule, stuck: set[Op]) -> Diagnostic:
                 heads[r] = op
                 break
 
+    deps = schedule.deps
+    ops = deps.ops
     partner_needs: dict[Op, list[tuple[Op, Op]]] = {}
-    for p, first, second in pair_waits(schedule):
-        partner_needs.setdefault(first, []).append((p, second))
+    for p, first, second in deps.pair_waits:
+        partner_needs.setdefault(ops[first], []).append((ops[p], ops[second]))
 
     def waits_for(op: Op) -> Op:
-        for p in g.predecessors(op):
-            if p in stuck and g.edges[p, op]["kind"] & EdgeKind.DATA:
-                found: Op = p
-                return found
+        for j in deps.data_preds[deps.index[op]]:
+            if ops[j] in stuck:
+                return ops[j]
         for p, _ in partner_needs.get(op, ()):
             if p in stuck:
                 return p

@@ -32,7 +32,6 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import replace
-from graphlib import TopologicalSorter
 from typing import Any
 
 from pipeir import limits
@@ -61,7 +60,7 @@ from pipeir.backend.instructions import (
     tag_of,
 )
 from pipeir.ops import Op
-from pipeir.schedule import Schedule, pair_waits
+from pipeir.schedule import Schedule
 from pipeir.sim.costs import CostModel
 from pipeir.sim.engine import Timing
 from pipeir.verify import verify
@@ -118,7 +117,9 @@ def _times(schedule: Schedule, costs: CostModel
     """Start and end of every op as the simulator times it (overlapped communication). The
     two ops of an overlapped pair run as one unit: both get the pair's start and end (their
     outputs leave when the pair is done). Also each op's place in a topological order, which
-    breaks ties between events at one time (`_lower_round`, `_topological`)."""
+    breaks ties between events at one time (`_lower_round`): the schedule's cached order
+    (`Schedule.deps`), over program order on every rank (side-channel ops included), data,
+    and overlapped pairs' waits; the lowered programs depend on it."""
     timing = Timing(schedule, costs)
     if not timing.complete:  # pragma: no cover - verify() rejected deadlocks already
         raise AssertionError("schedule deadlocks after verification")
@@ -134,18 +135,7 @@ def _times(schedule: Schedule, costs: CostModel
                 reached = times[op][1]
     for first, second in schedule.pairs:
         times[first] = times[second] = (times[first][0], times[second][1])
-    return times, _topological(schedule)
-
-
-def _topological(schedule: Schedule) -> dict[Op, int]:
-    """Each op's place in a topological order of the schedule's edges (program order on
-    every rank, side-channel ops included, and data) and of its overlapped pairs' waits (a
-    pair's first op waits for its second's inputs). `Timing.order` will not do: for the
-    sweep, a compute after an offload does not wait for it, so offloads sorted after it."""
-    deps: dict[Op, set[Op]] = {op: set(ps) for op, ps in schedule.graph._pred.items()}
-    for p, first, _ in pair_waits(schedule):
-        deps[first].add(p)
-    return {op: k for k, op in enumerate(TopologicalSorter(deps).static_order())}
+    return times, schedule.deps.place()
 
 
 def _unit(schedule: Schedule, op: Op) -> tuple[Op, ...]:

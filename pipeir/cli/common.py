@@ -13,6 +13,7 @@ from pipeir import driver, limits
 from pipeir.argtypes import positive_int
 from pipeir.diagnostics import Diagnostic, UsageError
 from pipeir.driver import ScheduleRef
+from pipeir.files import write_atomic
 from pipeir.frontend.elaborate import Elaborated, Value
 
 
@@ -105,10 +106,15 @@ def _literal(raw: str, where: str) -> Value:
                      "or a list [a, b, ...])")
 
 
-def wrote_schedule(path: str) -> None:
-    """The one line a command that writes a `.sched` with -o prints (as compile, tune and
-    synth do for theirs): silence after a write left users unsure anything was written."""
-    print(f"wrote {path} (pipeirc simulate {shlex.quote(path)})")
+def emit_schedule(text: str, output: str | None) -> None:
+    """A `.sched` text to `-o FILE` (atomically, then the one line saying so, as compile, tune
+    and synth print for theirs: silence after a write left users unsure anything was
+    written), or to stdout."""
+    if output is None:
+        print(text, end="")
+        return
+    write_atomic(output, text, "-o")
+    print(f"wrote {output} (pipeirc simulate {shlex.quote(output)})")
 
 
 def schedule_ref(args: argparse.Namespace) -> ScheduleRef:

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from pipeir.cli.common import wrote_schedule
+from pipeir.cli.common import emit_schedule
 from pipeir.diagnostics import EXIT_OK
-from pipeir.files import write_atomic
 from pipeir.interop import FORMATS, load_csv, prove_comms
 from pipeir.printer import print_schedule
 from pipeir.verify import verify
@@ -36,13 +35,9 @@ def run(args: argparse.Namespace) -> int:
         if imported.has_comms:
             prove_comms(imported)
     text = print_schedule(imported.schedule)
-    if args.output is not None:
-        write_atomic(args.output, text, "-o")
-        wrote_schedule(args.output)
-        if imported.has_comms:
-            print(f"{args.file}: note: the communication actions were proved deadlock-free "
-                  f"and are not part of the .sched; export-torch --format compute_comms "
-                  f"places them again as torch does", file=sys.stderr)
-    else:
-        print(text, end="")
+    emit_schedule(text, args.output)
+    if args.output is not None and imported.has_comms:
+        print(f"{args.file}: note: the communication actions were proved deadlock-free and "
+              "are not part of the .sched; export-torch --format compute_comms places them "
+              "again as torch does", file=sys.stderr)
     return EXIT_OK

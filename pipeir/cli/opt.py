@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from pipeir import driver
-from pipeir.cli.common import add_schedule_args, load_with_costs, show, wrote_schedule
+from pipeir.cli.common import add_schedule_args, emit_schedule, load_with_costs, show
 from pipeir.cli.simulate import add_costs_arg
 from pipeir.diagnostics import UsageError
 from pipeir.files import resolve_output, write_atomic
@@ -72,9 +72,5 @@ def run(args: argparse.Namespace) -> int:
     out = done.schedule
     text = print_schedule(out, printed_costs(done.context, settings,
                                              elab.schedule.config.stages, out.config.stages))
-    if args.output is not None:
-        write_atomic(args.output, text, "-o")
-        wrote_schedule(args.output)
-    else:
-        print(text, end="")
+    emit_schedule(text, args.output)
     return 0

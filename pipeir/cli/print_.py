@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from pipeir.cli.common import add_schedule_args, load_with_costs, wrote_schedule
+from pipeir.cli.common import add_schedule_args, emit_schedule, load_with_costs
 from pipeir.cli.simulate import add_costs_arg
-from pipeir.files import write_atomic
 from pipeir.printer import print_schedule
 
 ORDER = 30
@@ -23,9 +22,5 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     elab = load_with_costs(args).elaborated
     text = print_schedule(elab.schedule, {k: v for k, (v, _) in elab.costs.items()})
-    if args.output is not None:
-        write_atomic(args.output, text, "-o")
-        wrote_schedule(args.output)
-    else:
-        print(text, end="")
+    emit_schedule(text, args.output)
     return 0

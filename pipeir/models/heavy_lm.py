@@ -10,12 +10,13 @@ step), with more blocks; `--model heavy-lm` cuts the blocks evenly (`uniform_poi
 
 from __future__ import annotations
 
-import torch
+import functools
+
 from torch import nn
 
 from pipeir.models.chain import ChainModel
 from pipeir.models.spec import ModelSpec
-from pipeir.models.transformer import DIM, pieces
+from pipeir.models.transformer import DIM, lm_loss, pieces, token_stream
 
 VOCAB = 4096
 LAYERS = 8
@@ -23,16 +24,7 @@ SEQ = 32
 BATCH = 32
 
 
-def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
-
-
-def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(7 + step)
-    start = torch.randint(0, VOCAB, (BATCH, 1), generator=g)
-    seq = SEQ - 4 * (step % 2)
-    tokens = (start + torch.arange(seq + 1)) % VOCAB
-    return tokens[:, :-1], tokens[:, 1:]
+_batch = functools.partial(token_stream, vocab=VOCAB, batch=BATCH, seq=SEQ, seed=7)
 
 
 def splittable() -> ChainModel:
@@ -41,7 +33,7 @@ def splittable() -> ChainModel:
         raise AssertionError("ChainModel replaces the stage builder")
 
     return ChainModel(pieces(VOCAB, DIM, LAYERS),
-                      ModelSpec(stage=unused, loss=_loss, batch=_batch))
+                      ModelSpec(stage=unused, loss=lm_loss, batch=_batch))
 
 
 def spec() -> ModelSpec:

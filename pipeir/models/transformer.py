@@ -9,6 +9,8 @@ command line, or a `pipeirc plan`): cut at any block or before the norm and head
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -60,22 +62,28 @@ class Stage(nn.Module):
         return x
 
 
-def _loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    return nn.functional.cross_entropy(logits.reshape(-1, VOCAB), target.reshape(-1))
+def lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy over every position of every sequence."""
+    return nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1))
 
 
-def _batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    g = torch.Generator().manual_seed(99 + step)
-    start = torch.randint(0, VOCAB, (BATCH, 1), generator=g)
-    # Sequence length varies from step to step (SEQ, SEQ - 4, ...): the runtime's shape plan
-    # is per micro-batch input shape, so no transfer needs a shape handshake.
-    seq = SEQ - 4 * (step % 2)
-    tokens = (start + torch.arange(seq + 1)) % VOCAB
+def token_stream(step: int, *, vocab: int, batch: int, seq: int, seed: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Step `step`'s batch of the synthetic stream (next token = previous + 1 mod `vocab`).
+    The sequence length varies from step to step (`seq`, `seq - 4`, ...): the runtime's shape
+    plan is per micro-batch input shape, so no transfer needs a shape handshake."""
+    g = torch.Generator().manual_seed(seed + step)
+    start = torch.randint(0, vocab, (batch, 1), generator=g)
+    length = seq - 4 * (step % 2)
+    tokens = (start + torch.arange(length + 1)) % vocab
     return tokens[:, :-1], tokens[:, 1:]
 
 
+_batch = functools.partial(token_stream, vocab=VOCAB, batch=BATCH, seq=SEQ, seed=99)
+
+
 def spec() -> ModelSpec:
-    return ModelSpec(stage=Stage, loss=_loss, batch=_batch)
+    return ModelSpec(stage=Stage, loss=lm_loss, batch=_batch)
 
 
 def pieces(vocab: int, dim: int, layers: int) -> list[list[Part]]:

@@ -33,9 +33,10 @@ from collections.abc import Callable, Sequence
 from typing import Final, NamedTuple
 
 from pipeir._gc import paused_gc
+from pipeir.depgraph import kahn_order
 from pipeir.diagnostics import UsageError, VerifyError
 from pipeir.ops import CHANNEL, Op
-from pipeir.schedule import EdgeKind, Schedule, pair_waits
+from pipeir.schedule import Schedule
 from pipeir.sim.costs import CostModel
 from pipeir.sim.result import SimResult, Transfer
 from pipeir.verify import check_deadlock, memory_report, peak_bytes
@@ -82,29 +83,19 @@ class Timing:
                              f"{' or '.join(COMM_MODELS)})")
         self.schedule = schedule
         self.blocking = blocking = comm == "blocking"
-        progs = schedule.programs
-        self.ops = ops = [op for prog in progs for op in prog]
+        deps = schedule.deps
+        self.ops = ops = deps.ops
         n = len(ops)
-        idx = {op: i for i, op in enumerate(ops)}
-        self.rank = rank = [r for r, prog in enumerate(progs) for _ in prog]
+        self.rank = rank = [r for r, prog in enumerate(schedule.programs) for _ in prog]
         stage = [op.stage for op in ops]
-        gpred = schedule.graph._pred  # NOTE: networkx's adjacency dict, read-only, for speed
-        preds = [[idx[p] for p in gpred[op]] for op in ops]
+        preds = [list(ps) for ps in deps.preds]
         #: per op, the side channel it runs on (None: the rank's compute)
         self.channel: list[str | None] = [CHANNEL.get(op.kind) for op in ops]
         if any(self.channel):
-            data = [{idx[p] for p, a in gpred[op].items() if a["kind"] & EdgeKind.DATA}
-                    for op in ops]
-            _side_channels(preds, data, rank, self.channel)
-        succs: list[list[int]] = [[] for _ in range(n)]
-        for i, ps in enumerate(preds):
-            for j in ps:
-                succs[j].append(i)
+            _side_channels(preds, [set(ps) for ps in deps.data_preds], rank, self.channel)
         # An overlapped pair starts once both its ops' inputs are there: the first op also
         # waits for the arrival of what the second consumes (the transfer is the second's).
-        joins: list[list[tuple[int, int]]] = [[] for _ in range(n)]
-        for p, first, second in pair_waits(schedule):
-            joins[idx[first]].append((idx[p], idx[second]))
+        joins = deps.joins()
         hop = [costs.transfer_time(b, b + 1) for b in range(max(0, schedule.config.stages - 1))]
         self.size = [costs.boundary_bytes(b) for b in range(len(hop))]
         #: per op, what it waits for: its data/order predecessors, then (as a pair's first)
@@ -152,7 +143,12 @@ class Timing:
                     inp.append((j, 0.0 if sj == sk or rank[j] == ri
                                 else hop[sj if sj < sk else sk]))
                 self.inputs.append(inp)
-        self.order = _topological(succs, joins, [len(ps) + len(js) for ps, js in zip(preds, joins)])
+        # NOTE: the rewired side-channel waits are ancestors in the schedule's own graph, so
+        # its cached order serves the sweep whenever the schedule is acyclic. Only a schedule
+        # whose cycle runs through a channel op (verify rejects it) needs its own order.
+        self.order: Sequence[int] = deps.order
+        if not deps.acyclic and any(self.channel):
+            self.order = _reachable(preds, joins)
 
     @property
     def complete(self) -> bool:
@@ -252,28 +248,16 @@ def _side_channels(preds: list[list[int]], data: list[set[int]], rank: list[int]
         preds[i] = fixed
 
 
-def _topological(succs: list[list[int]], joins: list[list[tuple[int, int]]],
-                 indeg: list[int]) -> list[int]:
-    """The ops that can run, in an order where each comes after its predecessors (`succs`,
+def _reachable(preds: list[list[int]], joins: list[list[tuple[int, int]]]) -> list[int]:
+    """The ops that can run, in an order where each comes after its predecessors (`preds`,
     and a pair's first after its partner's inputs: `joins`)."""
-    join_succs: dict[int, list[int]] = {}
-    for i, js in enumerate(joins):
+    succs: list[list[int]] = [[] for _ in preds]
+    for i, (ps, js) in enumerate(zip(preds, joins)):
+        for j in ps:
+            succs[j].append(i)
         for j, _ in js:
-            join_succs.setdefault(j, []).append(i)
-    ready = [i for i, d in enumerate(indeg) if not d]
-    out = []
-    while ready:
-        i = ready.pop()
-        out.append(i)
-        for q in succs[i]:
-            indeg[q] -= 1
-            if not indeg[q]:
-                ready.append(q)
-        for q in join_succs.get(i, ()):
-            indeg[q] -= 1
-            if not indeg[q]:
-                ready.append(q)
-    return out
+            succs[j].append(i)
+    return kahn_order(succs, [len(ps) + len(js) for ps, js in zip(preds, joins)])
 
 
 def _simulate(schedule: Schedule, costs: CostModel, comm: str) -> SimResult:
@@ -306,7 +290,7 @@ def _simulate(schedule: Schedule, costs: CostModel, comm: str) -> SimResult:
     return _result(schedule, costs, comm, timing.ops, rank, times.start, end, rel, why, sent)
 
 
-def _result(schedule: Schedule, costs: CostModel, comm: str, ops: list[Op], rank: list[int],
+def _result(schedule: Schedule, costs: CostModel, comm: str, ops: Sequence[Op], rank: list[int],
             start: list[float], end: list[float], release: list[float], why: list[int],
             sent: list[tuple[int, int, float, float, float]]) -> SimResult:
     ranks = schedule.config.ranks
@@ -357,7 +341,7 @@ def _activation_bytes(costs: CostModel) -> Callable[[int], float]:
     return size
 
 
-def _critical_path(ops: list[Op], release: list[float], why: list[int]) -> list[Op]:
+def _critical_path(ops: Sequence[Op], release: list[float], why: list[int]) -> list[Op]:
     """Follow, from the op that finishes last, the predecessor that held each op back."""
     if not ops:
         return []

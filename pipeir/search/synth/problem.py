@@ -21,11 +21,11 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TypeVar
 
-import networkx as nx
 import numpy as np
 import numpy.typing as npt
 
 from pipeir.config import PipelineConfig
+from pipeir.depgraph import topological_order
 from pipeir.diagnostics import UsageError
 from pipeir.ops import Op
 from pipeir.passes.context import CommModel
@@ -178,10 +178,8 @@ class Problem:
     @cached_property
     def topological(self) -> dict[Op, int]:
         """Each op's position in one order that runs every producer before its consumers."""
-        g: nx.DiGraph = nx.DiGraph()
-        g.add_nodes_from(self.ops)
-        g.add_edges_from((p, q) for p, q, _ in self.edges)
-        return {op: i for i, op in enumerate(nx.topological_sort(g))}
+        order = topological_order(self.ops, ((p, q) for p, q, _ in self.edges))
+        return {op: i for i, op in enumerate(order)}
 
     def lower_bound(self) -> float:
         """A step time no schedule beats (see `lower_bound`)."""
@@ -329,10 +327,7 @@ def longest_paths(ops: Sequence[Op], edges: Sequence[tuple[Op, Op, T]], occ: Map
     for p, q, h in edges:
         succ[p].append((q, h))
         pred[q].append((p, h))
-    g: nx.DiGraph = nx.DiGraph()
-    g.add_nodes_from(ops)
-    g.add_edges_from((p, q) for p, q, _ in edges)
-    order: list[Op] = list(nx.topological_sort(g))
+    order = topological_order(ops, ((p, q) for p, q, _ in edges))
     head: dict[Op, T] = {}
     for op in order:
         head[op] = max((head[p] + occ[p] + h for p, h in pred[op]), default=zero)

@@ -1,0 +1,170 @@
+"""A schedule's dependency graph, numbered once: the index verify, timing and lowering read.
+
+`Schedule.graph` (networkx) is the public, documented IR graph; this is its compact twin,
+built once per schedule on first use (`Schedule.deps`) because every consumer wants the
+same things: ops numbered 0..n-1 (program order, rank by rank), per-op predecessor and
+successor numbers by edge kind, the waits that overlapped pairs add, and one topological
+order. Numbers instead of ops matter at scale: hashing an `Op` is a Python-level call, and a
+sweep over 65k ops would otherwise hash each a few dozen times.
+
+NOTE (the order): `order` is exactly the sequence `graphlib.TopologicalSorter.static_order`
+gives for the schedule's edges plus the pair waits, with nodes in graph order: a FIFO Kahn
+sort whose first wave is in the order graphlib first meets each node. Lowering breaks ties
+between events at one time by it, so its lowered programs (golden files) depend on it;
+verify and the simulator only need some topological order (their results are longest paths
+and reachability, which no valid order changes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TypeVar
+
+import networkx as nx
+
+from pipeir.ops import Op
+
+T = TypeVar("T")
+
+#: edge-kind bits, as `pipeir.schedule.EdgeKind` stores them on the graph's edges
+_DATA = 1
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class DepGraph:
+    """Ops numbered 0..n-1 with their edges as number tuples, the pair waits, and one
+    topological order (shorter than `ops` when the schedule deadlocks)."""
+
+    #: every op, numbered in program order rank by rank
+    ops: tuple[Op, ...]
+    #: op -> its number
+    index: Mapping[Op, int]
+    #: per op, every predecessor (data or program order), in the graph's adjacency order
+    preds: tuple[tuple[int, ...], ...]
+    #: per op, its DATA predecessors (a subset of `preds`)
+    data_preds: tuple[tuple[int, ...], ...]
+    #: per op, every successor (data or program order)
+    succs: tuple[tuple[int, ...], ...]
+    #: what overlapped pairs add: (p, first, second) for every input p of a pair's second op
+    #: other than its first, which the first must also wait for (the two start together)
+    pair_waits: tuple[tuple[int, int, int], ...]
+    #: a topological order of `preds` plus the pair waits (see the module NOTE)
+    order: tuple[int, ...]
+
+    @classmethod
+    def of(cls, programs: Sequence[Sequence[Op]], graph: nx.DiGraph,
+           pairs: Iterable[tuple[Op, Op]]) -> DepGraph:
+        """Number `graph` (whose nodes are exactly the ops of `programs`) and index it."""
+        ops = tuple(op for prog in programs for op in prog)
+        index = {op: i for i, op in enumerate(ops)}
+        pred_view = graph.pred
+        preds: list[tuple[int, ...]] = []
+        data_preds: list[tuple[int, ...]] = []
+        for op in ops:
+            ps = pred_view[op]
+            preds.append(tuple(index[p] for p in ps))
+            data_preds.append(tuple(index[p] for p, a in ps.items() if a["kind"] & _DATA))
+        succs: list[list[int]] = [[] for _ in ops]
+        for i, ps2 in enumerate(preds):
+            for j in ps2:
+                succs[j].append(i)
+        waits = tuple((p, index[first], index[second]) for first, second in pairs
+                      for p in data_preds[index[second]] if p != index[first])
+        node_order = [index[op] for op in graph]
+        return cls(ops, index, tuple(preds), tuple(data_preds),
+                   tuple(tuple(s) for s in succs), waits,
+                   _static_order(node_order, preds, waits))
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    @property
+    def acyclic(self) -> bool:
+        """Whether every op can run: the order reaches all of them."""
+        return len(self.order) == len(self.ops)
+
+    def blocked(self) -> list[int]:
+        """The ops no topological order reaches (empty unless the schedule deadlocks)."""
+        reached = bytearray(len(self.ops))
+        for i in self.order:
+            reached[i] = 1
+        return [i for i, r in enumerate(reached) if not r]
+
+    def joins(self) -> list[list[tuple[int, int]]]:
+        """Per op, the pair waits it has as a pair's first op: (input p, the partner)."""
+        out: list[list[tuple[int, int]]] = [[] for _ in self.ops]
+        for p, first, second in self.pair_waits:
+            out[first].append((p, second))
+        return out
+
+    def place(self) -> dict[Op, int]:
+        """Each op's position in `order`."""
+        ops = self.ops
+        return {ops[i]: k for k, i in enumerate(self.order)}
+
+
+def kahn_order(succs: Sequence[Iterable[int]], indeg: list[int],
+               first: Iterable[int] | None = None) -> list[int]:
+    """The numbers a FIFO Kahn sort reaches: each after all its predecessors. `indeg` (each
+    node's predecessor count) is used up; `first` orders the initial wave (default: by
+    number). Nodes on or behind a cycle are left out."""
+    ready = [i for i in (range(len(indeg)) if first is None else first) if not indeg[i]]
+    k = 0
+    while k < len(ready):
+        i = ready[k]
+        k += 1
+        for q in succs[i]:
+            indeg[q] -= 1
+            if not indeg[q]:
+                ready.append(q)
+    return ready
+
+
+def topological_order(nodes: Sequence[T], edges: Iterable[tuple[T, T]]) -> list[T]:
+    """`nodes` in an order that puts every edge's source before its target: the order
+    networkx's `topological_sort` gives for a graph built from `nodes` then `edges` (FIFO
+    Kahn, first wave in node order, successors in first-edge order). For graphs other than
+    a schedule's (synth's problem edges); a cycle is a ValueError."""
+    index = {x: i for i, x in enumerate(nodes)}
+    succs: list[dict[int, None]] = [{} for _ in nodes]
+    for src, dst in edges:
+        succs[index[src]][index[dst]] = None
+    indeg = [0] * len(nodes)
+    for ss in succs:
+        for j in ss:
+            indeg[j] += 1
+    order = kahn_order(succs, indeg)
+    if len(order) < len(nodes):
+        raise ValueError("the graph has a cycle")
+    return [nodes[i] for i in order]
+
+
+def _static_order(node_order: Sequence[int], preds: Sequence[tuple[int, ...]],
+                  waits: Sequence[tuple[int, int, int]]) -> tuple[int, ...]:
+    """graphlib's static_order of {node: preds (+ pair waits)} in `node_order`, reproduced
+    on numbers (see the module NOTE): successors listed in the order graphlib adds them
+    (by consumer, in node order), the first wave in the order it first meets each node."""
+    extra: dict[int, list[int]] = {}
+    for p, first, _ in waits:
+        if p not in preds[first]:
+            ws = extra.setdefault(first, [])
+            if p not in ws:
+                ws.append(p)
+    n = len(preds)
+    succs: list[list[int]] = [[] for _ in range(n)]
+    indeg = [0] * n
+    seen = bytearray(n)
+    met: list[int] = []
+    for i in node_order:
+        if not seen[i]:
+            seen[i] = 1
+            met.append(i)
+        deps = preds[i] if i not in extra else (*preds[i], *extra[i])
+        indeg[i] = len(deps)
+        for p in deps:
+            succs[p].append(i)
+            if not seen[p]:
+                seen[p] = 1
+                met.append(p)
+    return tuple(kahn_order(succs, indeg, met))
