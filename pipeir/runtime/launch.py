@@ -136,7 +136,11 @@ def start_owned(ctx: Any, target: Callable[..., None],
     it dies. Returns the processes and the leash; closing the leash kills those still running,
     so close it only after stopping or joining them."""
     leash_r, leash_w = ctx.Pipe(duplex=False)
-    procs = [ctx.Process(target=_on_leash, args=(leash_r, target, *args), daemon=True)
+    # NOTE: a fork server's children inherit the environment the fork server started with,
+    # not this process's now: an environment variable set since (a model's weights file,
+    # say) would reach no rank. So each worker takes the launcher's environment as it is.
+    env = dict(os.environ)
+    procs = [ctx.Process(target=_on_leash, args=(leash_r, env, target, *args), daemon=True)
              for args in arglists]
     try:
         for p in procs:
@@ -149,8 +153,12 @@ def start_owned(ctx: Any, target: Callable[..., None],
     return procs, leash_w
 
 
-def _on_leash(leash: Any, target: Callable[..., None], *args: Any) -> None:
-    """A worker's entry: die when the launcher's end of the leash closes, then run."""
+def _on_leash(leash: Any, env: dict[str, str], target: Callable[..., None], *args: Any
+              ) -> None:
+    """A worker's entry: take the launcher's environment, die when the launcher's end of the
+    leash closes, then run."""
+    os.environ.clear()
+    os.environ.update(env)
     def wait() -> None:
         with contextlib.suppress(EOFError, OSError):
             leash.recv_bytes()  # the launcher never writes: this returns only at its end
