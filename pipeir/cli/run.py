@@ -54,8 +54,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "--costs gives how cost grows with size (default: linear)")
     p.add_argument("--check", action="store_true",
                    help="also train single-process on the same data and report per stage the "
-                        "largest relative difference of parameters and gradients; exit 1 "
-                        "beyond --tolerance")
+                        "largest relative difference of parameters and gradients beyond "
+                        "the rounding noise of a second reference summed in reverse "
+                        "micro-batch order; exit 1 beyond --tolerance")
     p.add_argument("--tolerance", type=positive_float, metavar="T",
                    help="for --check (default 1e-5, 2e-2 under autocast)")
     p.add_argument("--metrics", metavar="FILE",

@@ -19,10 +19,11 @@ A model spec is a function (no arguments) returning a `ModelSpec`:
 Run it with `pipeirc run FILE --model my_file.py:my_model` (or `my_package.module:my_model`).
 
 NOTE (why every rank can build its stages alone): stage s is built right after
-`torch.manual_seed(seed + s)`, so its initial weights do not depend on which rank builds it
-nor on which other stages that rank owns; single-process reference training builds the same
-weights. Every rank calls `batch(step)` and must get the same batch (seed it by step), which is
-what lets pipeir split it into micro-batches and know every shape without a handshake.
+`torch.manual_seed(seed + 1000 * s + 17)` (`build_stage`), so its initial weights do not
+depend on which rank builds it nor on which other stages that rank owns; single-process
+reference training builds the same weights. Every rank calls `batch(step)` and must get the
+same batch (seed it by step), which is what lets pipeir split it into micro-batches and know
+every shape without a handshake.
 """
 
 from __future__ import annotations
