@@ -1,11 +1,31 @@
 """Models for the runtime: the `ModelSpec` interface (a model cut into stages by hand), the
 `ModuleSpec` one (an unsplit `nn.Module` that pipeir cuts), `Splittable` models cut at named
 points, and the built-ins `mlp`, `transformer` (a tiny language model) and `heavy-lm` (one whose
-embedding and head outweigh a block), all on synthetic data."""
+embedding and head outweigh a block), all on synthetic data.
 
-from pipeir.models.module import ModuleSpec, split
+NOTE (start-up): `ModuleSpec` and `split` live in `pipeir.models.module`, which imports
+`torch.distributed.pipelining` and with it `torch._dynamo` (1.7 s of every rank's start-up).
+They load on first use (PEP 562), so a run whose model is a `ModelSpec` never pays for them.
+"""
+
+from typing import TYPE_CHECKING, Any
+
 from pipeir.models.refs import resolve, resolve_splittable
 from pipeir.models.spec import BUILTINS, ModelSpec, build_stage
+
+if TYPE_CHECKING:
+    from pipeir.models.module import ModuleSpec, split
+
+_LAZY = ("ModuleSpec", "split")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from pipeir.models import module  # noqa: PLC0415 - torch._dynamo, see the NOTE
+
+        return getattr(module, name)
+    raise AttributeError(f"module 'pipeir.models' has no attribute '{name}'")
+
 
 __all__ = ["BUILTINS", "ModelSpec", "ModuleSpec", "build_stage", "resolve", "resolve_splittable",
            "split"]

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -31,7 +31,7 @@ from pipeir.runtime.context import CommFailure, Context
 from pipeir.runtime.guards import Guard
 from pipeir.runtime.mesh import Mesh, mesh_for, shard
 from pipeir.runtime.optim import Optim
-from pipeir.runtime.shapes import ShapePlan
+from pipeir.runtime.shapes import Layout, ShapePlan
 
 Emit = Callable[[tuple[Any, ...]], None]
 
@@ -62,6 +62,9 @@ class Job:
     dp: int = 1
     #: a NaN or infinite loss only warns instead of stopping the run (runtime/guards.py)
     allow_nonfinite: bool = False
+    #: the shape plan the launcher traced (`preflight`): input layout -> each stage's output
+    #: layout; a rank traces only input layouts not in it
+    layouts: Mapping[Layout, Sequence[Layout]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Replicas whose program never all-reduces a stage's gradients train apart without
@@ -140,8 +143,10 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
     saver = None if job.save is None else checkpoint.Saver(
         job.save, job.run_id, job.keep, job.model, low.stages,
         checkpoint.model_fingerprints(spec, low.stages))
-    ctx = Context(spec, modules, low.stages, device, ShapePlan(spec, low.stages, device),
-                  optim, on_instr=lambda pc: track(index, pc))
+    plan = ShapePlan(spec, low.stages, device)
+    plan.preset(job.layouts)
+    ctx = Context(spec, modules, low.stages, device, plan, optim,
+                  on_instr=lambda pc: track(index, pc))
     ctx.mesh = mesh
     guard = Guard.install(ctx, low, rank, job.allow_nonfinite)  # runtime/guards.py
     step_fn = load_program(job.sources[rank], f"rank{rank}")
