@@ -50,11 +50,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--microbatches", type=int, default=4)
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
-    pipeir = [sys.executable, "-m", "pipeir", "run", "--schedule", "1f1b", "--ranks", str(args.ranks),
-              "--microbatches", str(args.microbatches), "--model", "mlp", "--steps", "1"]
-    torch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(args.ranks),
-             str(KIT / "torch_1f1b.py"), "--microbatches", str(args.microbatches), "--steps",
-             "1"]
+    pipeir = [sys.executable, "-m", "pipeir", "run", "--schedule", "1f1b", "--ranks",
+              str(args.ranks), "--microbatches", str(args.microbatches), "--model", "mlp", "--steps", "1"]
+    torch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
+             str(args.ranks), str(KIT / "torch_1f1b.py"), "--microbatches",
+             str(args.microbatches), "--steps", "1"]
     got: dict[str, list[float]] = {"pipeir": [], "torch": []}
     for r in range(args.rounds):
         got["pipeir"].append(first_step(pipeir, "step    1/"))

@@ -382,3 +382,34 @@ def test_run_reports_measured_and_simulated_peak_bytes_and_traces_copies(cli, tm
         assert got > 0 and abs(got - want) <= 0.1 * want
     names = {e["name"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"}
     assert {"FC1", "RC1", "OFF0", "RELOAD0"} <= names
+
+
+def test_a_step_with_recorded_layouts_runs_without_hooks_and_reports_the_recorded_peak(
+) -> None:
+    """Saved activations are recorded on a step with micro-batch layouts not seen before;
+    a step with the same layouts in the same order runs without the pack hooks (nothing is
+    stashed) and reports the recorded step's peak; new layouts, or `every_step`, record."""
+    import torch
+
+    from pipeir.runtime.memory import SavedActivations
+
+    lin = torch.nn.Linear(8, 8)
+
+    def step(saved: SavedActivations, layouts: tuple[int, ...], rows: int) -> tuple[int, int]:
+        saved.begin_step(layouts)
+        with saved.recording((0, 0)):
+            y = torch.tanh(lin(torch.ones(rows, 8)))
+        stashed = sum(len(s.tensors) for s in saved._stash.values())
+        y.sum().backward()
+        saved.release((0, 0))
+        saved.end_step()
+        return saved.peak, stashed
+
+    saved = SavedActivations(torch.device("cpu"), lin.parameters(), every_step=False)
+    first, stashed = step(saved, (1,), 4)
+    # tanh saves its output (4 x 8 floats), the linear its input (4 x 8): 256 bytes
+    assert (first, stashed) == (256, 2)
+    assert step(saved, (1,), 4) == (256, 0)  # not recorded, the recorded peak
+    assert step(saved, (2,), 6) == (384, 2)  # new layouts: recorded
+    always = SavedActivations(torch.device("cpu"), lin.parameters())
+    assert [step(always, (1,), 4) for _ in range(2)] == [(256, 2), (256, 2)]

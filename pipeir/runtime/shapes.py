@@ -327,6 +327,11 @@ class ShapePlan:
                            + _optimizer_state(self.spec, trainable))
         return out
 
+    def signature(self) -> tuple[int, ...]:
+        """Names this step's micro-batch layouts, in order: equal for two steps whose inputs
+        have the same layouts (each distinct one is traced once and kept)."""
+        return tuple(map(id, self._mb))
+
     def act(self, stage: int, mb: int) -> Layout:
         return self._mb[mb][stage]
 

@@ -22,7 +22,13 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from pipeir.backend.instructions import Lowered
+from pipeir.backend.instructions import (
+    ForwardCheckpoint,
+    Lowered,
+    Offload,
+    Recompute,
+    Reload,
+)
 from pipeir.models.refs import resolve
 from pipeir.models.spec import build_stage
 from pipeir.runtime import checkpoint, shapes
@@ -145,8 +151,10 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
         checkpoint.model_fingerprints(spec, low.stages))
     plan = ShapePlan(spec, low.stages, device)
     plan.preset(job.layouts)
+    memory_ops = any(isinstance(i, ForwardCheckpoint | Recompute | Offload | Reload)
+                     for i in low.program(rank))
     ctx = Context(spec, modules, low.stages, device, plan, optim,
-                  on_instr=lambda pc: track(index, pc))
+                  on_instr=lambda pc: track(index, pc), record_every_step=memory_ops)
     ctx.mesh = mesh
     guard = Guard.install(ctx, low, rank, job.allow_nonfinite)  # runtime/guards.py
     step_fn = load_program(job.sources[rank], f"rank{rank}")
