@@ -51,7 +51,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args(argv)
     pipeir = [sys.executable, "-m", "pipeir", "run", "--schedule", "1f1b", "--ranks",
-              str(args.ranks), "--microbatches", str(args.microbatches), "--model", "mlp", "--steps", "1"]
+              str(args.ranks), "--microbatches", str(args.microbatches), "--model", "mlp",
+              "--steps", "1"]
     torch = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node",
              str(args.ranks), str(KIT / "torch_1f1b.py"), "--microbatches",
              str(args.microbatches), "--steps", "1"]
