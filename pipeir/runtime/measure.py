@@ -12,7 +12,7 @@ with k*m micro-batches so measured and predicted timelines cover the same work.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import mean, median
 from typing import Any
@@ -110,6 +110,13 @@ def simulated_saved_bytes(schedule: Schedule, saved: Mapping[int, int],
         n = float(saved.get(stage, 0))
         w = n if for_w is None or stage not in for_w else min(n, float(for_w[stage]))
         return StageMemory(n, w, float(kept.get(stage, 0)))
+    return predicted_saved_bytes(schedule, memory)
+
+
+def predicted_saved_bytes(schedule: Schedule, memory: Callable[[int], StageMemory]
+                          ) -> tuple[float, ...]:
+    """Per rank, the peak saved-activation bytes of the step (its `accumulate` rounds back to
+    back) with each stage's `memory` (e.g. a cost file's `CostModel.stage_memory`)."""
     return peak_bytes(expand_rounds(schedule), memory)
 
 
