@@ -27,7 +27,8 @@ HELP = "verify schedules: every op once, on its rank, no deadlock, within memory
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_schedule_args(p, many=True)
     p.add_argument("--memory-limit", type=activations_or_bytes, metavar="K",
-                   help=f"{memunit.HELP} (overrides the file's memory_limit); or bytes of "
+                   help=f"{memunit.HELP}; {memunit.SPLIT_HELP} (overrides the file's "
+                        "memory_limit); or bytes of "
                         "saved activations with a unit (8GB, 512MiB, 3e8B; needs "
                         "memory_bytes: in --costs, the file's costs block or --set)")
     add_costs_arg(p)

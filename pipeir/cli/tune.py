@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="micro-batch counts to try; the costs describe a micro-batch of the "
                         "first, the others split the same global batch (default: 2P,4P)")
     p.add_argument("--memory-limit", type=activations_or_bytes, metavar="K",
-                   help=f"{memunit.HELP}; or bytes of saved activations with a unit (8GB, "
+                   help=f"{memunit.HELP}; {memunit.SPLIT_HELP}; or bytes of saved activations "
+                        "with a unit (8GB, "
                         "512MiB, 3e8B; needs memory_bytes in the costs), which compare across "
                         "chunks and micro-batch counts (default: no limit)")
     p.add_argument("--lengths", metavar="L,L,...",
