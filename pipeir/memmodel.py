@@ -81,10 +81,11 @@ def live_memory(program: Iterable[Op], memory: Callable[[Op], StageMemory]
     checkpointed: set[tuple[int, int]] = set()
     for op in program:
         k = op.kind
-        if k == "FC":
-            checkpointed.add((op.stage, op.mb))
         if k in _CHANGING:
-            live += memory(op).change(k, (op.stage, op.mb) in checkpointed)
+            if k == "FC":
+                checkpointed.add((op.stage, op.mb))
+            last = checkpointed and (k == "B" or k == "W") and (op.stage, op.mb) in checkpointed
+            live += memory(op).change(k, bool(last))
         yield op, live
 
 

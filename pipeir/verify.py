@@ -364,9 +364,17 @@ def live_activations(program: Iterable[Op], size: Callable[[Op], float] | None =
     `size` (per op: its stage's saved activations) defaults to one unit per (stage,
     micro-batch) and `input_size` (what an FC keeps) to none, so the unit count is the peers'
     "micro-batches in flight". With a cost model's split, ask `live_memory` instead."""
+    if size is None and input_size is None:
+        return live_memory(program, lambda op: WHOLE)
+    table: dict[int, StageMemory] = {}  # (sizes are per stage: built once each)
+
     def memory(op: Op) -> StageMemory:
-        saved = 1.0 if size is None else size(op)
-        return StageMemory(saved, saved, 0.0 if input_size is None else input_size(op))
+        got = table.get(op.stage)
+        if got is None:
+            saved = 1.0 if size is None else size(op)
+            got = table[op.stage] = StageMemory(saved, saved,
+                                                0.0 if input_size is None else input_size(op))
+        return got
     return live_memory(program, memory)
 
 
