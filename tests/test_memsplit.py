@@ -14,6 +14,7 @@ p M (its W follows its I at once) and the others less.
 
 from __future__ import annotations
 
+import weakref
 from pathlib import Path
 
 import pytest
@@ -251,16 +252,28 @@ def test_input_gradient_frees_what_the_weight_gradient_does_not_need() -> None:
     x = torch.randn(4, 8, requires_grad=True)
     x_ref = x.detach().clone().requires_grad_(True)
     grad = torch.randn(4, 16)
+    # the tensors themselves, weakly: freeing must really drop them (torch's refcount)
+    gelu_in: list[weakref.ref[torch.Tensor]] = []
+    gelu_out: list[weakref.ref[torch.Tensor]] = []
+
+    def hook(m: object, i: tuple[torch.Tensor], o: torch.Tensor) -> None:
+        gelu_in.append(weakref.ref(i[0]))
+        gelu_out.append(weakref.ref(o))
+    net[1].register_forward_hook(hook)
     saved = SavedActivations(torch.device("cpu"), net.parameters())
     with saved.recording((1, 0)):
         out = net(x)
     assert saved.live == 640
+    assert gelu_in[0]() is not None
     (gx,), work = backward_input_many([out], [grad], [x])
     saved.after_input((1, 0), weight_nodes(work))
     assert saved.live == 384 and saved.w_per_stage == {1: 384}
+    assert gelu_in[0]() is None and gelu_out[0]() is not None
     backward_weight(work)
     saved.release((1, 0))
+    del work
     assert saved.live == 0 and saved.peak == 640
+    assert gelu_out[0]() is None
     ref(x_ref).backward(grad)
     assert torch.equal(gx, x_ref.grad)
     for p, q in zip(net.parameters(), ref.parameters()):
