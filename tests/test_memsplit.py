@@ -323,3 +323,39 @@ def test_run_measured_peak_matches_the_profiled_split(cli, tmp_path: Path) -> No
         assert abs(value["costs"] - value["measured"]) <= 0.10 * value["measured"], row
         if r == 1:
             assert value["whole"] > 1.10 * value["measured"], row
+
+
+def test_recompute_fits_the_budget_counted_with_the_split() -> None:
+    """recompute{budget=35} on ZB-H1 (p = 4, M = 10, a = 0.3): by the closed form ranks 1-3
+    peak at 33, 26 and 19 and need nothing; rank 0 (40) does. Held until W every rank peaks
+    at 40, and the last stage (which the pass never recomputes) cannot fit."""
+    import pipeir
+
+    s = library.get("zb-h1", ranks=P, microbatches=M_MB)
+    split = CostModel.from_settings({"memory_bytes": SAVED, "memory_w_bytes": ALPHA * SAVED,
+                                     "input_bytes": 1.0})
+    out = pipeir.compile(s, "recompute{budget=35}", costs=split).schedule
+    assert [any(op.kind == "FC" for op in prog) for prog in out.programs] == \
+        [True, False, False, False]
+    peaks = verify(out, sizes=split).peak_bytes
+    assert peaks is not None and max(peaks) <= 35
+    assert peaks[1:] == pytest.approx(_zb_h1_peaks(ALPHA)[1:])
+    whole = CostModel.from_settings({"memory_bytes": SAVED, "input_bytes": 1.0})
+    with pytest.raises(UsageError, match="cannot fit rank 3 into the budget of 35"):
+        pipeir.compile(s, "recompute{budget=35}", costs=whole)
+
+
+def test_plot_timeline_frees_at_i() -> None:
+    """The memory plot's timeline peaks where the closed form says, and falls at each I."""
+    from pipeir.views.plot import memory_over_time
+
+    s = library.get("zb-h1", ranks=P, microbatches=M_MB)
+    result = simulate(s, _costs(memory_w_bytes=ALPHA * SAVED))
+    timeline = memory_over_time(result)
+    assert [max(x for _, x in steps) for steps in timeline] == \
+        pytest.approx(_zb_h1_peaks(ALPHA))
+    # rank 3's first I ends with its one forward's memory down to the W-kept part, a M (the
+    # next F may start at that very time: the step is one of the entries there)
+    i_end = result.end[Op("I", P - 1, 0)]
+    at = [x for t, x in timeline[P - 1] if t == i_end]
+    assert any(x == pytest.approx(ALPHA * SAVED) for x in at), at
