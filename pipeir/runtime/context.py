@@ -86,7 +86,8 @@ class Context:
                             if self.cuda else None)
         #: saved activations per (stage, micro-batch), their bytes, offloads and recomputes
         #: (`record_every_step` False: only steps with new micro-batch layouts are recorded,
-        #: see `SavedActivations.begin_step`; a program with memory ops needs every step)
+        #: see `SavedActivations.begin_step`; a program with memory ops or split backwards
+        #: needs every step)
         self.saved = SavedActivations(device, (p for m in modules.values()
                                                for p in m.parameters()), record_every_step)
         self.pc = -1
@@ -253,6 +254,7 @@ class Context:
         if stage > 0:
             self.in_grads[key] = [_or_zeros(g, x) for g, x in zip(gxs, xs)]
         self.weight_work[key] = work
+        self.saved.after_input(key, splitgrad.weight_nodes(work))
         self._leave(t0)
 
     def backward_weight(self, stage: int, mb: int) -> None:

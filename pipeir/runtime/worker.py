@@ -23,6 +23,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from pipeir.backend.instructions import (
+    BackwardInput,
     ForwardCheckpoint,
     Lowered,
     Offload,
@@ -151,10 +152,12 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
         checkpoint.model_fingerprints(spec, low.stages))
     plan = ShapePlan(spec, low.stages, device)
     plan.preset(job.layouts)
-    memory_ops = any(isinstance(i, ForwardCheckpoint | Recompute | Offload | Reload)
-                     for i in low.program(rank))
+    # the memory ops move or replay stashes, and an I frees what its W does not need from
+    # them: those programs record every step (`SavedActivations.begin_step`)
+    stashes = any(isinstance(i, ForwardCheckpoint | Recompute | Offload | Reload | BackwardInput)
+                  for i in low.program(rank))
     ctx = Context(spec, modules, low.stages, device, plan, optim,
-                  on_instr=lambda pc: track(index, pc), record_every_step=memory_ops)
+                  on_instr=lambda pc: track(index, pc), record_every_step=stashes)
     ctx.mesh = mesh
     guard = Guard.install(ctx, low, rank, job.allow_nonfinite)  # runtime/guards.py
     step_fn = load_program(job.sources[rank], f"rank{rank}")
@@ -191,7 +194,8 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
               ctx.loss_sum if last else None, t0, t1, list(ctx.times), info,
               list(ctx.reduced)))
         emit(("memory", index, rank if mesh is None else mesh.rank, step, ctx.saved.peak,
-              dict(ctx.saved.per_stage), dict(ctx.saved.inputs_per_stage)))
+              dict(ctx.saved.per_stage), dict(ctx.saved.inputs_per_stage),
+              dict(ctx.saved.w_per_stage)))
         track(index, -1)
         done = step + 1
         saves = mesh is None or mesh.replica == 0  # replicas hold the same state
