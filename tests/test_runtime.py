@@ -714,3 +714,48 @@ def test_check_with_replicas_leaves_their_own_buffers_out(cli) -> None:
                          "--dp", "2", "--model", f"{ZOO}:batchnorm", "--steps", "2", "--check")
     assert code == 0, err
     assert "all stages within 1e-05 of single-process training" in out
+
+
+@pytest.mark.parametrize("model", ["mlp", "transformer", f"{EXAMPLES}/gpt.py:spec"])
+def test_the_shape_plan_is_what_the_stages_hand_on_when_they_run(model: str) -> None:
+    """The plan traced without running anything (meta, or fake tensors under gpt.py's bf16
+    autocast) equals the layouts the real stages produce under autograd, and survives the
+    trip to a rank (pickled, then preset: the rank traces nothing)."""
+    import pickle
+
+    from pipeir.models.spec import autocast_dtype, build_stage
+    from pipeir.runtime.shapes import Layout, ShapePlan
+    from pipeir.runtime.worker import split_batch
+
+    spec = resolve(model)
+    x = split_batch(spec.batch(0), 4)[0][0]
+    plan = ShapePlan(spec, 4)
+    traced = plan.trace(x)
+    dtype = autocast_dtype(spec)
+    real, h = [], x
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        for s in range(4):
+            h = build_stage(spec, s, 4)(*h) if isinstance(h, tuple) else \
+                build_stage(spec, s, 4)(h)
+            real.append(Layout.of(h))
+    assert traced == real
+    rank = ShapePlan(spec, 4)
+    rank.preset(pickle.loads(pickle.dumps(plan.layouts)))
+    rank.plan([x])
+    assert [rank.act(s, 0) for s in range(4)] == real and rank._tracer is None
+
+
+def test_a_rank_imports_neither_pipelining_nor_dynamo_and_the_launcher_starts_light() -> None:
+    """Start-up: the worker does not import torch.distributed.pipelining (torch._dynamo comes
+    from the fork server's preload, once), and `pipeirc run` can start the fork server before
+    it imports torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import pipeir.runtime.forkserver; a = 'torch' in sys.modules; "
+            "import pipeir.runtime.worker; "
+            "print(a, 'torch.distributed.pipelining' in sys.modules, "
+            "'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "False", "False"]
