@@ -107,8 +107,9 @@ def check_comm(lowered: Lowered, locator: Locator | None = None) -> CommReport:
     fails otherwise."""
     loc: Locator = locator if locator is not None else PlainLocator()
     matching = Matching(lowered)
+    order = Order(lowered, shared=matching)
     for rule in (Local(lowered).rule_local, matching.rule_matching, matching.rule_compute,
-                 matching.rule_step, Order(lowered).rule_order):
+                 matching.rule_step, order.rule_order):
         found = list(itertools.islice(rule(), MAX_FINDINGS + 1))
         if found:
             shown = [_diagnostic(f, loc) for f in found[:MAX_FINDINGS]]
