@@ -7,11 +7,21 @@ from __future__ import annotations
 
 import json
 import math
+import operator
+from collections.abc import Callable
 from dataclasses import MISSING, fields
 from typing import Any, get_args, get_type_hints
 
 from pipeir import limits
-from pipeir.backend.instructions import BY_MNEMONIC, MNEMONICS, Instr, IRecv, ISend, Lowered
+from pipeir.backend.instructions import (
+    BY_MNEMONIC,
+    MNEMONICS,
+    Batch,
+    Instr,
+    IRecv,
+    ISend,
+    Lowered,
+)
 from pipeir.diagnostics import UsageError
 
 
@@ -28,19 +38,22 @@ def format_lowered(lowered: Lowered) -> str:
     return "\n".join(lines) + "\n"
 
 
-#: Per instruction class, its field names (read once: `dataclasses.fields` per instruction
-#: was a tenth of writing a large lowered.json).
+#: Per instruction class, its field names and a getter of all of them at once (read once:
+#: `dataclasses.fields` and `getattr` per field were a third of writing a large lowered.json).
 _NAMES: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls))
                                        for cls in MNEMONICS}
+_VALUES: dict[type, Callable[[Instr], tuple[Any, ...]]] = {
+    cls: operator.attrgetter(*names) for cls, names in _NAMES.items()}
 
 
 def _instr_json(ins: Instr) -> dict[str, Any]:
-    d: dict[str, Any] = {"i": ins.mnemonic}
-    for name in _NAMES[type(ins)]:
-        value = getattr(ins, name)
-        if name == "paired" and not value:
-            continue
-        d[name] = [_instr_json(v) for v in value] if isinstance(value, tuple) else value
+    cls = type(ins)
+    d: dict[str, Any] = {"i": MNEMONICS[cls]}
+    d.update(zip(_NAMES[cls], _VALUES[cls](ins)))
+    if not ins.paired:
+        del d["paired"]
+    if cls is Batch:
+        d["posts"] = [_instr_json(v) for v in ins.posts]  # type: ignore[attr-defined]
     return d
 
 
