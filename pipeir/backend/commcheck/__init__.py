@@ -151,7 +151,7 @@ def check_json(path: str) -> str:
     """Prove the lowered programs in a `lowered.json` file; `path: summary`. A file that is
     not lowered programs (bad JSON, or a field of the wrong shape or type) is a UsageError
     naming the field (`from_json`), never a traceback from the rules."""
-    source = limits.read_input(path, "lowered-program JSON")
+    source = limits.read_input(path, "lowered-program JSON", limits.BYTES_PER_JSON_BYTE)
     lowered = from_json(jsonread.loads(source, "lowered-program JSON file", "field"), path)
     return f"{path}: {summary(lowered, check_comm(lowered, JsonLocator(source)))}"
 
