@@ -98,7 +98,7 @@ def _split(names: list[str], cut: tuple[int, ...], p: Plan) -> str:
     return "pieces per stage " + "/".join(map(str, sizes))
 
 
-def part_heavy() -> list[tuple[float | None, float]]:
+def part_heavy(synth_time: float) -> list[tuple[float | None, float]]:
     layers = heavy_layers()
     print(f"heavy: representative costs, Llama-3-8B-shaped, {BLOCKS} blocks, vocabulary "
           f"{V} ({V / H:.0f}x hidden); ms per micro-batch: block F+B "
@@ -108,7 +108,8 @@ def part_heavy() -> list[tuple[float | None, float]]:
         t0 = time.perf_counter()
         budget = "no budget" if memory is None else f"{memory / GB:.0f} GB per rank"
         try:
-            p = plan(layers, ranks, 2 * ranks, Link(0.02, 25e6), memory=memory)
+            p = plan(layers, ranks, 2 * ranks, Link(0.02, 25e6), memory=memory,
+                     synth_time=synth_time)
         except UsageError as e:
             print(f"  P={ranks} M={2 * ranks}, {budget}: {e.diagnostics[0].message}")
             continue
@@ -117,7 +118,7 @@ def part_heavy() -> list[tuple[float | None, float]]:
     return out
 
 
-def part_builtin(iters: int) -> list[tuple[float | None, float]]:
+def part_builtin(iters: int, synth_time: float) -> list[tuple[float | None, float]]:
     from pipeir.models.refs import resolve_splittable
     from pipeir.runtime.profile import measure_link, profile_pieces
 
@@ -130,9 +131,32 @@ def part_builtin(iters: int) -> list[tuple[float | None, float]]:
         pieces = profile_pieces(resolve_splittable(ref), m, 2, iters)
         layers = [LayerCost(n, t.F, t.B, t.I, t.W, t.activation_bytes, t.memory_bytes,
                             t.param_bytes, t.input_bytes) for n, t in pieces]
-        out.append(show(f"{ref} P={ranks} M={m}", plan(layers, ranks, m,
-                                                         Link(latency, bandwidth))))
+        profile_table(layers)
+        p = plan(layers, ranks, m, Link(latency, bandwidth), synth_time=synth_time)
+        out.append(show(f"{ref} P={ranks} M={m}", p))
+        headroom(p)
     return out
+
+
+def profile_table(layers: list[LayerCost]) -> None:
+    """Per piece, for one micro-batch: times in ms, sizes in KiB."""
+    print(f"    {'piece':<10} {'F':>6} {'I':>6} {'W':>6} {'B':>6} {'F+B':>6} {'out KiB':>8} "
+          f"{'saved KiB':>9} {'params KiB':>10}")
+    for x in layers:
+        print(f"    {x.name or '(start)':<10} {x.F:6.3f} {x.I:6.3f} {x.W:6.3f} {x.B:6.3f} "
+              f"{x.work:6.3f} {x.activation_bytes / 1024:8.1f} {x.memory_bytes / 1024:9.1f} "
+              f"{x.param_bytes / 1024:10.1f}")
+
+
+def headroom(p: Plan) -> None:
+    """The most any split and schedule could gain over the uniform split's best: no step
+    beats M times a perfectly balanced rank's work (or the heaviest piece's)."""
+    if p.uniform is None:
+        return
+    most = p.uniform.step / p.best_bound - 1
+    print(f"    the most any plan could gain: uniform {p.uniform.step:.2f} / (M x max(total "
+          f"F+B / P, heaviest piece) = {p.best_bound:.2f}) = {most:+.1%}"
+          f"{'' if most >= 0.15 else ': the 15% target is out of reach on this model'}")
 
 
 # ---- sleep ---------------------------------------------------------------------------------------
@@ -186,28 +210,34 @@ def sleepy() -> Any:
     return ChainModel(pieces, ModelSpec(stage=never, loss=nn.functional.mse_loss, batch=batch))
 
 
-def part_sleep(ranks: int, steps: int) -> float:
+def part_sleep(ranks: int, steps: int, synth_time: float) -> float:
     from pipeir import compile as compile_schedule
     from pipeir.api import load
     from pipeir.backend.codegen import rank_source
     from pipeir.printer import print_schedule
     from pipeir.runtime.launch import launch
+    from pipeir.runtime.measure import calibrated_prediction, measured_result, transfer_latency
     from pipeir.runtime.profile import measure_link
     from pipeir.runtime.worker import Job
 
     latency, bandwidth = measure_link()
     layers = sleep_layers()  # named as sleepy()'s pieces: "", blocks.0, ..., norm
     m = 2 * ranks
-    p = plan(layers, ranks, m, Link(latency, bandwidth), splits=(None,))
+    p = plan(layers, ranks, m, Link(latency, bandwidth), splits=(None,), synth_time=synth_time)
     cand = p.planned.candidate
     text = print_schedule(cand.schedule, cand.costs.settings())
     points = [layers[i].name for i in p.planned.cut]
-    low = compile_schedule(load(text).schedule,
-                           "overlap" if cand.comm == "overlapped" else "").lowered
+    sched = load(text).schedule
+    low = compile_schedule(sched, "overlap" if cand.comm == "overlapped" else "").lowered
     job = Job(low, tuple(rank_source(low, r) for r in range(ranks)),
               f"{HERE}:sleepy@{','.join(points)}", steps)
     res = launch([job], ranks, timeout_s=300)
-    measured = statistics.median(res.steps[(0, s)].time for s in range(1, steps)) * 1e3
+    kept = range(1, steps)  # the first step warms up
+    measured = statistics.median(res.steps[(0, s)].time for s in kept) * 1e3
+    times = [{r: res.times[(0, r, s)] for r in range(ranks)} for s in kept]
+    spans = [measured_result(low, sched, t) for t in times]
+    span = statistics.median(x.makespan for x in spans) * 1e3
+    calibrated = calibrated_prediction(low, spans, transfer_latency(low, times)).makespan * 1e3
     ratio = measured / cand.step_time
     uni = p.uniform.step if p.uniform is not None else float("nan")
     stages = stages_of(layers, p.planned.cut)
@@ -219,6 +249,11 @@ def part_sleep(ranks: int, steps: int) -> float:
           f"{cand.step_time:.1f} ms: x{ratio:.3f} (target within 10%: "
           f"{'met' if abs(ratio - 1) <= 0.10 else 'MISSED'}); uniform split's best "
           f"simulated {uni:.1f} ms ({p.gain or 0:+.1%})")
+    print(f"  where the difference goes: first to last op of the schedule {span:.1f} ms "
+          f"(outside it, per step: {measured - span:.1f} ms: loading the batch, the optimizer "
+          f"step, the step's barriers); the simulator with the measured op times and "
+          f"transfer {calibrated:.1f} ms (the sleeps' own overrun: "
+          f"{calibrated - cand.step_time:+.1f} ms)")
     return ratio
 
 
@@ -228,14 +263,16 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--iters", type=int, default=9, help="profiling iterations (builtin)")
     ap.add_argument("--ranks", type=int, default=4, help="ranks of the sleep run")
     ap.add_argument("--steps", type=int, default=6, help="steps of the sleep run")
+    ap.add_argument("--synth-time", type=float, default=20.0, metavar="S",
+                    help="seconds synth may refine each planned schedule (0: tune's only)")
     args = ap.parse_args(argv)
     results: list[tuple[float | None, float]] = []
     if args.part in ("heavy", "all"):
-        results += part_heavy()
+        results += part_heavy(args.synth_time)
     if args.part in ("builtin", "all"):
-        results += part_builtin(args.iters)
+        results += part_builtin(args.iters, args.synth_time)
     if args.part in ("sleep", "all"):
-        part_sleep(args.ranks, args.steps)
+        part_sleep(args.ranks, args.steps, args.synth_time)
     if results:
         gains = [g for g, _ in results if g is not None]
         print(f"median over the comparisons above: planned {statistics.median(gains):+.1%} "
