@@ -18,14 +18,21 @@ and the uniform split (blocks evenly, embedding first, head last) with tune's be
 above the bound.
 
 builtin: the same comparison from per-piece costs profiled on this machine (`pipeirc plan`'s
-profiler; medians, one thread) for the built-in `transformer` and `heavy-lm`. On a shared
-CPU these costs are noisy; the figures are what a user of this machine would get.
+profiler; medians, one intra-op thread, by the thread's CPU time unless --wall-clock: on a
+shared CPU the wall clock counts other processes' turns on the core) for the built-in
+`transformer` and `heavy-lm`, with each piece's profile and the arithmetic of the most any
+plan could gain over the uniform split (its step over the bounds no split beats).
+
+Every plan is refined by synth on its chosen split (--synth-time seconds); the uniform
+baseline keeps tune's best, as a user of `tune` would get it.
 
 sleep: a chain of pieces whose forwards and backwards sleep the heavy model's costs (scaled
 to tens of ms) is planned (with the link measured between two gloo ranks, backwards unsplit:
 a sleep cannot be split into I and W), run with its planned split and schedule on local
 gloo ranks, and its median measured step (first step dropped) set against the plan's
-simulated step: the target is within 10 %.
+simulated step: the target is within 10 %. The difference is then split into the time
+outside the schedule's first and last op (batch, optimizer, barriers) and the simulator's
+step with the measured op and transfer times.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from torch import nn
 from pipeir.diagnostics import UsageError
 from pipeir.plan import LayerCost, Link, Plan, plan
 from pipeir.plan.layers import stages_of
+from pipeir.plan.partition import best_splits, bound_score
 
 HERE = Path(__file__).resolve()
 
@@ -118,17 +126,22 @@ def part_heavy(synth_time: float) -> list[tuple[float | None, float]]:
     return out
 
 
-def part_builtin(iters: int, synth_time: float) -> list[tuple[float | None, float]]:
+def part_builtin(iters: int, synth_time: float, cpu_time: bool
+                 ) -> list[tuple[float | None, float]]:
     from pipeir.models.refs import resolve_splittable
     from pipeir.runtime.profile import measure_link, profile_pieces
 
     latency, bandwidth = measure_link()
-    print(f"builtin: per-piece costs profiled on this machine (median of {iters}); link "
-          f"{latency:.3f} ms")
+    # NOTE: on a shared CPU the wall clock counts the time other processes held the core
+    # (medians of 10-18 ms for 1 ms ops under a load of 6 on 2 cores); with one intra-op
+    # thread the thread's CPU time is the op's own compute, which is what a quiet core runs
+    clock = time.thread_time if cpu_time else time.perf_counter
+    print(f"builtin: per-piece costs profiled on this machine (median of {iters}, "
+          f"{'thread CPU time' if cpu_time else 'wall clock'}); link {latency:.3f} ms")
     out = []
     for ref, ranks in (("transformer", 2), ("transformer", 3), ("heavy-lm", 4)):
         m = 2 * ranks
-        pieces = profile_pieces(resolve_splittable(ref), m, 2, iters)
+        pieces = profile_pieces(resolve_splittable(ref), m, 2, iters, clock=clock)
         layers = [LayerCost(n, t.F, t.B, t.I, t.W, t.activation_bytes, t.memory_bytes,
                             t.param_bytes, t.input_bytes) for n, t in pieces]
         profile_table(layers)
@@ -149,14 +162,17 @@ def profile_table(layers: list[LayerCost]) -> None:
 
 
 def headroom(p: Plan) -> None:
-    """The most any split and schedule could gain over the uniform split's best: no step
-    beats M times a perfectly balanced rank's work (or the heaviest piece's)."""
+    """The most any split could gain over the uniform split's best: no step beats M times a
+    perfectly balanced rank's work (or the heaviest piece's), and no split with one stage
+    per rank beats the dynamic program's least bound (`partition.bound_score`, transfers
+    dropped)."""
     if p.uniform is None:
         return
     most = p.uniform.step / p.best_bound - 1
+    one = best_splits(len(p.layers), p.ranks, bound_score(p.layers, p.microbatches))[0][0]
     print(f"    the most any plan could gain: uniform {p.uniform.step:.2f} / (M x max(total "
-          f"F+B / P, heaviest piece) = {p.best_bound:.2f}) = {most:+.1%}"
-          f"{'' if most >= 0.15 else ': the 15% target is out of reach on this model'}")
+          f"F+B / P, heaviest piece) = {p.best_bound:.2f}) = {most:+.1%}; with one stage per "
+          f"rank, / (the least bound of any split {one:.2f}) = {p.uniform.step / one - 1:+.1%}")
 
 
 # ---- sleep ---------------------------------------------------------------------------------------
@@ -263,6 +279,9 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--iters", type=int, default=9, help="profiling iterations (builtin)")
     ap.add_argument("--ranks", type=int, default=4, help="ranks of the sleep run")
     ap.add_argument("--steps", type=int, default=6, help="steps of the sleep run")
+    ap.add_argument("--wall-clock", action="store_true",
+                    help="profile the built-in models by the wall clock, not the thread's CPU "
+                         "time (builtin)")
     ap.add_argument("--synth-time", type=float, default=20.0, metavar="S",
                     help="seconds synth may refine each planned schedule (0: tune's only)")
     args = ap.parse_args(argv)
@@ -270,7 +289,7 @@ def main(argv: list[str]) -> int:
     if args.part in ("heavy", "all"):
         results += part_heavy(args.synth_time)
     if args.part in ("builtin", "all"):
-        results += part_builtin(args.iters, args.synth_time)
+        results += part_builtin(args.iters, args.synth_time, not args.wall_clock)
     if args.part in ("sleep", "all"):
         part_sleep(args.ranks, args.steps, args.synth_time)
     if results:

@@ -66,7 +66,8 @@ def shape_costs(layers: Sequence[LayerCost], cut: Cut, config: PipelineConfig, l
     if min(room) <= 0:
         return None
     for k in range(len(stages)):
-        settings[f"stage.{k}.memory_bytes"] = stages[k].memory_bytes / room[config.placement[k]]
+        for size in ("memory_bytes", "input_bytes"):  # (what a checkpointed forward keeps)
+            settings[f"stage.{k}.{size}"] = getattr(stages[k], size) / room[config.placement[k]]
     settings["memory_bytes"] = settings["stage.0.memory_bytes"]
     return CostModel.from_settings(settings), 1.0
 
