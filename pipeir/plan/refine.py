@@ -37,7 +37,8 @@ from pipeir.search.synth.problem import Problem
 from pipeir.search.tune import Candidate, evaluate
 from pipeir.sim import CostModel
 
-#: A budget: a count of micro-batch activations (int) or bytes per rank (float).
+#: A budget: a count of micro-batch activations (int) or bytes per rank (float), as
+#: `pipeir.cli.common.memory_limit` reads `--memory`.
 Budget = int | float
 
 
@@ -122,4 +123,4 @@ def _candidate(schedule: Schedule, chosen: Candidate) -> Candidate:
                     chosen.comm)
 
 
-__all__ = ["shape_bound", "shape_costs", "static_bytes", "synthesized"]
+__all__ = ["Budget", "shape_bound", "shape_costs", "static_bytes", "synthesized"]

@@ -17,6 +17,10 @@ pieces: splits into `ranks * v` chunks (the dynamic program's best by chunk work
 uniform split into that many) are simulated on interleaved 1F1B, and for v = 2 on the
 V-shaped schedules, with each chunk's own costs. The uniform baseline is the uniform split
 at the best v under the same budget: what a user gets from tune without planning.
+
+NOTE (refinement). With a time for it, synth then looks for a faster schedule on the chosen
+split alone, and synth's bound for that split's shape sharpens the reported one
+(`pipeir.plan.refine`); the uniform baseline keeps tune's best.
 """
 
 from __future__ import annotations
@@ -43,13 +47,9 @@ from pipeir.plan.partition import (
     universal_bound,
     work_score,
 )
-from pipeir.plan.refine import shape_bound, static_bytes, synthesized
+from pipeir.plan.refine import Budget, shape_bound, static_bytes, synthesized
 from pipeir.search.tune import PRESPLIT, SPLITS, Candidate, evaluate, search, variants
 from pipeir.sim import CostModel, simulate
-
-#: A budget: a count of micro-batch activations (int) or bytes per rank (float), as
-#: `pipeir.cli.common.memory_limit` reads `--memory`.
-Budget = int | float
 
 #: Transfers that cost nothing.
 NO_LINK = Link()
