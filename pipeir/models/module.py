@@ -54,6 +54,13 @@ Weights = Mapping[str, torch.Tensor] | str | os.PathLike[str]
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
+#: A stage's {parameter name: the unsplit module's name of the weight} for parameters that
+#: are copies of a weight another stage also holds: what `pipeir.torch_schedule` keeps tied
+#: (`pipeir.runtime.wiring`).
+TIED_ATTR = "_pipeir_tied"
+#: A traced stage's (stage index, its inputs' shapes when traced; None: not recorded).
+TRACED_ATTR = "_pipeir_traced_for"
+
 
 @dataclass(frozen=True)
 class ModuleSpec:
@@ -128,7 +135,11 @@ class ModuleSpec:
     # ---- the split ------------------------------------------------------------------------
     def _model_spec(self, points_for: Callable[[int], list[str]]) -> ModelSpec:
         def stage(s: int, stages: int) -> nn.Module:
-            return self._stage(tuple(points_for(stages)), s)
+            points = tuple(points_for(stages))
+            built = self._stage(points, s)
+            setattr(built, TIED_ATTR, {n: group[0][1] for group in self._tied(points)
+                                       for k, n in group if k == s})
+            return built
 
         def tied(stages: int) -> list[TiedGroup]:
             return self._tied(tuple(points_for(stages)))
@@ -384,6 +395,12 @@ def _trace(root: nn.Module, points: tuple[str, ...], example: Any) -> list[nn.Mo
                          "points (is every point a module the forward calls?)")
     stages = [pipe.get_stage_module(s) for s in range(pipe.num_stages)]
     _chain(pipe.split_gm.graph, stages)
+    for k, stage in enumerate(stages):
+        assert isinstance(stage, fx.GraphModule)
+        vals = [n.meta.get("val") for n in stage.graph.nodes if n.op == "placeholder"]
+        setattr(stage, TRACED_ATTR, (k, tuple(tuple(v.shape) if isinstance(v, torch.Tensor)
+                                              else None for v in vals)))
+        stage.register_forward_pre_hook(_same_shapes)
     persistent = set(root.state_dict())
     for stage in stages:
         _drop_unread(stage)
@@ -392,6 +409,24 @@ def _trace(root: nn.Module, points: tuple[str, ...], example: Any) -> list[nn.Mo
                 owner, _, leaf = name.rpartition(".")
                 stage.get_submodule(owner)._non_persistent_buffers_set.add(leaf)
     return stages
+
+
+def _same_shapes(stage: nn.Module, args: tuple[Any, ...]) -> None:
+    """A traced stage's forward pre-hook: torch.export fixes every shape of the trace (views
+    and reshapes to the example's sizes), so inputs of other shapes would fail deep in the
+    graph or, where they broadcast, compute something else. Refuse them, naming both."""
+    k, want = getattr(stage, TRACED_ATTR)
+    got = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args)
+    if len(got) == len(want) and all(w is None or w == g for w, g in zip(want, got)):
+        return
+    raise UsageError(f"stage {k} was traced for inputs of shape ({_shapes(want)}) "
+                     f"(ModuleSpec's example) but is given ({_shapes(got)}): a traced stage "
+                     "keeps the example's shapes; give an example of one micro-batch as this "
+                     "run cuts the batch")
+
+
+def _shapes(shapes: Sequence[tuple[int, ...] | None]) -> str:
+    return ", ".join("?" if t is None else "x".join(map(str, t)) or "scalar" for t in shapes)
 
 
 def _drop_unread(stage: nn.Module) -> None:

@@ -29,6 +29,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
+from pipeir.diagnostics import UsageError
 from pipeir.models.spec import (
     ModelSpec,
     StageBuildError,
@@ -273,6 +274,8 @@ class ShapePlan:
                 try:
                     with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
                         h = call_stage(mod, h)
+                except UsageError as e:  # the stage explained itself (a traced stage's shapes)
+                    raise PlanError(e.message) from None
                 except Exception as e:
                     given = "the micro-batch input" if s == 0 else f"stage {s - 1}'s output"
                     raise PlanError(f"stage {s} cannot take {given} {found[-1] if s else key}: "
