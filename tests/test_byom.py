@@ -292,3 +292,47 @@ def test_a_hand_off_whose_structure_depends_on_the_data_is_refused_before_launch
             "at [1]: None here, bool[2] there: the hand-off's structure depends on the "
             "data's values") in err
     assert list(tmp_path.iterdir()) == []
+
+
+def test_stages_from_a_safetensors_file_build_the_module_on_meta_only(tmp_path: Path) -> None:
+    """The unsplit module is built on the meta device only (no memory for weights a stage
+    does not own), each stage materialised from the file; a tied weight stored once, as
+    Hugging Face's safetensors files store it, reaches both names."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(4)
+    other = BM.Tied()
+    state = {k: v.contiguous() for k, v in other.state_dict().items() if k != "head.weight"}
+    path = tmp_path / "w.safetensors"
+    save_file(state, str(path))
+    devices: list[str] = []
+
+    def build() -> nn.Module:
+        model = BM.Tied()
+        devices.append(model.embed.weight.device.type)
+        return model
+
+    ms = ModuleSpec(module=build, batch=BM._tokens, loss=BM._ce, points=["layers.2"],
+                    example=BM._tokens(0)[0][:2], weights=str(path)).model_spec()
+    stages = [ms.stage(s, 2) for s in range(2)]
+    assert devices and set(devices) == {"meta"}
+    assert torch.equal(stages[1].state_dict()["head.weight"], state["embed.weight"])
+    for s in stages:
+        for k, v in s.state_dict().items():
+            assert not v.is_meta and torch.equal(v, other.state_dict()[k]), k
+
+
+def test_a_traced_stage_refuses_other_shapes_before_launch(cli, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """`tied` is traced for micro-batches of 2 (8 samples in 4); cut in 2 the batch gives
+    micro-batches of 4: refused before any process starts, naming the stage and shapes."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                       "--model", f"{MODELS}:tied")
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"error: --model {MODELS}:tied: stage 0 was traced for inputs of shape (2x6) "
+        "(ModuleSpec's example) but is given (4x6): a traced stage keeps the example's "
+        "shapes; give an example of one micro-batch as this run cuts the batch")
+    assert list(tmp_path.iterdir()) == []

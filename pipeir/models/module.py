@@ -218,6 +218,18 @@ class ModuleSpec:
         return pieces
 
     def _stage(self, points: tuple[str, ...], s: int) -> nn.Module:
+        piece = self._pieces(points, real=False)[s]
+        if hasattr(piece, TRACED_ATTR):  # a GraphModule's deep copy keeps no hooks
+            traced = getattr(piece, TRACED_ATTR)
+            built = self._copy(points, s)
+            setattr(built, TRACED_ATTR, traced)
+            built.register_forward_pre_hook(_same_shapes)
+            return built
+        return self._copy(points, s)
+
+    def _copy(self, points: tuple[str, ...], s: int) -> nn.Module:
+        """Stage s's module, a copy of the split's: empty in a meta or fake mode, its
+        weights from `weights` or the unsplit build."""
         if _abstract():  # meta or fake: the structure only
             return _skeleton(self._pieces(points, real=False)[s])
         if self.weights is None:
@@ -232,13 +244,18 @@ class ModuleSpec:
         return stage
 
     def _weights(self) -> Mapping[str, torch.Tensor]:
+        """The weights by every name of each tensor: a file holding a tied weight once (as
+        Hugging Face's safetensors files do) gives it to every name."""
         if "weights" not in self._cache:
             assert self.weights is not None
-            read = read_weights(self.weights)
+            read = dict(read_weights(self.weights))
             for name, aliases in self.state_names().items():
                 other = next((a for a in aliases if a in read and a != name), None)
-                if name in read and other is not None and not torch.equal(read[name],
-                                                                          read[other]):
+                if other is None:
+                    continue
+                if name not in read:
+                    read[name] = read[other]
+                elif not torch.equal(read[name], read[other]):
                     raise UsageError(f"weights: '{name}' and '{other}' are one tied weight "
                                      "in the module but differ in the file")
             self._cache["weights"] = read
@@ -400,7 +417,6 @@ def _trace(root: nn.Module, points: tuple[str, ...], example: Any) -> list[nn.Mo
         vals = [n.meta.get("val") for n in stage.graph.nodes if n.op == "placeholder"]
         setattr(stage, TRACED_ATTR, (k, tuple(tuple(v.shape) if isinstance(v, torch.Tensor)
                                               else None for v in vals)))
-        stage.register_forward_pre_hook(_same_shapes)
     persistent = set(root.state_dict())
     for stage in stages:
         _drop_unread(stage)

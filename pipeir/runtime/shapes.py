@@ -278,8 +278,9 @@ class ShapePlan:
                     raise PlanError(e.message) from None
                 except Exception as e:
                     given = "the micro-batch input" if s == 0 else f"stage {s - 1}'s output"
+                    first = str(e).strip().splitlines()[:1]  # a graph adds its trace
                     raise PlanError(f"stage {s} cannot take {given} {found[-1] if s else key}: "
-                                    f"{type(e).__name__}: {e}") from None
+                                    f"{type(e).__name__}: {''.join(first)}") from None
                 found.append(Layout.of(h))
         return found
 
