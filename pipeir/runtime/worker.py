@@ -238,6 +238,11 @@ def main(rank: int, world: int, init_method: str, jobs: Sequence[Job], queue: An
          pcs: Any, timeout_s: float) -> None:
     """Process entry point used by the launcher."""
     _die_with_parent()
+    # the model's output, even written to descriptor 1, goes to stderr: the launcher's stdout
+    # is the run's report (pipeir.usercode's NOTE)
+    sys.stdout.flush()
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     torch.set_num_threads(1)
     current = [0, -1]
 
