@@ -11,6 +11,7 @@ import torch
 import pipeir
 from pipeir.backend.codegen import rank_source
 from pipeir.models import resolve
+from pipeir.runtime.compare import RTOL, RTOL_AUTOCAST, differences
 from pipeir.runtime.launch import RunResult
 from pipeir.runtime.reference import train_reference
 from pipeir.runtime.worker import Job
@@ -31,7 +32,9 @@ def runtime_job(schedule: Schedule, passes: str | None, steps: int, model: str =
 def assert_matches_reference(jobs: list[Job], result: RunResult) -> None:
     """Parameters after the last step and gradients of the last step allclose (rtol 1e-5) to
     single-process training. Gradients are compared too because one SGD step changes large
-    weights too little for a wrong gradient to show in the parameters alone."""
+    weights too little for a wrong gradient to show in the parameters alone. And `--check`'s
+    own judgement passes each of these correct runs (it must not false-alarm on any model or
+    schedule the tests train)."""
     for j, job in enumerate(jobs):
         low = job.lowered
         spec = resolve(job.model)
@@ -57,6 +60,9 @@ def assert_matches_reference(jobs: list[Job], result: RunResult) -> None:
                     torch.testing.assert_close(
                         got, r, rtol=rtol, atol=max(1e-8, rtol * scale),
                         msg=lambda m, w=f"{what}: stage {s} {kind} {k}": f"{w}: {m}")
+        tol = RTOL if spec.autocast is None else RTOL_AUTOCAST
+        rows = differences(spec, job, result, j)
+        assert max(max(p, g) for _, p, g, _ in rows) <= tol, f"{what}: --check says {rows}"
 
 
 def lib(name: str, p: int, m: int, **kw: int) -> Schedule:
