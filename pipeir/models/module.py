@@ -13,7 +13,9 @@ split points); stages keep the module's parameter names. Two routes cut a module
 - trace (with `example`, one micro-batch input as torch's `mb_args`): torch's own tracer,
   `torch.distributed.pipelining.pipeline`, which follows any forward torch.export can capture
   (Hugging Face models among them). A traced stage takes the previous stage's outputs as
-  positional arguments (torch's convention) and is specialised to the example's shapes.
+  positional arguments (torch's convention) and is specialised to the example's shapes:
+  inputs of other shapes are refused (before launch, by the shape plan), naming the stage and
+  both shapes.
 - prune (without `example`): torchtitan's way, a deep copy of the module with the modules
   other stages own removed, which needs a forward that skips what is missing (an
   `nn.Sequential`, or `if self.norm is not None:` as torchtitan's models do).

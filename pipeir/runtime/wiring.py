@@ -12,8 +12,10 @@ The rules, in the order they are checked:
    refused, naming the value (`pipeir.split` carries it along the chain instead).
 2. A stage takes what the stage before it gives: a tuple output is the next stage's
    positional arguments (torch's `PipelineStage` convention), so the count must fit the
-   next stage's `forward`. The count is known where the stage is a traced graph, or where
-   its `PipelineStage` was given `output_args`; elsewhere it is left to the first step.
+   next stage's `forward`. The count is known where the stage is a graph (`pipeir.split`'s
+   traced stages, `fx.symbolic_trace`), or where its `PipelineStage` was given
+   `output_args`; elsewhere it is left to the first step. Stages of torch's tracer (rule 1)
+   route each value by name instead, so the count does not apply to them.
 3. Tied parameters stay one weight. The stages of a `ModuleSpec` / `pipeir.split` mark the
    parameters that are copies of one weight of the unsplit module (`TIED_ATTR`); where the
    copies are different tensors (other stages, other ranks), torch's runtime would train
@@ -87,8 +89,8 @@ def check(wirings: Sequence[Wiring]) -> None:
                     "neighbouring stages only; split the module with pipeir.split, which "
                     "carries such a value along the chain")
     for before, w in itertools.pairwise(wirings):
-        if before.gives is None or w.takes is None:
-            continue
+        if before.gives is None or w.takes is None or before.reads or w.reads:
+            continue  # unknown, or torch's traced stages, which route each value by name
         lo, hi = w.takes
         if before.gives < lo or (hi is not None and before.gives > hi):
             want = f"{lo}" if lo == hi else f"{lo} to {hi}" if hi is not None \
