@@ -6,8 +6,9 @@ naming the user's file, the line of the raise and the exception, exit 1 (130 for
 NOTE (stdout): while user code runs, its output goes to stderr, so a plugin that prints cannot
 corrupt a schedule that `pipeirc opt` writes to stdout: Python-level writes (`sys.stdout`) and
 writes to file descriptor 1 itself (`os.write(1, ...)`, a C extension's unbuffered output)
-alike (`stdout_to_stderr`). The launcher's workers run the model outside any `contained`, so
-they send both to stderr for good (`pipeir.runtime.worker.main`). Output a C library buffers
+alike (`stdout_to_stderr`). A rank runs the model outside any `contained`, so it sends both to
+stderr for good and writes its own report (a torchrun rank's step lines) to a copy of the
+stdout it had (`stdout_for_good`). Output a C library buffers
 in its own `stdout` is written when that library flushes, which pipeir cannot time.
 """
 
@@ -22,6 +23,7 @@ import traceback
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import TextIO
 
 from pipeir.diagnostics import Diagnostic, Note, PipeirError, UsageError
 
@@ -100,6 +102,16 @@ def stdout_to_stderr() -> Iterator[None]:
         if saved is not None:
             os.dup2(saved, 1)
             os.close(saved)
+
+
+def stdout_for_good() -> TextIO:
+    """From now on this process's `sys.stdout` and descriptor 1 are stderr (see the module
+    NOTE); returns a line-buffered stream onto the stdout it had, for pipeir's report."""
+    sys.stdout.flush()
+    report = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return report
 
 
 def import_module(name: str, label: str, notes: Iterable[Note] = ()) -> ModuleType:

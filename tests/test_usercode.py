@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipeir.cli import main
+from pipeir.runtime.launch import free_port
 
 REPO = Path(__file__).parent.parent
 SCHED = REPO / "examples/1f1b.sched"
@@ -190,4 +191,23 @@ def test_a_model_writing_to_descriptor_1_in_the_ranks_cannot_corrupt_the_report(
                           cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     assert done.returncode == 0, done.stderr
     assert "NOISE" not in done.stdout and "step" in done.stdout
+    assert "NOISE-FD" in done.stderr and "NOISE-PY" in done.stderr
+
+
+@pytest.mark.mp
+def test_a_model_writing_to_descriptor_1_under_torchrun_cannot_corrupt_the_step_lines(
+        tmp_path: Path) -> None:
+    """A torchrun rank prints its own step lines: onto a copy of the stdout it had, while
+    the model's output, printed or written to descriptor 1, goes to stderr."""
+    model = tmp_path / "noisy.py"
+    model.write_text(NOISY_MODEL)
+    assert main(["compile", str(SCHED), "--set", "ranks=2", "--set", "microbatches=2",
+                 "-o", str(tmp_path / "gen")]) == 0
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port()), str(tmp_path / "gen" / "main.py"),
+         "--steps", "2", "--model", str(model)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "step 2/2  loss " in done.stdout and "NOISE" not in done.stdout
     assert "NOISE-FD" in done.stderr and "NOISE-PY" in done.stderr

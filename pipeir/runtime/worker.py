@@ -32,6 +32,7 @@ from pipeir.runtime.guards import Guard
 from pipeir.runtime.mesh import Mesh, mesh_for, shard
 from pipeir.runtime.optim import Optim
 from pipeir.runtime.shapes import ShapePlan
+from pipeir.usercode import stdout_for_good
 
 Emit = Callable[[tuple[Any, ...]], None]
 
@@ -239,10 +240,8 @@ def main(rank: int, world: int, init_method: str, jobs: Sequence[Job], queue: An
     """Process entry point used by the launcher."""
     _die_with_parent()
     # the model's output, even written to descriptor 1, goes to stderr: the launcher's stdout
-    # is the run's report (pipeir.usercode's NOTE)
-    sys.stdout.flush()
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    # is the run's report, and a worker reports through its queue (pipeir.usercode's NOTE)
+    stdout_for_good().close()
     torch.set_num_threads(1)
     current = [0, -1]
 
