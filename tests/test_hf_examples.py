@@ -18,7 +18,7 @@ import torch
 
 pytest.importorskip("transformers")
 
-from test_byom import _job, _synthesised, train_unsplit
+from byom_helpers import byom_job, synthesised, train_unsplit
 
 from pipeir.models import resolve
 from pipeir.runtime.compare import differences
@@ -67,12 +67,12 @@ def test_hf_examples_train_like_the_unsplit_model_and_export(cli, tmp_path: Path
     plan: list[tuple[Schedule, Path, str]] = [
         (lib("1f1b", 2, 4), LLAMA, "spec"),
         (lib("interleaved-1f1b", 2, 4, v=2), LLAMA, "spec"),
-        (_synthesised(), LLAMA, "spec"),
+        (synthesised(), LLAMA, "spec"),
         (lib("1f1b", 2, 4), GPT2, "spec"),
         (lib("interleaved-1f1b", 2, 4, v=2), GPT2, "spec"),
-        (_synthesised(), GPT2, "untied"),
+        (synthesised(), GPT2, "untied"),
     ]
-    jobs = [_job(s, _ref(p, fn), 2) for s, p, fn in plan]
+    jobs = [byom_job(s, _ref(p, fn), 2) for s, p, fn in plan]
     result = launch(jobs, 2, timeout_s=TIMEOUT)
     for j, (_, path, fn) in enumerate(plan):
         spec = getattr(_load(path), fn)()
