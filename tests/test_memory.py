@@ -281,7 +281,7 @@ def test_passes_that_rebuild_programs_and_torch_export_refuse_memory_ops() -> No
 
 # ---- training ------------------------------------------------------------------------------
 sys.path.insert(0, str(Path(__file__).parent))
-from test_runtime import TIMEOUT, _assert_matches_reference, _job  # noqa: E402
+from runtime_helpers import TIMEOUT, assert_matches_reference, runtime_job  # noqa: E402
 
 NOISY = f"{Path(__file__).parent / 'zoo.py'}:noisy"
 STRUCTURED = f"{Path(__file__).parent / 'zoo.py'}:structured"
@@ -324,16 +324,16 @@ def test_memory_ops_train_like_single_process_and_measure_the_simulated_peak(p: 
 
     m = 2 * p
     mlp, dropout = _memory_jobs(p, m)
-    jobs = [_job(s, ps, 2) for s, ps in mlp]
-    jobs += [_job(s, ps, 2, model=STRUCTURED) for s, ps in mlp[:1] + mlp[5:6]]
-    jobs += [_job(s, ps, 2, model=model) for s, ps in mlp[5:6] for model in (BATCHNORM, EMA)]
-    noisy = [_job(s, ps, 2, model=NOISY) for s, ps in dropout]
-    plain = [_job(s, ps.rpartition(",")[0] if "," in ps else None, 2, model=NOISY)
+    jobs = [runtime_job(s, ps, 2) for s, ps in mlp]
+    jobs += [runtime_job(s, ps, 2, model=STRUCTURED) for s, ps in mlp[:1] + mlp[5:6]]
+    jobs += [runtime_job(s, ps, 2, model=model) for s, ps in mlp[5:6] for model in (BATCHNORM, EMA)]
+    noisy = [runtime_job(s, ps, 2, model=NOISY) for s, ps in dropout]
+    plain = [runtime_job(s, ps.rpartition(",")[0] if "," in ps else None, 2, model=NOISY)
              for s, ps in dropout]
     kinds = set().union(*(_kinds(s, ps) for s, ps in mlp))
     assert {"FC", "RC", "OFF", "RELOAD", "I", "W"} <= kinds
     result = launch(jobs + noisy + plain, p, timeout_s=TIMEOUT * 2)
-    _assert_matches_reference(jobs, result)
+    assert_matches_reference(jobs, result)
     # dropout: with the forwards recomputed, the same masks as without (same RNG draws)
     n = len(jobs)
     for k in range(len(noisy)):

@@ -20,7 +20,7 @@ from pipeir.runtime import checkpoint
 from pipeir.runtime.mesh import shard
 from pipeir.runtime.shapes import Layout, PlanError, ShapePlan
 from pipeir.runtime.worker import split_batch
-from pipeir.usercode import contained
+from pipeir.usercode import contained, stdout_to_stderr
 
 
 def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps: int, *,
@@ -46,9 +46,10 @@ def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps
                          f"micro-batches: {type(e).__name__}: {e}") from None
     plan = ShapePlan(spec, stages)
     try:
-        for x in first[0]:
-            plan.trace(x)
-        plan.trace_real(first[0])
+        with stdout_to_stderr():  # the stages run here: their output is not the report's
+            for x in first[0]:
+                plan.trace(x)
+            plan.trace_real(first[0])
     except PlanError as e:
         raise UsageError(f"--model {model}: {e}") from None
     if placement is not None:

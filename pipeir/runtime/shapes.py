@@ -30,6 +30,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
+from pipeir.diagnostics import UsageError
 from pipeir.models.spec import (
     ModelSpec,
     StageBuildError,
@@ -366,10 +367,13 @@ class _Tracer:
                     with (contextlib.nullcontext() if dtype is None  # (meta: never autocast)
                           else torch.autocast(self.device.type, dtype=dtype)):
                         h = call_stage(mod, h)
+                except UsageError as e:  # the stage explained itself (a traced stage's shapes)
+                    raise PlanError(e.message) from None
                 except Exception as e:
                     given = "the micro-batch input" if s == 0 else f"stage {s - 1}'s output"
+                    first = str(e).strip().splitlines()[:1]  # a graph adds its trace
                     raise PlanError(f"stage {s} cannot take {given} {found[-1] if s else key}: "
-                                    f"{type(e).__name__}: {e}") from None
+                                    f"{type(e).__name__}: {''.join(first)}") from None
                 found.append(Layout.of(h))
         return found
 

@@ -41,6 +41,7 @@ from pipeir.runtime.guards import Guard
 from pipeir.runtime.mesh import Mesh, mesh_for, shard
 from pipeir.runtime.optim import Optim
 from pipeir.runtime.shapes import Layout, ShapePlan
+from pipeir.usercode import stdout_for_good
 
 Emit = Callable[[tuple[Any, ...]], None]
 
@@ -257,6 +258,9 @@ def main(rank: int, world: int, init_method: str, jobs: Sequence[Job], queue: An
          pcs: Any, timeout_s: float) -> None:
     """Process entry point used by the launcher."""
     _die_with_parent()
+    # the model's output, even written to descriptor 1, goes to stderr: the launcher's stdout
+    # is the run's report, and a worker reports through its queue (pipeir.usercode's NOTE)
+    stdout_for_good().close()
     torch.set_num_threads(1)
     current = [0, -1]
 
