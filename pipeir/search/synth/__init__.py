@@ -31,7 +31,7 @@ from pipeir.schedule import Schedule
 from pipeir.search.synth.decompose import extend, short_problem
 from pipeir.search.synth.lns import improve
 from pipeir.search.synth.model import Progress, Solved, probe, settings_error, solve
-from pipeir.search.synth.problem import Problem
+from pipeir.search.synth.problem import OBJECTIVES, Objective, Problem
 from pipeir.search.synth.warmstart import EXACT_OPS, MAX_OPS, Start, library, starts
 from pipeir.search.tune import MAX_V
 from pipeir.sim import CostModel
@@ -145,7 +145,8 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
         n = len(problem.ops)
         share = full_share if n <= FULL_OPS else \
             min(full_share, LARGE_SHARE) if n <= MAX_OPS else 0.0
-        if share > 0 and n <= EXACT_OPS and step <= bound * (1 + PROBE_GAP):
+        if share > 0 and n <= EXACT_OPS and step <= bound * (1 + PROBE_GAP) \
+                and problem.objective == "makespan":  # (the probe asks for a makespan)
             probed = probe(problem, time_limit=left * PROBE_SHARE, workers=workers, seed=seed,
                            work_limit=work_limit)
             bound = max(bound, probed.bound)
@@ -249,30 +250,35 @@ def _decompose(problem: Problem, tune_costs: CostModel | None, time_limit: float
 def make_problem(costs: CostModel, ranks: int, microbatches: int, v: int = 1,
                  placement: Literal["loop", "vshape"] = "loop", split: bool = False,
                  comm: CommModel = "overlapped", memory_limit: Budget = None,
-                 memory_bytes: float | None = None) -> Problem:
+                 memory_bytes: float | None = None, objective: Objective = "makespan"
+                 ) -> Problem:
     """The problem for `costs` of `ranks` stages cut into `v` chunks each (`rescale`),
     `memory_limit` in activations per rank as `check` counts them (`pipeir.memunit`; 1F1B
     needs `ranks`, and `ONE_F_ONE_B` is its memory at this shape) or `memory_bytes` per
-    rank."""
+    rank, minimising `objective`."""
     try:
         config = PipelineConfig.make(ranks, microbatches, stages=ranks * v, placement=placement)
     except ConfigError as e:  # a size past the memory budget (`pipeir.limits`)
         raise UsageError(str(e)) from None
     chunk = rescale(costs, ranks, v)
     if memory_bytes is not None:
-        return Problem(config, chunk, split, comm, memory_bytes, memory_bytes=True)
-    return Problem(config, chunk, split, comm, limit_for(memory_limit, ranks, v))
+        return Problem(config, chunk, split, comm, memory_bytes, memory_bytes=True,
+                       objective=objective)
+    return Problem(config, chunk, split, comm, limit_for(memory_limit, ranks, v),
+                   objective=objective)
 
 
 def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = None,
-          placement: Placement = "search", split: bool = False,
+          placement: Placement = "search", split: bool | None = None,
           comm: CommModel = "overlapped", memory_limit: Budget = None,
           memory_bytes: float | None = None, time_limit: float = 60.0, workers: int = 1,
           seed: int = 0, work_limit: float | None = None,
-          progress: Progress | None = None) -> SynthResult:
+          progress: Progress | None = None, objective: Objective = "makespan"
+          ) -> SynthResult:
     """Synthesise a schedule for `costs` (see `make_problem`) over one or more shapes (chunks
-    per rank and placement): `v` chunks (None: 1, 2 and the v of tune's best schedule), in
-    `placement` ("search": loop and V when v > 1). Every shape gets its warm start and lower
+    per rank, placement and backwards): `v` chunks (None: 1, 2 and the v of tune's best
+    schedule), in `placement` ("search": loop and V when v > 1), with whole backwards, split
+    ones (I + W) or, with `split` None, both. Every shape gets its warm start and lower
     bound first; shapes whose bound is no better than the best warm start are dropped, and the
     others share the time. The bound reported holds for every shape searched."""
     t0 = time.perf_counter()
@@ -284,18 +290,21 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     make_problem(costs, ranks, microbatches, v or 1)  # a size error before tune's search
     candidates = library(costs, ranks, microbatches, comm, 8 if v is None else v,
                          t0 + max(time_limit * LIBRARY_SHARE, FLOOR))
-    shapes = [make_problem(costs, ranks, microbatches, n, shape, split, comm, memory_limit,
-                           memory_bytes)
+    shapes = [make_problem(costs, ranks, microbatches, n, shape, halves, comm, memory_limit,
+                           memory_bytes, objective)
+              for halves in ((False, True) if split is None else (split,))
               for n, shape in search_shapes(candidates, ranks, v, placement,
                                             memory_limit if memory_bytes is None else None,
-                                            ranks * microbatches * (3 if split else 2))]
+                                            ranks * microbatches * (3 if halves else 2))]
     problems = _within_budget(shapes)
     # NOTE: bounding a shape costs seconds on large problems (5 s for the 98,304 ops of p =
     # 64, m = 256, two chunks): once half the time (and `FLOOR`) is spent, the shapes not yet
     # bounded are not searched (and the bound reported is over those that are)
     # tune's best shape first: its warm start is tune's answer, which synth must not lose
     tunes = _tunes_shape(candidates, memory_limit if memory_bytes is None else None)
-    problems.sort(key=lambda p: (p.config.stages // ranks, p.config.placement_name) != tunes)
+    tunes_split = _tunes_split(candidates, memory_limit if memory_bytes is None else None)
+    problems.sort(key=lambda p: ((p.config.stages // ranks, p.config.placement_name) != tunes,
+                                 p.split != tunes_split))
     bounds: list[float] = []
     unsearched: list[Problem] = []
     for n, problem in enumerate(problems):
@@ -376,7 +385,8 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
 
 def _shape(problem: Problem) -> str:
     c = problem.config
-    return f"v={c.stages // c.ranks} {c.placement_name or 'explicit'}"
+    return f"v={c.stages // c.ranks} {c.placement_name or 'explicit'}" + \
+        (" I + W" if problem.split else " B")
 
 
 def _within_budget(problems: list[Problem]) -> list[Problem]:
@@ -430,17 +440,28 @@ def search_shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
     return out
 
 
-def _tunes_shape(candidates: Sequence[Candidate], memory_limit: Budget
-                 ) -> tuple[int, Literal["loop", "vshape"]] | None:
-    """The chunks per rank and placement of tune's fastest candidate within the budget (at
-    its own shape: `ONE_F_ONE_B` is P x V activations with V chunks)."""
+def _tunes_best(candidates: Sequence[Candidate], memory_limit: Budget) -> Candidate | None:
+    """tune's fastest candidate within the budget (at its own shape: `ONE_F_ONE_B` is P x V
+    activations with V chunks)."""
     fits = [c for c in candidates if c.fits(limit_for(memory_limit, c.schedule.config.ranks,
                                                       c.v))]
-    if not fits:
+    return min(fits, key=lambda c: c.sort_key()) if fits else None
+
+
+def _tunes_shape(candidates: Sequence[Candidate], memory_limit: Budget
+                 ) -> tuple[int, Literal["loop", "vshape"]] | None:
+    """The chunks per rank and placement of tune's fastest candidate within the budget."""
+    best = _tunes_best(candidates, memory_limit)
+    if best is None:
         return None
-    best = min(fits, key=lambda c: c.sort_key())
     return best.v, "vshape" if best.schedule.config.placement_name == "vshape" else "loop"
 
 
-__all__ = ["EXACT_OPS", "BudgetError", "Problem", "Solved", "SynthResult", "make_problem",
+def _tunes_split(candidates: Sequence[Candidate], memory_limit: Budget) -> bool:
+    """Whether tune's fastest candidate within the budget splits its backwards."""
+    best = _tunes_best(candidates, memory_limit)
+    return best is not None and any(op.kind == "I" for op in best.schedule)
+
+
+__all__ = ["EXACT_OPS", "OBJECTIVES", "BudgetError", "Objective", "Problem", "Solved", "SynthResult", "make_problem",
            "prepare", "synth", "synthesize"]

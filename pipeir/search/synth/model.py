@@ -37,7 +37,7 @@ from pipeir.ops import Op
 from pipeir.schedule import Schedule
 from pipeir.search.interrupt import solving
 from pipeir.search.synth.cpsat import cp_model
-from pipeir.search.synth.problem import Problem, heads_tails, lower_bound
+from pipeir.search.synth.problem import Problem, busiest, heads_tails, lower_bound
 from pipeir.sim.engine import Timing
 
 #: Called on every improving solution: (seconds since the start, best step, bound).
@@ -252,26 +252,49 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
     t0 = time.perf_counter()
     iz = Integral(problem)
     scale, occ = iz.scale, iz.occ
-    base = _base(iz, scale.up(upper) if upper is not None else None)
-    m, start, horizon = base.model, base.start, base.horizon
+    steady = problem.objective == "steady"
     ranks = problem.config.ranks
-    span = m.new_int_var(base.lb, horizon, "makespan")
+    if steady:
+        # NOTE: the starts are any timing of the order, not the simulator's as-soon-as-
+        # possible one (the steady state runs each rank from its previous step's end), so
+        # no step-time horizon applies: every path of one step is at most the sum of all
+        # durations and delays, and a steady timing's starts lie within P such paths
+        base = _base(iz, ranks * (sum(occ.values()) + sum(h for _, _, h in iz.edges)))
+        lb = busiest(problem, occ)
+    else:
+        base = _base(iz, scale.up(upper) if upper is not None else None)
+        lb = base.lb
+    m, start, horizon = base.model, base.start, base.horizon
+    goal = m.new_int_var(lb, horizon, "step")
     finish = [m.new_int_var(0, horizon, f"end_{r}") for r in range(ranks)]
+    first = [m.new_int_var(0, horizon, f"first_{r}") for r in range(ranks)]
     for op in problem.ops:
         m.add(finish[problem.rank(op)] >= start[op] + occ[op])
-    for f in finish:
-        m.add(span >= f)
-    weight = minimize(m, span, finish, horizon)
+        if steady:
+            m.add(first[problem.rank(op)] <= start[op])
+    # back to back, a rank's next step starts once it has finished this one: every shift
+    # of one step's timing by at least each rank's span is a valid steady state, and the
+    # least such shift over all timings of an order is its steady step (`pipeir.sim.steady`)
+    spans = [m.new_int_var(0, horizon, f"span_{r}") for r in range(ranks)] if steady else finish
+    for r, f in enumerate(finish):
+        if steady:
+            m.add(spans[r] >= f - first[r])
+        m.add(goal >= spans[r])
+    weight = minimize(m, goal, spans, horizon)
     timed = iz.times(hint) if hint is not None else None
     if timed is not None:
         at = timed.start
         for op in problem.ops:
             m.add_hint(start[op], at[op])
-        ends = [max((at[op] + occ[op] for op in problem.ops if problem.rank(op) == r),
-                    default=0) for r in range(ranks)]
-        for f, e in zip(finish, ends):
-            m.add_hint(f, e)
-        m.add_hint(span, max(ends))
+        mine = [[op for op in problem.ops if problem.rank(op) == r] for r in range(ranks)]
+        ends = [max((at[op] + occ[op] for op in ops), default=0) for ops in mine]
+        starts = [min((at[op] for op in ops), default=0) for ops in mine]
+        for r in range(ranks):
+            m.add_hint(finish[r], ends[r])
+            if steady:
+                m.add_hint(first[r], starts[r])
+                m.add_hint(spans[r], ends[r] - starts[r])
+        m.add_hint(goal, max(e - b for e, b in zip(ends, starts)) if steady else max(ends))
         for (f_op, rel), (size, end) in base.alive.items():
             m.add_hint(end, at[rel] + occ[rel])
             m.add_hint(size, at[rel] + occ[rel] - at[f_op])
@@ -281,12 +304,12 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
                           work_limit, cb)
     name = solver.status_name(status)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    # the sum of ends is < weight, so bound // weight bounds the makespan
-    bound = max(base.lb, math.ceil(solver.best_objective_bound) // weight
-                if found else base.lb) / scale.factor
+    # the sum of ends (spans) is < weight, so bound // weight bounds the step
+    bound = max(lb, math.ceil(solver.best_objective_bound) // weight
+                if found else lb) / scale.factor
     if not found:
         return Solved(None, None, None, bound, False, time.perf_counter() - t0, name)
-    return _read(iz, solver, base, solver.value(span) / scale.factor, bound,
+    return _read(iz, solver, base, solver.value(goal) / scale.factor, bound,
                  status == cp_model.OPTIMAL and scale.exact, t0, name)
 
 
@@ -326,8 +349,8 @@ def probe(problem: Problem, at: float | None = None, *, time_limit: float = 10.0
 
 def minimize(m: cp_model.CpModel, span: cp_model.IntVar, finish: Sequence[cp_model.IntVar],
              horizon: int) -> int:
-    """Set the objective: the makespan first, then the sum of the ranks' ends, which gives the
-    search a slope on the makespan's plateaus. Returns the makespan's weight (which keeps the
+    """Set the objective: the step (`span`) first, then the sum of the ranks' ends (or
+    spans), which gives the search a slope on the step's plateaus. Returns the makespan's weight (which keeps the
     first term decisive): 1, the makespan alone, where the weighted sum could overflow
     CP-SAT's 64-bit integers (steps of thousands of time units at the finest scale)."""
     weight = len(finish) * horizon + 1

@@ -7,6 +7,11 @@ arrived; a cross-rank input arrives `transfer_time` after its producer ends (ove
 the producer's rank is busy sending it (blocking: the send is part of the producer's time on
 its rank). An op's *occupation* is its cost plus, with blocking sends, its cross-rank sends.
 
+The objective (`Problem.objective`) is the step of one step on its own (the makespan:
+steps separated by a synchronised optimizer step) or the step with steps back to back (the
+steady state of `pipeir.sim.steady`: each rank starts its next step once it has finished
+this one). Every schedule is timed by the simulator either way.
+
 Memory is counted as `pipeir.verify.live_activations` does: an activation is live on its rank
 from its F until its last backward (B, or W) has run. Since a rank runs one op at a time, "live
 after each op in program order" equals "live at each instant", which is how the model counts.
@@ -19,7 +24,7 @@ import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -31,9 +36,14 @@ from pipeir.ops import Op
 from pipeir.passes.context import CommModel
 from pipeir.schedule import Schedule, data_predecessors
 from pipeir.sim import CostModel, simulate
+from pipeir.sim.steady import steady_state
 from pipeir.verify import MEMORY_SLACK, live_activations
 
 T = TypeVar("T", int, float)
+
+#: What synthesis minimises: one step on its own, or the time per step back to back.
+Objective = Literal["makespan", "steady"]
+OBJECTIVES: tuple[Objective, ...] = ("makespan", "steady")
 Floats = npt.NDArray[np.float64]
 
 
@@ -42,7 +52,8 @@ class Problem:
     """One synthesis instance: `config` fixes ranks, micro-batches, stages and placement;
     `costs` describe its stages (already cut into chunks); `split` asks for I + W instead of
     B; `memory_limit` bounds each rank's live activations, counted (one per stage and
-    micro-batch) or, with `memory_bytes`, in the cost model's bytes (None: no bound)."""
+    micro-batch) or, with `memory_bytes`, in the cost model's bytes (None: no bound);
+    `objective` what a schedule's step is (see the module docstring)."""
 
     config: PipelineConfig
     costs: CostModel
@@ -50,6 +61,7 @@ class Problem:
     comm: CommModel = "overlapped"
     memory_limit: float | None = None
     memory_bytes: bool = False
+    objective: Objective = "makespan"
 
     def __post_init__(self) -> None:
         if self.memory_bytes and not self.costs.knows_memory:
@@ -144,7 +156,10 @@ class Problem:
 
     # ---- time ----------------------------------------------------------------------------
     def step_time(self, schedule: Schedule) -> float:
-        """The simulator's step time of `schedule` (the number synth reports)."""
+        """The simulator's step time of `schedule` under the objective (the number synth
+        reports): its makespan, or its steady step."""
+        if self.objective == "steady":
+            return steady_state(schedule, self.costs, self.comm).step
         return simulate(schedule, self.costs, comm=self.comm).makespan
 
     def build(self, programs: Sequence[Sequence[Op]], name: str = "synth") -> Schedule:
@@ -182,13 +197,25 @@ class Problem:
         return {op: i for i, op in enumerate(order)}
 
     def lower_bound(self) -> float:
-        """A step time no schedule beats (see `lower_bound`)."""
+        """A step time no schedule beats under the objective (see `lower_bound`; back to
+        back, `busiest`)."""
         return self._bound
 
     @cached_property
     def _bound(self) -> float:  # synth asks for it per shape, then synthesize again
+        if self.objective == "steady":
+            return busiest(self, self.occupation)
         head, tail = self.heads_tails
         return lower_bound(self, head, self.occupation, tail)
+
+
+def busiest(problem: Problem, occ: Mapping[Op, T]) -> T:
+    """The steady step's bound: every rank runs all of its ops once per step, so no step is
+    shorter than the busiest rank's occupation."""
+    total = [occ[problem.ops[0]] * 0 for _ in range(problem.config.ranks)]
+    for op in problem.ops:
+        total[problem.rank(op)] += occ[op]
+    return max(total)
 
 
 def lower_bound(problem: Problem, head: Mapping[Op, T], occ: Mapping[Op, T],
