@@ -278,7 +278,8 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     """Synthesise a schedule for `costs` (see `make_problem`) over one or more shapes (chunks
     per rank, placement and backwards): `v` chunks (None: 1, 2 and the v of tune's best
     schedule), in `placement` ("search": loop and V when v > 1), with whole backwards, split
-    ones (I + W) or, with `split` None, both. Every shape gets its warm start and lower
+    ones (I + W) or, with `split` None, both (on more than one rank: one rank has no bubble
+    for a split to fill). Every shape gets its warm start and lower
     bound first; shapes whose bound is no better than the best warm start are dropped, and the
     others share the time. The bound reported holds for every shape searched."""
     t0 = time.perf_counter()
@@ -292,7 +293,8 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
                          t0 + max(time_limit * LIBRARY_SHARE, FLOOR))
     shapes = [make_problem(costs, ranks, microbatches, n, shape, halves, comm, memory_limit,
                            memory_bytes, objective)
-              for halves in ((False, True) if split is None else (split,))
+              for halves in ((False, True) if split is None and ranks > 1
+                             else (bool(split),))
               for n, shape in search_shapes(candidates, ranks, v, placement,
                                             memory_limit if memory_bytes is None else None,
                                             ranks * microbatches * (3 if halves else 2))]
@@ -386,7 +388,7 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
 def _shape(problem: Problem) -> str:
     c = problem.config
     return f"v={c.stages // c.ranks} {c.placement_name or 'explicit'}" + \
-        (" I + W" if problem.split else " B")
+        (" I + W" if problem.split else "")
 
 
 def _within_budget(problems: list[Problem]) -> list[Problem]:
@@ -463,5 +465,5 @@ def _tunes_split(candidates: Sequence[Candidate], memory_limit: Budget) -> bool:
     return best is not None and any(op.kind == "I" for op in best.schedule)
 
 
-__all__ = ["EXACT_OPS", "OBJECTIVES", "BudgetError", "Objective", "Problem", "Solved", "SynthResult", "make_problem",
-           "prepare", "synth", "synthesize"]
+__all__ = ["EXACT_OPS", "OBJECTIVES", "BudgetError", "Objective", "Problem", "Solved",
+           "SynthResult", "make_problem", "prepare", "synth", "synthesize"]

@@ -350,9 +350,10 @@ def probe(problem: Problem, at: float | None = None, *, time_limit: float = 10.0
 def minimize(m: cp_model.CpModel, span: cp_model.IntVar, finish: Sequence[cp_model.IntVar],
              horizon: int) -> int:
     """Set the objective: the step (`span`) first, then the sum of the ranks' ends (or
-    spans), which gives the search a slope on the step's plateaus. Returns the makespan's weight (which keeps the
-    first term decisive): 1, the makespan alone, where the weighted sum could overflow
-    CP-SAT's 64-bit integers (steps of thousands of time units at the finest scale)."""
+    spans), which gives the search a slope on the step's plateaus. Returns the step's
+    weight (which keeps the first term decisive): 1, the step alone, where the weighted sum
+    could overflow CP-SAT's 64-bit integers (steps of thousands of time units at the finest
+    scale)."""
     weight = len(finish) * horizon + 1
     if weight * (horizon + 1) >= 2 ** 62:
         m.minimize(span)
