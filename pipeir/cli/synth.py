@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
           f"micro-batch{'es' if c.microbatches != 1 else ''}, v={c.stages // c.ranks} "
           f"({c.placement_name or 'explicit'} placement), "
           f"{'I + W' if result.problem.split else 'B'} backwards, {args.comm} communication, "
-          f"{budget}; minimising the {_OBJECTIVE[args.objective]}")
+          f"{budget}" + ("; minimising the step with steps back to back"
+                         if args.objective == "steady" else ""))
     print(f"warm start: {result.warm.label}: step {result.warm.step:.6g}{unit}")
     print(best_line(result.step, result.warm.step, result.method, unit))
     print(f"lower bound: {result.bound:.6g}{unit}; gap {result.gap:.1%}"
@@ -136,10 +137,6 @@ def run(args: argparse.Namespace) -> int:
         hint = " --comm blocking" if args.comm == "blocking" else ""
         print(f"wrote {args.output} (pipeirc simulate {args.output}{hint})")
     return 0
-
-
-#: How the first line names each objective.
-_OBJECTIVE = {"makespan": "makespan of one step", "steady": "step with steps back to back"}
 
 
 def best_line(step: float, warm: float, method: str, unit: str) -> str:
