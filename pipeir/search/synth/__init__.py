@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Literal
 from pipeir.config import ConfigError, PipelineConfig
 from pipeir.diagnostics import UsageError
 from pipeir.memunit import Budget, limit_for
+from pipeir.ops import Op
 from pipeir.passes.context import CommModel
 from pipeir.schedule import Schedule
 from pipeir.search.synth.decompose import extend, short_problem
@@ -45,6 +46,10 @@ Placement = Literal["loop", "vshape", "search"]
 
 #: The full model's share of the solver time; the window search (`lns`) gets the rest.
 FULL_SHARE = 0.4
+
+#: The full model runs only when its share of the time is at least this many times what the
+#: problem's bound took (see `synthesize`).
+BUILD_FACTOR = 3.0
 
 #: tune's library search (the warm starts) stops starting candidates after this share of the
 #: time limit, or `FLOOR` seconds if more. NOTE: it takes 1 s at p = 4, m = 8 and 4 s at
@@ -145,6 +150,11 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
         n = len(problem.ops)
         share = full_share if n <= FULL_OPS else \
             min(full_share, LARGE_SHARE) if n <= MAX_OPS else 0.0
+        # NOTE: a model is worth building only with time to solve it once built: building
+        # costs about as much again as the bound (`Problem.bound_seconds`; 6.7 s on 1,536
+        # ops of h100-llama, which a 0.3 s turn once overran by as much)
+        if share > 0 and left * share < BUILD_FACTOR * problem.bound_seconds:
+            share = 0.0
         if share > 0 and n <= EXACT_OPS and step <= bound * (1 + PROBE_GAP) \
                 and problem.objective == "makespan":  # (the probe asks for a makespan)
             probed = probe(problem, time_limit=left * PROBE_SHARE, workers=workers, seed=seed,
@@ -305,20 +315,36 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     # tune's best shape first: its warm start is tune's answer, which synth must not lose
     tunes = _tunes_shape(candidates, memory_limit if memory_bytes is None else None)
     tunes_split = _tunes_split(candidates, memory_limit if memory_bytes is None else None)
+    def _is_tunes(p: Problem) -> bool:
+        return (p.config.stages // ranks, p.config.placement_name) == tunes and \
+            p.split == tunes_split
+
     problems.sort(key=lambda p: ((p.config.stages // ranks, p.config.placement_name) != tunes,
-                                 p.split != tunes_split))
+                                 not p.split))
     bounds: list[float] = []
     unsearched: list[Problem] = []
+    split_bounds: dict[tuple[int, str | None], float] = {}
     for n, problem in enumerate(problems):
         if n and time.perf_counter() - t0 > max(time_limit / 2, FLOOR):
             unsearched = problems[n:]
             del problems[n:]
             break
+        key = (problem.config.stages, problem.config.placement_name)
+        if not problem.split and key in split_bounds and _split_covers(problem):
+            bounds.append(split_bounds[key])  # (see `_split_covers`)
+            continue
         bounds.append(problem.lower_bound())
+        if problem.split:
+            split_bounds[key] = bounds[-1]
     # warm starts by increasing bound: a shape whose bound is no better than a warm start
     # already found can neither give the best warm start nor be searched, so it gets none
     warms: dict[int, Start] = {}
-    for i in sorted(range(len(problems)), key=lambda i: bounds[i]):
+    # tune's shape first (its warm start is tune's answer, which synth must not lose to the
+    # clock), then by increasing bound
+    for i in sorted(range(len(problems)), key=lambda i: (not _is_tunes(problems[i]),
+                                                         bounds[i])):
+        if warms and time.perf_counter() - t0 > time_limit * LIST_SHARE:
+            break  # (the search needs the rest; the shapes left keep their bounds)
         if not warms or bounds[i] < min(w.step for w in warms.values()) * (1 - 1e-9):
             warms[i] = prepare(problems[i], candidates,
                                deadline=_list_deadline(problems[i], t0 + time_limit * LIST_SHARE,
@@ -383,6 +409,17 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     return SynthResult(best.problem, best.schedule, best.step, best.step if optimal else bound,
                        first, method, optimal, time.perf_counter() - t0,
                        tuple(map(_shape, problems)), tuple(map(_shape, unsearched)))
+
+
+def _split_covers(whole: Problem) -> bool:
+    """Whether the same shape with split backwards bounds `whole` too: every B costs at
+    least its I and W together, so a B-only schedule, each B run as its I then its W, is a
+    split schedule no slower, holding no more (W frees what B did). Then the split shape's
+    bound, which synth computes first, serves both (bounding a shape takes seconds)."""
+    costs = whole.costs
+    return all(costs.cost(op) >= costs.cost(Op("I", op.stage, op.mb)) +
+               costs.cost(Op("W", op.stage, op.mb)) - 1e-12
+               for op in whole.ops if op.kind == "B")
 
 
 def _shape(problem: Problem) -> str:

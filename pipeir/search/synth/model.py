@@ -37,7 +37,7 @@ from pipeir.ops import Op
 from pipeir.schedule import Schedule
 from pipeir.search.interrupt import solving
 from pipeir.search.synth.cpsat import cp_model
-from pipeir.search.synth.problem import Problem, busiest, heads_tails, lower_bound
+from pipeir.search.synth.problem import Problem, busiest, heads_tails, longest_paths, lower_bound
 from pipeir.sim.engine import Timing
 
 #: Called on every improving solution: (seconds since the start, best step, bound).
@@ -180,7 +180,10 @@ def _base(iz: Integral, horizon: int | None) -> _Base:
     delays); a horizon below the lower bound is raised to it."""
     problem, occ = iz.problem, iz.occ
     edges = [*iz.edges, *iz.implied]
-    head, tail = heads_tails(problem, edges, occ)
+    if problem.objective == "steady":  # (no step horizon to sharpen them against: cheap ones)
+        head, tail = longest_paths(problem.ops, edges, occ)
+    else:
+        head, tail = heads_tails(problem, edges, occ)
     lb = lower_bound(problem, head, occ, tail)
     if horizon is None:
         horizon = sum(occ.values()) + sum(h for _, _, h in iz.edges)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -199,14 +200,21 @@ class Problem:
     def lower_bound(self) -> float:
         """A step time no schedule beats under the objective (see `lower_bound`; back to
         back, `busiest`)."""
-        return self._bound
+        return self._bound[0]
+
+    @property
+    def bound_seconds(self) -> float:
+        """How long `lower_bound` took. Building the exact model costs about as much again
+        (its heads and tails in integer units), which `synthesize` must leave time for."""
+        return self._bound[1]
 
     @cached_property
-    def _bound(self) -> float:  # synth asks for it per shape, then synthesize again
+    def _bound(self) -> tuple[float, float]:  # synth asks per shape, then synthesize again
+        t0 = time.perf_counter()
         if self.objective == "steady":
-            return busiest(self, self.occupation)
+            return busiest(self, self.occupation), time.perf_counter() - t0
         head, tail = self.heads_tails
-        return lower_bound(self, head, self.occupation, tail)
+        return lower_bound(self, head, self.occupation, tail), time.perf_counter() - t0
 
 
 def busiest(problem: Problem, occ: Mapping[Op, T]) -> T:
