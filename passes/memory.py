@@ -11,7 +11,8 @@ Both passes choose, per stage and micro-batch, which forwards give up their acti
   cost time only when a backward has to wait for its reload).
 
 `budget` is per rank: bytes of saved activations when the cost model gives `memory_bytes`,
-else units of one stage's activations for one micro-batch (as `pipeirc check` counts them).
+else units of one stage's activations for one micro-batch (as `pipeirc check` counts them);
+either way an I frees what W does not keep (`memory_w_bytes`, `pipeir.memmodel`).
 
 NOTE (the search): greedy. While some rank is over budget, every candidate move on the rank
 that is furthest over (each forward there that keeps its activations, at each allowed
@@ -19,7 +20,7 @@ position) is simulated (`pipeir.sim.Timing`, under the pass context's costs; lar
 reduction first, stopping at the first move that adds no time), and the move with
 the least added makespan per unit of "overflow" it removes wins (overflow: the sum over the
 rank's program of how far the live activations are above the budget, see
-`pipeir.verify.live_activations`); ties go to the larger reduction. Memory is counted in program
+`pipeir.memmodel.live_memory`); ties go to the larger reduction. Memory is counted in program
 order, as the verifier counts it. `recompute{all=true}` is the peers' global switch instead:
 every forward but the last stage's is checkpointed and recomputed right before its backward.
 """
@@ -31,13 +32,12 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from pipeir.diagnostics import UsageError
+from pipeir.memmodel import StageMemory, live_memory
 from pipeir.ops import MEMORY_KINDS, Op
 from pipeir.passes.base import OptionError, Pass
 from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
 from pipeir.schedule import Schedule
-from pipeir.sim.costs import CostModel
 from pipeir.sim.engine import Timing
-from pipeir.verify import live_activations
 
 Programs = list[list[Op]]
 Move = Callable[[tuple[Op, ...], Op, int], list[Op] | None]
@@ -146,12 +146,12 @@ def fit(schedule: Schedule, ctx: PassContext, budget: float, max_shift: int, mov
         ) -> Schedule:
     """Apply `move`s greedily until every rank is within `budget` (see the module NOTE)."""
     costs = ctx.costs
-    size, input_size = _sizes(costs)
+    memory = costs.op_memory()
     last = schedule.config.stages - 1
     cur = schedule
     span = _makespan(cur, ctx)
     while True:
-        over = [_overflow(prog, budget, size, input_size) for prog in cur.programs]
+        over = [_overflow(prog, budget, memory) for prog in cur.programs]
         if max(over, default=0.0) <= 0:
             return cur
         r = max(range(len(over)), key=over.__getitem__)
@@ -166,7 +166,7 @@ def fit(schedule: Schedule, ctx: PassContext, budget: float, max_shift: int, mov
                 new_prog = move(prog, f, shift)
                 if new_prog is None:
                     break
-                gain = over[r] - _overflow(new_prog, budget, size, input_size)
+                gain = over[r] - _overflow(new_prog, budget, memory)
                 if gain > 0:
                     moves.append((gain, new_prog))
         # NOTE: simulated largest gain first, so that the first move that adds no time ends
@@ -190,24 +190,10 @@ def fit(schedule: Schedule, ctx: PassContext, budget: float, max_shift: int, mov
         span = _makespan(cur, ctx)
 
 
-def _sizes(costs: CostModel) -> tuple[Callable[[Op], float] | None,
-                                      Callable[[Op], float] | None]:
-    if not costs.knows_memory:
-        return None, None
-
-    def size(op: Op) -> float:
-        return costs.activation_memory(op.stage) or 0.0
-
-    def input_size(op: Op) -> float:
-        return costs.input_memory(op.stage)
-    return size, input_size
-
-
 def _overflow(prog: tuple[Op, ...] | list[Op], budget: float,
-              size: Callable[[Op], float] | None,
-              input_size: Callable[[Op], float] | None) -> float:
+              memory: Callable[[Op], StageMemory]) -> float:
     """How far the rank's live activations are above `budget`, summed over its program."""
-    return sum(max(0.0, live - budget) for _, live in live_activations(prog, size, input_size))
+    return sum(max(0.0, live - budget) for _, live in live_memory(prog, memory))
 
 
 def _makespan(schedule: Schedule, ctx: PassContext) -> float:

@@ -2,7 +2,10 @@
 `opt` and the passes, so that whatever synth or tune writes passes `check` with the same flag.
 
 A counted budget is in *activations*: one per forward of one stage (a chunk, when a rank holds
-V of them) and micro-batch, held until its backward (its W, when split) frees it. This is what
+V of them) and micro-batch, held until its backward (its W, when split) frees it. Where the
+costs say what W still needs after I (`memory_w_bytes`, `pipeir.memmodel`), an I frees the
+rest, so an activation waiting only for its W counts as `memory_w_bytes / memory_bytes` of
+one and a count may be fractional (ZB-H1's rank 1 of 4 holds 3 + that fraction). This is what
 a schedule states on its own (the `.sched` file's `memory_limit`, the verifier's peak), with
 no assumption about how big a stage's activation is: chunks of uneven stages differ in size,
 and so do micro-batches of another count. 1F1B on P ranks holds P; the same bytes cut into V
@@ -25,6 +28,10 @@ UNIT: Final = f"activations per rank, counting {COUNTING}"
 HELP: Final = ("most activations a rank may hold at once, counted as `check` counts them: one "
                "per forward of a stage (a chunk, with V per rank) and micro-batch until its "
                "backward frees it; 1F1B holds P, and the same memory in V chunks is P x V")
+
+#: What a command that counts with the costs' split adds to `HELP`.
+SPLIT_HELP: Final = ("with memory_w_bytes in the costs, I frees the rest and what W keeps counts "
+                     "as memory_w_bytes / memory_bytes of one, so K may be fractional")
 
 #: A budget of 1F1B's memory at every shape: P x V activations with V chunks per rank.
 ONE_F_ONE_B: Final = "1f1b"

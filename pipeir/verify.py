@@ -9,12 +9,14 @@ every op present, a memory count needs every op's partner).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
 from pipeir._gc import paused_gc
 from pipeir.diagnostics import Diagnostic, Note, Span, UsageError, VerifyError
+from pipeir.memmodel import WHOLE, StageMemory, live_memory
 from pipeir.memunit import COUNTING
 from pipeir.ops import MEMORY_KINDS, NO_MB, REDUCE, Op
 from pipeir.schedule import EdgeKind, Schedule
@@ -39,11 +41,12 @@ def show_bytes(x: float) -> str:
 
 
 class MemorySizes(Protocol):
-    """What a byte count needs per stage (a `pipeir.sim.CostModel` is one)."""
+    """What a memory count needs per stage (a `pipeir.sim.CostModel` is one): its memory in
+    bytes and counted (`pipeir.memmodel`)."""
 
-    def activation_memory(self, stage: int) -> float | None: ...
+    def stage_memory(self, stage: int) -> StageMemory: ...
 
-    def input_memory(self, stage: int) -> float: ...
+    def counted_memory(self, stage: int) -> StageMemory: ...
 
 
 @dataclass(frozen=True)
@@ -51,25 +54,29 @@ class VerifyReport:
     """What verification learned: peak in-flight activations per rank and where each peaks,
     and the peak in bytes when verification was given the sizes."""
 
-    peak_activations: tuple[int, ...]
+    peak_activations: tuple[float, ...]  # counted (an int where whole)
     peak_at: tuple[Op | None, ...]
     peak_bytes: tuple[float, ...] | None = None
 
 
-def verify(schedule: Schedule, memory_limit: int | None = None,
+def verify(schedule: Schedule, memory_limit: float | None = None,
            sizes: MemorySizes | None = None, memory_limit_bytes: float | None = None
            ) -> VerifyReport:
     """Check `schedule`; raise VerifyError on the first failing kind of check.
 
-    `memory_limit` overrides the pipeline's own `memory_limit` when given. With `sizes`
-    (bytes per stage, e.g. a cost model) the report has the peak bytes per rank, and
+    `memory_limit` (activations, `pipeir.memunit`) overrides the pipeline's own
+    `memory_limit` when given. With `sizes` (a cost model) activations are counted with its
+    split (what W keeps after I), the report has the peak bytes per rank, and
     `memory_limit_bytes` bounds them.
     """
     if memory_limit_bytes is not None and (sizes is None or memory_limit_bytes <= 0):
         raise UsageError("memory_limit in bytes needs positive bytes and the activation sizes "
                          "(a cost model with memory_bytes)")
-    if memory_limit is not None and (type(memory_limit) is not int or memory_limit < 1):
-        raise UsageError(f"memory_limit must be a positive integer, got {memory_limit!r}")
+    if memory_limit is not None and (isinstance(memory_limit, bool) or
+                                     not isinstance(memory_limit, int | float) or
+                                     not 0 < memory_limit < math.inf):
+        raise UsageError(f"memory_limit must be a positive number of activations, got "
+                         f"{memory_limit!r}")
     try:
         return _verify(schedule, memory_limit, sizes, memory_limit_bytes)
     except VerifyError as e:
@@ -81,7 +88,7 @@ def verify(schedule: Schedule, memory_limit: int | None = None,
         raise
 
 
-def _verify(schedule: Schedule, memory_limit: int | None, sizes: MemorySizes | None,
+def _verify(schedule: Schedule, memory_limit: float | None, sizes: MemorySizes | None,
             memory_limit_bytes: float | None) -> VerifyReport:
     with paused_gc():
         _raise("range", check_ranges(schedule))
@@ -90,16 +97,14 @@ def _verify(schedule: Schedule, memory_limit: int | None, sizes: MemorySizes | N
         _raise("reduction", check_reductions(schedule))
         _raise("overlap", check_pairs(schedule))
         _raise("deadlock", check_deadlock(schedule))
-        report = memory_report(schedule)
+        report = memory_report(schedule, sizes)
         limit = memory_limit if memory_limit is not None else schedule.config.memory_limit
-        _raise("memory", check_memory(schedule, report, limit))
+        _raise("memory", check_memory(schedule, report, limit, sizes))
         if sizes is not None:
-            def act(stage: int) -> float:
-                return sizes.activation_memory(stage) or 0.0
             report = VerifyReport(report.peak_activations, report.peak_at,
-                                  peak_bytes(schedule, act, sizes.input_memory))
+                                  peak_bytes(schedule, sizes.stage_memory))
             if memory_limit_bytes is not None:
-                _raise("memory", check_memory_bytes(schedule, act, sizes.input_memory,
+                _raise("memory", check_memory_bytes(schedule, sizes.stage_memory,
                                                     memory_limit_bytes))
     return report
 
@@ -354,75 +359,75 @@ def _explain_deadlock(schedule: Schedule, stuck: set[Op]) -> Diagnostic:
 def live_activations(program: Iterable[Op], size: Callable[[Op], float] | None = None,
                      input_size: Callable[[Op], float] | None = None
                      ) -> Iterator[tuple[Op, float]]:
-    """(op, activations in flight after it) along a rank's program. The one place this rule
-    lives:
+    """(op, activations in flight after it) along a rank's program, each activation held
+    whole until its last backward (B, or W): `pipeir.memmodel`'s rule with no split known.
+    `size` (per op: its stage's saved activations) defaults to one unit per (stage,
+    micro-batch) and `input_size` (what an FC keeps) to none, so the unit count is the peers'
+    "micro-batches in flight". With a cost model's split, ask `live_memory` instead."""
+    if size is None and input_size is None:
+        return live_memory(program, lambda op: WHOLE)
+    table: dict[int, StageMemory] = {}  # (sizes are per stage: built once each)
 
-    * F(s,mb) and RC(s,mb) add `size` (the stage's saved activations), and so does RELOAD;
-      OFF takes it away again (it is in host memory until its RELOAD);
-    * FC(s,mb) adds `input_size` (it keeps only the stage input);
-    * the last backward (B, or W) frees the activations, and the input of an FC; I frees
-      nothing (W still needs the inputs).
-
-    `size` defaults to one unit per (stage, micro-batch) and `input_size` to none, so the
-    unit count is the peers' "micro-batches in flight"."""
-    live = 0.0
-    checkpointed: set[tuple[int, int]] = set()
-    for op in program:
-        k = op.kind
-        if k == "F" or k == "RC" or k == "RELOAD":
-            live += 1 if size is None else size(op)
-        elif k == "B" or k == "W":
-            live -= 1 if size is None else size(op)
-            if (op.stage, op.mb) in checkpointed and input_size is not None:
-                live -= input_size(op)
-        elif k == "FC":
-            checkpointed.add((op.stage, op.mb))
-            if input_size is not None:
-                live += input_size(op)
-        elif k == "OFF":
-            live -= 1 if size is None else size(op)
-        yield op, live
+    def memory(op: Op) -> StageMemory:
+        got = table.get(op.stage)
+        if got is None:
+            saved = 1.0 if size is None else size(op)
+            got = table[op.stage] = StageMemory(saved, saved,
+                                                0.0 if input_size is None else input_size(op))
+        return got
+    return live_memory(program, memory)
 
 
-def memory_report(schedule: Schedule) -> VerifyReport:
-    """Peak in-flight activations per rank (see `live_activations`). Depends only on program
-    order, not on timing."""
-    peaks, at = [], []
+def memory_report(schedule: Schedule, sizes: MemorySizes | None = None) -> VerifyReport:
+    """Peak in-flight activations per rank, counted (`pipeir.memunit`) with the split of
+    `sizes` (a cost model's `counted_memory`; without: held whole until W). Depends only on
+    program order, not on timing."""
+    counted = _per_stage(schedule, None if sizes is None else sizes.counted_memory)
+    peaks: list[float] = []
+    at: list[Op | None] = []
     for prog in schedule.programs:
-        peak = 0
+        peak = 0.0
         peak_op: Op | None = None
-        for op, live in live_activations(prog):
-            if live > peak:
-                peak, peak_op = int(live), op
-        peaks.append(peak)
+        for op, live in live_memory(prog, counted):
+            if live > peak + MEMORY_SLACK:
+                peak, peak_op = live, op
+        peaks.append(_count(peak))
         at.append(peak_op)
     return VerifyReport(tuple(peaks), tuple(at))
 
 
-def peak_bytes(schedule: Schedule, activation: Callable[[int], float],
-               inputs: Callable[[int], float]) -> tuple[float, ...]:
-    """Per rank, the most bytes of saved activations held at once (`live_activations` with
-    each stage's `activation` and `inputs` bytes)."""
-    def size(op: Op) -> float:
-        return activation(op.stage)
-
-    def input_size(op: Op) -> float:
-        return inputs(op.stage)
-    return tuple(max((live for _, live in live_activations(prog, size, input_size)),
-                     default=0.0) for prog in schedule.programs)
+def _count(x: float) -> float:
+    """A counted peak as reports show it: an int when whole (sums of fractions are rounded
+    first, 2.9999999999 being 3)."""
+    x = round(x, 9)
+    return int(x) if x.is_integer() else x
 
 
-def check_memory_bytes(schedule: Schedule, activation: Callable[[int], float],
-                       inputs: Callable[[int], float], limit: float) -> list[Diagnostic]:
+def _per_stage(schedule: Schedule, memory: Callable[[int], StageMemory] | None
+               ) -> Callable[[Op], StageMemory]:
+    """Each op's stage memory from `memory` (None: one counted activation, held whole),
+    asked once per stage."""
+    if memory is None:
+        return lambda op: WHOLE
+    table = {s: memory(s) for s in range(schedule.config.stages)}
+    return lambda op: table[op.stage] if op.stage in table else memory(op.stage)
+
+
+def peak_bytes(schedule: Schedule, memory: Callable[[int], StageMemory]) -> tuple[float, ...]:
+    """Per rank, the most bytes of saved activations held at once (`live_memory` with each
+    stage's `memory`: a cost model's `stage_memory`)."""
+    per_op = _per_stage(schedule, memory)
+    return tuple(max((live for _, live in live_memory(prog, per_op)), default=0.0)
+                 for prog in schedule.programs)
+
+
+def check_memory_bytes(schedule: Schedule, memory: Callable[[int], StageMemory],
+                       limit: float) -> list[Diagnostic]:
     """No rank holds more than `limit` bytes of saved activations (see `peak_bytes`)."""
-    def size(op: Op) -> float:
-        return activation(op.stage)
-
-    def input_size(op: Op) -> float:
-        return inputs(op.stage)
+    per_op = _per_stage(schedule, memory)
     out = []
     for r, prog in enumerate(schedule.programs):
-        lives = list(live_activations(prog, size, input_size))
+        lives = list(live_memory(prog, per_op))
         over = next(((op, live) for op, live in lives if not fits_in(live, limit)), None)
         if over is not None:
             peak = max(live for _, live in lives)
@@ -433,18 +438,22 @@ def check_memory_bytes(schedule: Schedule, activation: Callable[[int], float],
     return out
 
 
-def check_memory(schedule: Schedule, report: VerifyReport, limit: int | None) -> list[Diagnostic]:
-    """No rank holds more than `limit` in-flight activations at once."""
+def check_memory(schedule: Schedule, report: VerifyReport, limit: float | None,
+                 sizes: MemorySizes | None = None) -> list[Diagnostic]:
+    """No rank holds more than `limit` in-flight activations at once (counted as `report`
+    was, with the split of `sizes`)."""
     if limit is None:
         return []
+    counted = _per_stage(schedule, None if sizes is None else sizes.counted_memory)
     out = []
     for r, prog in enumerate(schedule.programs):
         peak = report.peak_activations[r]
-        if peak <= limit:
+        if fits_in(peak, limit):
             continue
-        op, live = next((op, live) for op, live in live_activations(prog) if live > limit)
+        op, live = next((op, live) for op, live in live_memory(prog, counted)
+                        if not fits_in(live, limit))
         out.append(Diagnostic(
-            f"memory limit exceeded on rank {r}: {op} makes {int(live)} activations in flight "
-            f"(memory_limit = {limit}, counting {COUNTING}; this rank peaks at {peak})",
-            schedule.span_of(op)))
+            f"memory limit exceeded on rank {r}: {op} makes {_count(live):g} activations in "
+            f"flight (memory_limit = {limit:g}, counting {COUNTING}; this rank peaks at "
+            f"{peak:g})", schedule.span_of(op)))
     return out

@@ -94,7 +94,7 @@ def test_check_library_schedule_and_set(cli: Cli) -> None:
     (("check", "examples/1f1b.sched", "--set", "ranks=0"), "ranks must be a positive"),
     (("check", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--set", "ranks=3"),
      "disagree"),
-    (("check", "examples/1f1b.sched", "--memory-limit", "0"), "expected a positive integer"),
+    (("check", "examples/1f1b.sched", "--memory-limit", "0"), "expected a positive number, got 0"),
     (("check", "pipeir/library/gpipe.sched", "--set", "ranks=2"), "microbatches"),
     (("check", "no/such/file.sched"), "no such .sched file"),
     (("check", "examples"), "is a directory"),

@@ -326,7 +326,8 @@ def test_empty_programs_are_reported_at_the_schedule() -> None:
 
 
 def test_verify_rejects_a_nonsense_memory_limit() -> None:
-    with pytest.raises(pipeir.UsageError, match="memory_limit must be a positive integer"):
+    with pytest.raises(pipeir.UsageError,
+                       match="memory_limit must be a positive number of activations, got 0"):
         pipeir.verify(pipeir.library.get("1f1b", 2, 2), memory_limit=0)
 
 

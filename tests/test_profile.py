@@ -18,7 +18,7 @@ def test_profile_mlp_on_two_ranks_feeds_simulate_and_tune(cli, tmp_path: Path) -
                           "--timeout", "60", "-o", str(out))
     assert code == 0, err
     data = json.loads(out.read_text())
-    assert data["version"] == 1 and data["unit"] == "ms"
+    assert data["version"] == 2 and data["unit"] == "ms"
     for s in ("0", "1"):
         assert data["stage"][s]["F"] > 0 and data["stage"][s]["W"] > 0
         assert data["stage"][s]["memory_bytes"] > 0

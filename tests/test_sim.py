@@ -256,7 +256,7 @@ def test_bad_cost_in_sched_points_at_its_span() -> None:
     ({"F": "fast"}, "cost 'F' must be a number, got the text 'fast'"),
     ({"stage.x.F": 1}, "unknown cost 'stage.x.F'"),
     ({"mb.1.activation_bytes": 1}, "unknown cost 'mb.1.activation_bytes'"),
-    ({"version": 2}, "version 2 is not supported"),
+    ({"version": 3}, "version 3 is not supported (this pipeir reads versions 1 and 2)"),
     ({"unit": 'm"s\n'}, "'unit' must be a name like \"ms\" (at most 16 characters"),
     ({"unit": "milliseconds-ish!"}, "'unit' must be a name like"),
     ({"lengths": [1e200, 1], "length_cost": [0, 0, 1]},

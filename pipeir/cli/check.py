@@ -6,9 +6,17 @@ import argparse
 from dataclasses import replace
 
 from pipeir import driver, memunit
-from pipeir.cli.common import add_schedule_args, memory_limit, overrides, schedule_ref, show
+from pipeir.cli.common import (
+    MemoryLimit,
+    activations_or_bytes,
+    add_schedule_args,
+    overrides,
+    schedule_ref,
+    show,
+)
 from pipeir.cli.simulate import add_costs_arg
 from pipeir.diagnostics import EXIT_OK, PipeirError, UsageError
+from pipeir.sim import CostModel
 from pipeir.verify import verify
 
 ORDER = 10
@@ -18,8 +26,9 @@ HELP = "verify schedules: every op once, on its rank, no deadlock, within memory
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     add_schedule_args(p, many=True)
-    p.add_argument("--memory-limit", type=memory_limit, metavar="K",
-                   help=f"{memunit.HELP} (overrides the file's memory_limit); or bytes of "
+    p.add_argument("--memory-limit", type=activations_or_bytes, metavar="K",
+                   help=f"{memunit.HELP}; {memunit.SPLIT_HELP} (overrides the file's "
+                        "memory_limit); or bytes of "
                         "saved activations with a unit (8GB, 512MiB, 3e8B; needs "
                         "memory_bytes: in --costs, the file's costs block or --set)")
     add_costs_arg(p)
@@ -60,20 +69,22 @@ def _check_one(args: argparse.Namespace, f: str | None) -> list[str]:
         from pipeir.interop.check import check_csv
 
         _refuse_flags(args, str(f), csv=True)
-        return check_csv(str(f), memory_limit=args.memory_limit,
+        return check_csv(str(f), memory_limit=None if args.memory_limit is None else
+                         args.memory_limit.count,
                          microbatches=args.microbatches, lowered=args.lowered)
     ref = replace(schedule_ref(args), files=(f,) if f is not None else ())
     sets = overrides(args)
     where = f if f is not None else f"--schedule {args.schedule}"
-    limit = args.memory_limit
-    sizes = None
+    limit: MemoryLimit | None = args.memory_limit
+    in_bytes = limit is not None and limit.in_bytes
+    sizes: CostModel | None = None
     # a cost in --set (F=1.5, stage.0.memory_bytes=...) is read as simulate reads it
-    if isinstance(limit, float) or args.costs or any(map(driver.is_cost_setting, sets)):
+    if in_bytes or args.costs or any(map(driver.is_cost_setting, sets)):
         loaded = driver.load_with_costs(ref, sets, args.costs)
         show(loaded.warnings)
         elab, sizes = loaded.elaborated, loaded.costs
         if not sizes.knows_memory:
-            if isinstance(limit, float) or args.costs:
+            if in_bytes or args.costs:
                 raise UsageError("peak bytes need activation sizes: give memory_bytes in the "
                                  "costs")
             sizes = None  # costs set with --set only: nothing here is measured in bytes
@@ -82,13 +93,17 @@ def _check_one(args: argparse.Namespace, f: str | None) -> list[str]:
             elab = driver.load_schedules(ref, sets)[0]
         except UsageError as e:  # an unknown --set may be a misspelt cost, as in simulate
             raise driver.with_cost_names(e, sets) from None
+        if any(k.endswith("memory_w_bytes") for k in elab.costs):
+            # the file's own costs say what W keeps after I: activations count with it, as
+            # tune and synth counted them when they wrote the file
+            sizes = driver.costs_for(elab, None)
     s = elab.schedule
-    report = verify(s, memory_limit=limit if isinstance(limit, int) else None, sizes=sizes,
-                    memory_limit_bytes=limit if isinstance(limit, float) else None)
+    report = verify(s, memory_limit=None if limit is None else limit.count, sizes=sizes,
+                    memory_limit_bytes=None if limit is None else limit.bytes)
     c = s.config
     lines = [f"{where}: ok: {s.name}: {c.ranks} ranks, {c.stages} stages, "
              f"{c.microbatches} micro-batches, {len(s)} ops; peak in-flight "
-             f"activations per rank: {' '.join(map(str, report.peak_activations))}"]
+             f"activations per rank: {' '.join(f'{x:g}' for x in report.peak_activations)}"]
     if report.peak_bytes is not None:
         lines[0] += f"; peak bytes per rank: {' '.join(f'{b:.4g}' for b in report.peak_bytes)}"
     if args.lowered:
@@ -125,6 +140,6 @@ def _refuse_flags(args: argparse.Namespace, f: str, csv: bool) -> None:
     if args.costs:
         raise UsageError(f"--costs: {f} is {noun}, whose memory is counted in activations, "
                          "not bytes; leave --costs out (--memory-limit K bounds activations)")
-    if isinstance(args.memory_limit, float):
+    if args.memory_limit is not None and args.memory_limit.in_bytes:
         raise UsageError(f"--memory-limit in bytes needs costs, and {f} is {noun}, whose "
                          "memory is counted in activations; use --memory-limit K (a count)")

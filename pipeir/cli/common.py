@@ -8,9 +8,10 @@ import math
 import shlex
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from pipeir import driver, limits
-from pipeir.argtypes import positive_int
+from pipeir.argtypes import positive_float, positive_int
 from pipeir.diagnostics import Diagnostic, UsageError
 from pipeir.driver import ScheduleRef
 from pipeir.files import write_atomic
@@ -37,6 +38,36 @@ def memory_limit(text: str) -> int | float:
     num, unit = limits.split_unit(text)
     if not unit:
         return positive_int(text)
+    return _bytes(text, num, unit)
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """`check`'s `--memory-limit`: activations (`pipeir.memunit`; fractional where W keeps
+    part of an activation after I), or bytes."""
+
+    value: float
+    in_bytes: bool
+    text: str = field(default="", compare=False)  # as given on the command line
+
+    @property
+    def count(self) -> float | None:
+        return None if self.in_bytes else self.value
+
+    @property
+    def bytes(self) -> float | None:
+        return self.value if self.in_bytes else None
+
+
+def activations_or_bytes(text: str) -> MemoryLimit:
+    """argparse type: a positive number of activations (`4`, `3.5`), or bytes with a unit."""
+    num, unit = limits.split_unit(text)
+    if unit:
+        return MemoryLimit(_bytes(text, num, unit), True, text)
+    return MemoryLimit(positive_float(text), False, text)
+
+
+def _bytes(text: str, num: str, unit: str) -> float:
     try:
         value = limits.bytes_of(num, unit)
     except ValueError:

@@ -265,19 +265,38 @@ def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace, dp:
 
 def _report_memory(compiled: Compiled, result: RunResult, ranks: int, dp: int) -> None:
     """Measured peak saved-activation bytes per rank next to the simulated peak (the
-    verifier's count with each stage's bytes as measured in this run)."""
-    from pipeir.runtime.measure import simulated_saved_bytes
+    verifier's count with each stage's bytes as measured in this run: what a forward saved,
+    and what W still needed after I), and, where backwards ran split, the peak the
+    whole-release model (everything held until W) would predict."""
+    from pipeir.runtime.measure import predicted_saved_bytes, simulated_saved_bytes
 
     saved = {s: b for (j, s), b in result.saved_per_stage.items() if j == 0}
     kept = {s: b for (j, s), b in result.kept_per_stage.items() if j == 0}
+    for_w = {s: b for (j, s), b in result.w_per_stage.items() if j == 0}
     if not saved:
         return
-    simulated = simulated_saved_bytes(compiled.schedule, saved, kept)
+    simulated = simulated_saved_bytes(compiled.schedule, saved, kept, for_w)
+    whole = simulated_saved_bytes(compiled.schedule, saved, kept) if for_w else None
+    costs = compiled.context.costs
+    given = predicted_saved_bytes(compiled.schedule, costs.stage_memory) \
+        if costs.knows_memory else None
     print("peak saved activations (bytes): measured (the most in any step) vs simulated with "
-          "the measured bytes per stage")
+          "the measured bytes per stage" + (" (I frees what W does not need; whole: held "
+                                            "until W)" if whole else "")
+          + ("; costs: simulated with the cost file's" if given else ""))
     for r in range(ranks):
         got = max(b for (j, g, _), b in result.saved_peak.items() if j == 0 and g == r * dp)
-        print(f"  rank {r}: measured {got:,} simulated {simulated[r]:,.0f}")
+        line = f"  rank {r}: measured {got:,} simulated {simulated[r]:,.0f}"
+        if whole is not None:
+            line += f" whole {whole[r]:,.0f}"
+        if given is not None:
+            line += f" costs {given[r]:,.0f} ({_off(given[r], got)})"
+        print(line)
+
+
+def _off(predicted: float, measured: float) -> str:
+    """How far a prediction is from a measurement, as a signed percentage of it."""
+    return f"{(predicted - measured) / measured:+.1%}" if measured else "n/a"
 
 
 def _under_torchrun(job: Job, args: argparse.Namespace, dp: int) -> int:

@@ -99,7 +99,7 @@ def summary(result: SimResult) -> str:
     rows = [head]
     for r in range(c.ranks):
         row = [f"r{r}", _n(result.busy[r]), _n(result.idle[r]),
-               f"{result.utilisation[r]:.1%}", str(result.peak_activations[r]),
+               f"{result.utilisation[r]:.1%}", f"{result.peak_activations[r]:g}",
                _n(result.peak_time[r])]
         if result.comm == "blocking":
             row.insert(3, _n(result.sending[r]))

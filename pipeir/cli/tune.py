@@ -7,8 +7,7 @@ import argparse
 from typing import Any
 
 from pipeir import driver, memunit
-from pipeir.argtypes import positive_float
-from pipeir.cli.common import positive_ints, show
+from pipeir.cli.common import MemoryLimit, activations_or_bytes, positive_ints, show
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
 from pipeir.progress import Progress
@@ -26,8 +25,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--microbatches", metavar="M[,M2..]",
                    help="micro-batch counts to try; the costs describe a micro-batch of the "
                         "first, the others split the same global batch (default: 2P,4P)")
-    p.add_argument("--memory-limit", type=positive_float, metavar="K",
-                   help=f"{memunit.HELP} (default: no limit)")
+    p.add_argument("--memory-limit", type=activations_or_bytes, metavar="K",
+                   help=f"{memunit.HELP}; {memunit.SPLIT_HELP}; or bytes of saved activations "
+                        "with a unit (8GB, "
+                        "512MiB, 3e8B; needs memory_bytes in the costs), which compare across "
+                        "chunks and micro-batch counts (default: no limit)")
     p.add_argument("--lengths", metavar="L,L,...",
                    help="one sequence length per micro-batch (see `length_cost` in the cost "
                         "file); turns on the reorder pass")
@@ -76,14 +78,16 @@ def run(args: argparse.Namespace) -> int:
         check_count(spec, m)
         driver.check_mb_costs(costs, m)
     comms = ("overlapped", "blocking") if args.comm == "both" else (args.comm,)
+    limit: MemoryLimit | None = args.memory_limit
     with Progress("tune") as progress:
-        result = search(costs, ranks, mbs, memory_limit=args.memory_limit, max_v=args.max_v,
-                        comms=comms, dp=args.dp, progress=progress)
+        result = search(costs, ranks, mbs, memory_limit=None if limit is None else limit.count,
+                        max_v=args.max_v, comms=comms, dp=args.dp, progress=progress,
+                        memory_bytes=None if limit is None else limit.bytes)
     best = result.best
     print(table(result, args.top), end="")
-    if result.over_limit:
-        print(f"({len(result.over_limit)} candidates over --memory-limit "
-              f"{args.memory_limit:g} left out)")
+    if result.over_limit and limit is not None:
+        print(f"({len(result.over_limit)} candidates over --memory-limit {limit.text} left "
+              "out)")
     print(f"best: {best.family}" + (f" v={best.v}" if best.v > 1 else "")
           + f", {best.microbatches} micro-batches" + (f", {best.passes}" if best.passes else "")
           + f", {'overlapped' if best.overlap else 'blocking'} communication: "

@@ -22,7 +22,7 @@ _TORCH_HANGS = Note("torch accepts such a compute_comms file and then fails, han
                     "process-group timeout, or trains on the wrong tensors")
 
 
-def check_csv(path: str, memory_limit: int | None = None,
+def check_csv(path: str, memory_limit: float | None = None,
               microbatches: int | None = None, lowered: bool = False) -> list[str]:
     """Verify a torch schedule CSV; the lines to print, or a VerifyError naming the cell.
     `lowered` also lowers the compute order as pipeir would run it (`import-torch`, then

@@ -248,6 +248,7 @@ class Context:
         if stage > 0:
             self.in_grads[key] = [_or_zeros(g, x) for g, x in zip(gxs, xs)]
         self.weight_work[key] = work
+        self.saved.after_input(key, splitgrad.weight_nodes(work))
         self._leave(t0)
 
     def backward_weight(self, stage: int, mb: int) -> None:

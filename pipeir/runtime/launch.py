@@ -88,6 +88,9 @@ class RunResult:
     saved_per_stage: dict[tuple[int, int], int] = field(default_factory=dict)
     #: (job, stage) -> the most bytes of input a checkpointed forward of the stage kept
     kept_per_stage: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: (job, stage) -> the most bytes one micro-batch's W of the stage still needed after I
+    #: (stages whose backward ran split only)
+    w_per_stage: dict[tuple[int, int], int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -274,9 +277,10 @@ def _record(msg: tuple[Any, ...], result: RunResult, exited: set[int],
             if on.step is not None:
                 on.step(rep)
     elif kind == "memory":
-        _, job, rank, step, peak, per_stage, kept = msg
+        _, job, rank, step, peak, per_stage, kept, for_w = msg
         result.saved_peak[(job, rank, step)] = peak
-        for sizes, into in ((per_stage, result.saved_per_stage), (kept, result.kept_per_stage)):
+        for sizes, into in ((per_stage, result.saved_per_stage), (kept, result.kept_per_stage),
+                            (for_w, result.w_per_stage)):
             for s, b in sizes.items():
                 into[(job, s)] = max(b, into.get((job, s), 0))
     elif kind == "params":

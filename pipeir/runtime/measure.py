@@ -12,7 +12,7 @@ with k*m micro-batches so measured and predicted timelines cover the same work.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from statistics import mean, median
 from typing import Any
@@ -40,6 +40,7 @@ from pipeir.backend.instructions import (
     WaitReduce,
 )
 from pipeir.config import PipelineConfig
+from pipeir.memmodel import StageMemory
 from pipeir.ops import NO_MB, Kind, Op
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, SimResult, Transfer, simulate
@@ -99,16 +100,24 @@ def run_report(lowered: Lowered, schedule: Schedule,
 
 
 def simulated_saved_bytes(schedule: Schedule, saved: Mapping[int, int],
-                          kept: Mapping[int, int]) -> tuple[float, ...]:
+                          kept: Mapping[int, int], for_w: Mapping[int, int] | None = None
+                          ) -> tuple[float, ...]:
     """Per rank, the peak saved-activation bytes `pipeir.verify.peak_bytes` predicts for the
     step, with each stage's bytes as measured in the run (`saved[stage]`: what one forward
-    saved, `kept[stage]`: the input a checkpointed forward kept)."""
-    def act(stage: int) -> float:
-        return float(saved.get(stage, 0))
+    saved, `kept[stage]`: the input a checkpointed forward kept, `for_w[stage]`: what W
+    still needed after I; a stage missing there keeps everything until W)."""
+    def memory(stage: int) -> StageMemory:
+        n = float(saved.get(stage, 0))
+        w = n if for_w is None or stage not in for_w else min(n, float(for_w[stage]))
+        return StageMemory(n, w, float(kept.get(stage, 0)))
+    return predicted_saved_bytes(schedule, memory)
 
-    def inp(stage: int) -> float:
-        return float(kept.get(stage, 0))
-    return peak_bytes(expand_rounds(schedule), act, inp)
+
+def predicted_saved_bytes(schedule: Schedule, memory: Callable[[int], StageMemory]
+                          ) -> tuple[float, ...]:
+    """Per rank, the peak saved-activation bytes of the step (its `accumulate` rounds back to
+    back) with each stage's `memory` (e.g. a cost file's `CostModel.stage_memory`)."""
+    return peak_bytes(expand_rounds(schedule), memory)
 
 
 def expand_rounds(schedule: Schedule) -> Schedule:

@@ -13,6 +13,9 @@ the tensor during the backward. Because the stash holds the tensors:
   the bytes of saved activations on the device, plus the inputs a checkpointed forward keeps,
   and `peak` its maximum over the step (the measured counterpart of
   `pipeir.verify.peak_bytes`);
+* an input gradient I frees the tensors its weight gradient W does not need
+  (`after_input`: those no node of W's autograd graph saved), so what stays until W is
+  the Zero Bubble paper's M_W (`memory_w_bytes`); `w_per_stage` records it;
 * the last backward of a (stage, micro-batch) releases its stash (`release`).
 
 A checkpointed forward (FC) runs without autograd, keeping its RNG state; its recompute (RC)
@@ -24,11 +27,12 @@ split into I and W) sees the same graph.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from torch.autograd.graph import Node
 from torch.utils import _pytree as pytree
 
 Key = tuple[int, int]
@@ -36,7 +40,7 @@ Key = tuple[int, int]
 
 @dataclass
 class _Stash:
-    tensors: list[torch.Tensor] = field(default_factory=list)
+    tensors: list[torch.Tensor | None] = field(default_factory=list)  # None: freed by I
     seen: set[tuple[int, int]] = field(default_factory=set)
     bytes: int = 0
     on_host: bool = False
@@ -70,6 +74,9 @@ class SavedActivations:
         self.per_stage: dict[int, int] = {}
         #: per stage, the most bytes of input a checkpointed forward kept
         self.inputs_per_stage: dict[int, int] = {}
+        #: per stage, the most bytes one micro-batch's W still needed after its I
+        self.w_per_stage: dict[int, int] = {}
+        self._probed: list[Any] | None = None  # tickets unpacked while probing (after_input)
 
     def begin_step(self) -> None:
         self._stash.clear()
@@ -104,11 +111,17 @@ class SavedActivations:
                 return ticket
             k: Key = ticket[0]
             i: int = ticket[1]
+            if self._probed is not None:
+                self._probed.append(ticket)
             got = self._stash[k]
             if got.on_host:
                 raise RuntimeError(f"the backward of stage {k[0]}, micro-batch {k[1]} needs "
                                    "activations that are offloaded and were not reloaded")
-            return got.tensors[i]
+            t = got.tensors[i]
+            if t is None:
+                raise RuntimeError(f"the weight gradient of stage {k[0]}, micro-batch {k[1]} "
+                                   "needs a saved tensor that its input gradient freed")
+            return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
             yield
@@ -143,14 +156,16 @@ class SavedActivations:
     def offload(self, key: Key) -> None:
         """OFF: move `key`'s saved activations to host memory."""
         stash = self._stash[key]
-        stash.tensors = [self._copy(t, torch.device("cpu")) for t in stash.tensors]
+        stash.tensors = [None if t is None else self._copy(t, torch.device("cpu"))
+                         for t in stash.tensors]
         stash.on_host = True
         self.live -= stash.bytes
 
     def reload(self, key: Key) -> None:
         """RELOAD: bring them back (the backward waits for the copy in `ready`)."""
         stash = self._stash[key]
-        stash.tensors = [self._copy(t, self.device) for t in stash.tensors]
+        stash.tensors = [None if t is None else self._copy(t, self.device)
+                         for t in stash.tensors]
         stash.on_host = False
         self._add(stash.bytes)
 
@@ -174,16 +189,59 @@ class SavedActivations:
             cur = torch.cuda.current_stream(self.device)
             cur.wait_stream(self.copy_stream)
             for t in self._stash[key].tensors:
-                if t.device.type == "cuda":
+                if t is not None and t.device.type == "cuda":
                     t.record_stream(cur)
 
     # ---- backward --------------------------------------------------------------------------
+    def after_input(self, key: Key, nodes: Iterable[Node] | None) -> None:
+        """I ran: free the saved tensors of `key` that none of W's autograd `nodes` saved
+        (`pipeir.runtime.splitgrad.weight_nodes`; None: W needs them all), so only what the
+        weight gradient needs stays until W; record that per stage (`w_per_stage`).
+
+        NOTE: which tickets a node saved is found by reading its `_saved_*` attributes (and a
+        custom Function's `saved_tensors`), which unpacks them through `recording`'s hook."""
+        stash = self._stash.get(key)
+        if stash is None:
+            return
+        if nodes is not None:
+            self._probed = []
+            try:
+                for node in nodes:
+                    for name in _saved_names(node):
+                        with contextlib.suppress(RuntimeError):
+                            getattr(node, name)
+                needed = {i for k, i in self._probed if k == key}
+            finally:
+                self._probed = None
+            kept: dict[tuple[int, int], None] = {}
+            for i, t in enumerate(stash.tensors):
+                if t is None:
+                    continue
+                if i in needed:
+                    kept[_identity(t)] = None
+                else:
+                    stash.tensors[i] = None
+            freed = stash.bytes - sum(n for _, n in kept)
+            stash.seen = set(kept)
+            stash.bytes -= freed
+            if not stash.on_host:
+                self.live -= freed
+        self.w_per_stage[key[0]] = max(self.w_per_stage.get(key[0], 0), stash.bytes)
+
     def release(self, key: Key) -> None:
         """The last backward of `key` ran: its activations (and a kept input) are freed."""
         stash = self._stash.pop(key, None)
         if stash is not None and not stash.on_host:
             self.live -= stash.bytes
         self.live -= self._kept.pop(key, 0)
+
+
+def _saved_names(node: Node) -> list[str]:
+    """The attributes of an autograd node that hold what it saved."""
+    names = [a for a in dir(node) if a.startswith("_saved_")]
+    if hasattr(type(node), "saved_tensors"):  # a custom autograd.Function's node
+        names.append("saved_tensors")
+    return names
 
 
 def _identity(t: torch.Tensor) -> tuple[int, int]:

@@ -40,7 +40,7 @@ from pipeir.models.spec import ModelSpec, autocast_dtype, build_stage, call_stag
 from pipeir.models.splittable import Splittable
 from pipeir.runtime.memory import SavedActivations, input_bytes
 from pipeir.runtime.shapes import grad_leaves, tensor_leaves
-from pipeir.runtime.splitgrad import backward_input_many, backward_weight
+from pipeir.runtime.splitgrad import backward_input_many, backward_weight, weight_nodes
 from pipeir.runtime.worker import split_batch
 
 SMALL_BYTES = 64
@@ -85,6 +85,7 @@ class StageTimes:
     memory_bytes: float  # what autograd keeps from F until the backward
     param_bytes: float = 0.0  # the weight gradients data parallelism all-reduces
     input_bytes: float = 0.0  # the stage input, which a checkpointed forward keeps
+    memory_w_bytes: float | None = None  # of memory_bytes, what W still needs after I
     spread: Mapping[str, Spread] = field(default_factory=dict)  # "F", "B", "I", "W"
 
 
@@ -166,7 +167,7 @@ def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
     # the bytes autograd saves, counted as the runtime counts them (parameters are not
     # activations; tensors that share storage count once)
     saved = SavedActivations(torch.device("cpu"), module.parameters())
-    _, o = fresh(lambda: saved.recording((s, 0)))
+    recorded, o = fresh(lambda: saved.recording((s, 0)))
     roots = grad_leaves(o)
     grads = None if last else [torch.ones_like(t) for t in roots]
     needs_grad = s > 0 and bool(grad_leaves(pytree.tree_map(_leaf, x)))
@@ -178,6 +179,11 @@ def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
     def split(i: Any, o: Any) -> tuple[Any, Any]:
         return backward_input_many(grad_leaves(o), grads, grad_leaves(i) if s else [])
 
+    # what W still needs after I: I on the recorded forward frees the rest, as the runtime's
+    # I does (`SavedActivations.after_input`), and W then runs on what is left
+    work = split(recorded, o)[1]
+    saved.after_input((s, 0), weight_nodes(work))
+    backward_weight(work)
     f, f_spread = _median_ms(fresh, warmup, iters, clock)
     b, b_spread = _timed_after(fresh, full, warmup, iters, clock)
     # I and W as the runtime computes them (pipeir.runtime.splitgrad): I saves what W needs,
@@ -197,7 +203,7 @@ def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
     act = 0.0 if last else float(sum(t.numel() * t.element_size() for t in tensor_leaves(o)))
     weights = float(sum(p.numel() * p.element_size() for p in params))
     return (StageTimes(f, b, i_t, w, act, float(saved.per_stage[s]), weights,
-                       float(input_bytes(x)), spread),
+                       float(input_bytes(x)), float(saved.w_per_stage.get(s, 0)), spread),
             pytree.tree_map(lambda t: _leaf(t, keep=True), o))
 
 
@@ -296,7 +302,7 @@ def cost_settings(stages: list[StageTimes], link: tuple[float, float | None] | N
               "stage": {str(k): {op: round(sp.cv, 4) for op, sp in s.spread.items()
                                  if sp.runs}
                         for k, s in enumerate(stages)}}
-    out: dict[str, Any] = {"version": 1, "unit": "ms",
+    out: dict[str, Any] = {"version": 2, "unit": "ms",
                            "meta": {**meta, "torch": torch.__version__, "spread": spread}}
     out["F"] = statistics.median(s.F for s in stages)
     out["I"] = statistics.median(s.I for s in stages)
@@ -309,11 +315,16 @@ def cost_settings(stages: list[StageTimes], link: tuple[float, float | None] | N
     acts = [s.activation_bytes for s in stages[:-1]]
     out["activation_bytes"] = max(acts, default=0.0)
     out["memory_bytes"] = max(s.memory_bytes for s in stages)
+    splits = [s.memory_w_bytes for s in stages if s.memory_w_bytes is not None]
+    if splits:  # (within memory_bytes: no stage's W keeps more than its forward saved)
+        out["memory_w_bytes"] = max(splits)
     out["stage"] = {str(k): {"F": s.F, "B": s.B, "I": s.I, "W": s.W,
                              **({"activation_bytes": s.activation_bytes}
                                 if k < len(stages) - 1 else {}),
-                             "memory_bytes": s.memory_bytes, "param_bytes": s.param_bytes,
-                             "input_bytes": s.input_bytes}
+                             "memory_bytes": s.memory_bytes,
+                             **({"memory_w_bytes": s.memory_w_bytes}
+                                if s.memory_w_bytes is not None else {}),
+                             "param_bytes": s.param_bytes, "input_bytes": s.input_bytes}
                     for k, s in enumerate(stages)}
     out["param_bytes"] = max(s.param_bytes for s in stages)
     return out

@@ -159,6 +159,20 @@ def _saver(saved: dict[Node, Grads], node: Node) -> Callable[[Grads], None]:
     return hook
 
 
+def weight_nodes(work: WeightWork) -> list[Node] | None:
+    """The autograd nodes `backward_weight` runs (None: all of them, when W is the whole
+    backward): per group, the nodes reachable from its boundary nodes from which one of its
+    parameters is reachable, which is what `torch.autograd.grad` executes. Their saved tensors
+    are what W still needs after I (`pipeir.runtime.memory.SavedActivations.after_input`)."""
+    if work.full is not None:
+        return None
+    out: dict[Node, None] = {}
+    for nodes, params in work.groups:
+        targets = {n for n in map(_node_of, params) if n is not None}
+        out.update(dict.fromkeys(_on_path(_graph(nodes), targets)))
+    return list(out)
+
+
 def backward_weight(work: WeightWork) -> None:
     """Accumulate the parameter gradients into `.grad` from what `backward_input` saved."""
     if work.full is not None:

@@ -178,7 +178,8 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
               ctx.loss_sum if last else None, t0, t1, list(ctx.times), info,
               list(ctx.reduced)))
         emit(("memory", index, rank if mesh is None else mesh.rank, step, ctx.saved.peak,
-              dict(ctx.saved.per_stage), dict(ctx.saved.inputs_per_stage)))
+              dict(ctx.saved.per_stage), dict(ctx.saved.inputs_per_stage),
+              dict(ctx.saved.w_per_stage)))
         track(index, -1)
         done = step + 1
         saves = mesh is None or mesh.replica == 0  # replicas hold the same state

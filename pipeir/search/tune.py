@@ -14,8 +14,10 @@ candidates comparable:
   more messages. With per-micro-batch costs (lengths), only the reference count is searched.
 
 Memory is counted in activations per rank, as `check` counts them (`pipeir.memunit`: one per
-stage, or chunk, and micro-batch), so that every schedule tune writes passes `check` with the
-same `--memory-limit`; `memory_limit` is in that unit. With v chunks the same bytes are v
+stage, or chunk, and micro-batch; where the costs give `memory_w_bytes`, what W keeps after
+I counts as that fraction of one, and the written file's costs block says so), so that every
+schedule tune writes passes `check` with the same `--memory-limit`; `memory_limit` is in
+that unit, `memory_bytes` in bytes. With v chunks the same bytes are v
 times the count (and with M micro-batches, M_ref / M times the bytes each): bytes
 (`peak bytes`, from the costs' `memory_bytes`) are what compares across v and M.
 The `overlap` backend pass corresponds to the simulator's comm model: "overlapped" with the
@@ -44,7 +46,7 @@ from pipeir.passes.split_backward import SplitBackward
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel, simulate
 from pipeir.sim.chunks import rescale
-from pipeir.verify import fits_in
+from pipeir.verify import fits_in, show_bytes
 
 SPLITS = (None, "h1", "h2")
 
@@ -67,9 +69,11 @@ class Candidate:
     messages: int
     exposed_reduction: float = 0.0  # step time spent only on gradient all-reduces (dp > 1)
 
-    def fits(self, memory_limit: float | None) -> bool:
-        """Whether the candidate keeps within `memory_limit` activations (None: no limit)."""
-        return memory_limit is None or fits_in(self.peak_memory, memory_limit)
+    def fits(self, memory_limit: float | None, memory_bytes: float | None = None) -> bool:
+        """Whether the candidate keeps within `memory_limit` activations and `memory_bytes`
+        bytes (None: no limit)."""
+        return (memory_limit is None or fits_in(self.peak_memory, memory_limit)) and \
+            (memory_bytes is None or fits_in(self.peak_bytes or 0.0, memory_bytes))
 
     @property
     def overlap(self) -> bool:
@@ -103,12 +107,13 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
            comms: Sequence[str] = ("overlapped", "blocking"),
            splits: Sequence[str | None] = SPLITS, reorder: bool | None = None,
            dp: int | None = None, progress: Callable[[str], None] | None = None,
-           deadline: float | None = None) -> TuneResult:
-    """Simulate every candidate; rank those within `memory_limit` by predicted step time
-    (then fewer messages, then less memory). `reorder` (default: when micro-batches differ
-    in cost) adds the `reorder` pass to every candidate; `dp` (default: the costs' `dp`)
-    replicates the pipeline and adds `dp-reduce`. `progress` hears of each candidate before
-    it is simulated (`pipeir.progress`).
+           deadline: float | None = None, memory_bytes: float | None = None) -> TuneResult:
+    """Simulate every candidate; rank those within `memory_limit` (activations, counted with
+    the costs' split: `pipeir.memunit`) and `memory_bytes` (peak bytes, which need the costs'
+    `memory_bytes`) by predicted step time (then fewer messages, then less memory).
+    `reorder` (default: when micro-batches differ in cost) adds the `reorder` pass to every
+    candidate; `dp` (default: the costs' `dp`) replicates the pipeline and adds `dp-reduce`.
+    `progress` hears of each candidate before it is simulated (`pipeir.progress`).
 
     Every candidate is kept (its schedule too), so the ops of all of them must fit pipeir's
     memory budget (`pipeir.limits`): past it the search is refused before any candidate is
@@ -122,6 +127,9 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
         costs = replace(costs, dp=dp)
     if ranks < 1:
         raise UsageError(f"--ranks {ranks}: need at least 1 rank")
+    if memory_bytes is not None and not costs.knows_memory:
+        raise UsageError("--memory-limit in bytes needs activation sizes: give memory_bytes "
+                         "in the costs")
     if not 1 <= max_v <= MAX_V or max_v & (max_v - 1):
         raise UsageError(f"--max-v {max_v}: expected a power of 2 from 1 to {MAX_V} (the most "
                          "chunks per rank tune tries)")
@@ -186,13 +194,18 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
             progress(f"candidate {i}/{len(plan)}: {family} v={v} m={m}"
                      + (f" split {split}" if split else "") + f" {comm}")
         cand = _evaluate(base, chunk_costs, family, v, m, split, comm, do_reorder)
-        (ranked if cand.fits(memory_limit) else over).append(cand)
+        (ranked if cand.fits(memory_limit, memory_bytes) else over).append(cand)
     ranked.sort(key=Candidate.sort_key)
     over.sort(key=Candidate.sort_key)
     if not ranked and not over:
         raise UsageError(f"no library schedule admits {ranks} ranks with "
                          f"{', '.join(map(str, microbatches))} micro-batches"
                          + (f" (the first refusal: {refused[0]})" if refused else ""))
+    if not ranked and memory_bytes is not None and memory_limit is None:
+        least = min((c.peak_bytes or 0.0 for c in over), default=0.0)
+        raise UsageError(f"no schedule fits --memory-limit {show_bytes(memory_bytes)} bytes: "
+                         f"the least memory any candidate needs is {show_bytes(least)} bytes "
+                         "of saved activations per rank")
     if not ranked:
         least = min((c.peak_memory for c in over), default=0.0)
         raise UsageError(f"no schedule fits --memory-limit {memory_limit:g}: the least "

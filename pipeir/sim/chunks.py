@@ -27,7 +27,7 @@ def rescale(costs: CostModel, ranks: int, v: int, scale: float = 1.0) -> CostMod
                 out[k] = x * t
             elif k == "activation_bytes":
                 out[k] = x * scale
-            elif k == "memory_bytes":
+            elif k in ("memory_bytes", "memory_w_bytes"):
                 out[k] = x * t
             elif k == "param_bytes":
                 out[k] = x / v
@@ -39,11 +39,12 @@ def rescale(costs: CostModel, ranks: int, v: int, scale: float = 1.0) -> CostMod
     stage_mb = {(p * v + c, m): times(_chunk(level, p, c, ratio))
                 for (p, m), level in costs.stage_mb.items() for c in range(v)}
     mb = {m: times(dict(level)) for m, level in costs.mb.items()}
-    memory = costs.memory_bytes
+    memory, kept = costs.memory_bytes, costs.memory_w_bytes
     return replace(costs.scaled(t),  # (the top-level times; the levels are the ones above)
                    activation_bytes=costs.activation_bytes * scale,
                    param_bytes=costs.param_bytes / v,
                    memory_bytes=None if memory is None else memory * t,
+                   memory_w_bytes=None if kept is None else kept * t,
                    stage=stage, mb=mb, stage_mb=stage_mb)
 
 

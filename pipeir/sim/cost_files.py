@@ -77,6 +77,14 @@ def _parse_toml(src: Source) -> Any:
         raise _too_long(src) from None
 
 
+def flat_settings(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A cost file's contents as nested tables (what `pipeir.runtime.profile.cost_settings`
+    returns) as dotted settings for `CostModel.from_settings`, less the `meta` table."""
+    flat: dict[str, tuple[Any, jsonread.Path]] = {}
+    _flatten({k: v for k, v in data.items() if k != "meta"}, (), flat)
+    return {k: v for k, (v, _) in flat.items()}
+
+
 def _flatten(data: Mapping[str, Any], path: jsonread.Path,
              out: dict[str, tuple[Any, jsonread.Path]]) -> str | None:
     """Nested tables into dotted names in `out` (name -> (value, its path in the file)); the

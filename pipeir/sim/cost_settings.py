@@ -24,7 +24,9 @@ OP_KINDS = KINDS
 COMPUTE_KINDS: tuple[Kind, ...] = ("F", "B", "I", "W")  # the kinds with a default time
 COMM_KEYS = ("latency", "bandwidth", "dp", "dp_latency", "dp_bandwidth", "host_latency",
              "host_bandwidth")
-SIZE_KEYS = ("activation_bytes", "memory_bytes", "param_bytes", "input_bytes")
+SIZE_KEYS = ("activation_bytes", "memory_bytes", "memory_w_bytes", "param_bytes", "input_bytes")
+#: The cost file versions read: 2 may give `memory_w_bytes` (1 files hold everything until W).
+VERSIONS = (1, 2)
 META_KEYS = ("version", "meta", "unit")
 TOP_KEYS = (*OP_KINDS, *COMM_KEYS, *SIZE_KEYS, *META_KEYS, *LENGTH_KEYS)
 
@@ -69,9 +71,9 @@ def cost_fields(items: Mapping[str, tuple[Any, Span | None]], where: str | None
         if name in ("meta",) or name.startswith("meta."):
             continue
         if name == "version":
-            if value != 1:
+            if value not in VERSIONS or not is_number(value):
                 raise UsageError(f"{where_prefix(where, span)}cost file version {value!r} is not "
-                                 "supported (this pipeir reads version 1)", span)
+                                 "supported (this pipeir reads versions 1 and 2)", span)
             continue
         if name == "unit":
             # NOTE: printed back into `.sched` costs blocks and every report, so a short
@@ -91,7 +93,8 @@ def cost_fields(items: Mapping[str, tuple[Any, Span | None]], where: str | None
             raise UsageError(f"{where_prefix(where, span)}unknown cost '{name}'", span,
                              did_you_mean(name, _known_names(name)) or
                              (Note("costs are F, B, I, W, FC, RC, OFF, RELOAD, latency, "
-                                   "bandwidth, activation_bytes, memory_bytes, input_bytes, "
+                                   "bandwidth, activation_bytes, memory_bytes, memory_w_bytes, "
+                                   "input_bytes, "
                                    "host_latency, host_bandwidth, param_bytes, dp, dp_latency, "
                                    "dp_bandwidth, and stage.S.K, mb.M.K, stage.S.mb.M.K for K "
                                    "in those op kinds"),))
@@ -101,12 +104,14 @@ def cost_fields(items: Mapping[str, tuple[Any, Span | None]], where: str | None
             raise UsageError(f"{where_prefix(where, span)}cost 'dp' (data-parallel replicas) "
                              f"must be a positive integer, got {value}", span)
         level[key] = v
+    _check_split(items, stage, where)
     return dict(
             F=_top(items, "F", 1.0), B=_top(items, "B", None), I=_top(items, "I", None),
             W=_top(items, "W", None), latency=_top(items, "latency", 0.0),
             bandwidth=_top(items, "bandwidth", None),
             activation_bytes=_top(items, "activation_bytes", 0.0),
             memory_bytes=_top(items, "memory_bytes", None),
+            memory_w_bytes=_top(items, "memory_w_bytes", None),
             param_bytes=_top(items, "param_bytes", 0.0), dp=int(_top(items, "dp", 1)),
             dp_latency=_top(items, "dp_latency", None),
             dp_bandwidth=_top(items, "dp_bandwidth", None),
@@ -115,6 +120,44 @@ def cost_fields(items: Mapping[str, tuple[Any, Span | None]], where: str | None
             host_bandwidth=_top(items, "host_bandwidth", None),
             **{k: _top(items, k, None) for k in MEMORY_KINDS},
             stage=stage, mb=mb, stage_mb=stage_mb, unit=unit)
+
+
+def split_problem(prefix: str, w: float | None, saved: float | None) -> str | None:
+    """Why `prefix`memory_w_bytes = `w` cannot go with `saved` bytes a forward saves (None:
+    it can). W keeps part of what its forward saved, never more."""
+    if w is None:
+        return None
+    if saved is None:
+        return (f"cost '{prefix}memory_w_bytes' needs memory_bytes: it is the part of the "
+                "bytes a forward saves that W still needs after I")
+    if w > saved:
+        return (f"cost '{prefix}memory_w_bytes' = {w:g} is more than {prefix}memory_bytes = "
+                f"{saved:g}: W keeps part of what its forward saved, never more")
+    return None
+
+
+def _check_split(items: Mapping[str, tuple[Any, Span | None]], stage: Mapping[int, Level],
+                 where: str | None) -> None:
+    """Every stage's `memory_w_bytes` within its `memory_bytes` (`split_problem`), the error
+    at the setting that breaks it."""
+    def top(name: str) -> float | None:
+        got = items.get(name)
+        return None if got is None else float(got[0])
+
+    def span(*names: str) -> Span | None:
+        return next((items[n][1] for n in names if n in items), None)
+    checks = [("", top("memory_w_bytes"), top("memory_bytes"),
+               span("memory_w_bytes", "memory_bytes"))]
+    for s, level in sorted(stage.items()):
+        if "memory_w_bytes" in level or "memory_bytes" in level:
+            p = f"stage.{s}."
+            checks.append((p, level.get("memory_w_bytes", top("memory_w_bytes")),
+                           level.get("memory_bytes", top("memory_bytes")),
+                           span(p + "memory_w_bytes", p + "memory_bytes", "memory_w_bytes")))
+    for prefix, w, saved, at in checks:
+        problem = split_problem(prefix, w, saved)
+        if problem is not None:
+            raise UsageError(f"{where_prefix(where, at)}{problem}", at)
 
 
 def _top(items: Mapping[str, tuple[Any, Span | None]], name: str, default: Any) -> Any:

@@ -18,6 +18,11 @@ Costs are written as *settings*, one dotted name per value, the same in a `.sche
 ``memory_bytes``                bytes of activations one micro-batch keeps on a stage from
                                 its F until its backward frees them (enables peak_bytes)
 ``stage.S.memory_bytes``        the same for stage S
+``memory_w_bytes``              of ``memory_bytes``, what the weight gradient W still needs
+                                after the input gradient I: I frees the rest, W this
+                                (the Zero Bubble paper's M_W; default: all of
+                                ``memory_bytes``, held until W; a whole B frees everything)
+``stage.S.memory_w_bytes``      the same for stage S (`pipeirc profile` measures both)
 ``param_bytes``                 bytes of one stage's weight gradients, all-reduced by its
                                 R op under data parallelism (default 0)
 ``stage.S.param_bytes``         the same for stage S (`pipeirc profile` measures it)
@@ -48,8 +53,10 @@ over the D replicas: ``2(D-1) * dp_latency + 2(D-1)/D * param_bytes / dp_bandwid
 
 A cost file is a JSON object or TOML document of those names. Nested tables are joined with
 dots, so TOML's ``[stage.2]`` / ``F = 1.5`` and JSON's ``{"stage": {"2": {"F": 1.5}}}`` both
-mean ``stage.2.F = 1.5``. Two keys are metadata and ignored by the model: ``version`` (must
-be 1) and ``meta`` (a free-form table: device, model, date, how it was measured).
+mean ``stage.2.F = 1.5``. Two keys are metadata and ignored by the model: ``version`` (1 or
+2: version 2 files may give ``memory_w_bytes``, and a pipeir that reads only version 1 says
+so instead of "unknown cost"; a version 1 file holds every activation until W) and ``meta``
+(a free-form table: device, model, date, how it was measured).
 
     # costs.toml
     version = 1
@@ -68,11 +75,12 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from pipeir.diagnostics import Span, UsageError, where_prefix
+from pipeir.memmodel import WHOLE, StageMemory
 from pipeir.ops import CHANNEL, MEMORY_KINDS, Op
 from pipeir.sim.cost_files import read_cost_file
 from pipeir.sim.cost_settings import (
@@ -83,6 +91,7 @@ from pipeir.sim.cost_settings import (
     Level,
     cost_fields,
     is_number,
+    split_problem,
 )
 from pipeir.sim.lengths import LengthCost, split_length_settings
 
@@ -104,6 +113,7 @@ class CostModel:
     bandwidth: float | None = None
     activation_bytes: float = 0.0
     memory_bytes: float | None = None
+    memory_w_bytes: float | None = None  # None: all of memory_bytes (held until W)
     param_bytes: float = 0.0
     dp: int = 1
     dp_latency: float | None = None  # None: `latency`
@@ -136,7 +146,7 @@ class CostModel:
             _check_time("dp_latency", self.dp_latency)
         if type(self.dp) is not int or self.dp < 1:
             raise ValueError(f"dp must be a positive integer, got {self.dp!r}")
-        for k in ("memory_bytes", "input_bytes"):
+        for k in ("memory_bytes", "memory_w_bytes", "input_bytes"):
             if getattr(self, k) is not None:
                 _check_time(k, getattr(self, k))
         for k in ("bandwidth", "dp_bandwidth", "host_bandwidth"):
@@ -151,6 +161,10 @@ class CostModel:
                     if k not in (*OP_KINDS, *SIZE_KEYS):
                         raise ValueError(f"{where}[{key}]: unknown cost '{k}'")
                     _check_time(f"{where}[{key}].{k}", v)
+        for stage in (None, *self.stage):
+            problem = self._split_problem(stage)
+            if problem is not None:
+                raise ValueError(problem)
 
     # ---- constructors -------------------------------------------------------------------
     @classmethod
@@ -268,6 +282,62 @@ class CostModel:
             return level["memory_bytes"]
         return self.memory_bytes
 
+    def weight_memory(self, stage: int) -> float | None:
+        """Of `activation_memory(stage)`, the bytes W still needs after I (None: not given,
+        so all of them)."""
+        level = self.stage.get(stage)
+        if level is not None and "memory_w_bytes" in level:
+            return level["memory_w_bytes"]
+        return self.memory_w_bytes
+
+    def stage_memory(self, stage: int) -> StageMemory:
+        """`stage`'s memory per micro-batch in bytes (`pipeir.memmodel`): what F saves, what
+        W keeps after I, what a checkpointed forward keeps."""
+        saved = self.activation_memory(stage) or 0.0
+        w = self.weight_memory(stage)
+        return StageMemory(saved, saved if w is None else min(w, saved),
+                           self.input_memory(stage))
+
+    def counted_memory(self, stage: int) -> StageMemory:
+        """`stage`'s memory counted (`pipeir.memunit`): one activation per forward, of which
+        W keeps the fraction `memory_w_bytes / memory_bytes` after I (all when not given)."""
+        saved = self.activation_memory(stage)
+        w = self.weight_memory(stage)
+        if w is None or not saved:
+            return WHOLE
+        return StageMemory(1.0, min(1.0, w / saved))
+
+    def op_memory(self) -> Callable[[Op], StageMemory]:
+        """Each op's stage memory as this model tells it: in bytes (`stage_memory`) when it
+        gives `memory_bytes`, else counted (`counted_memory`); asked once per stage."""
+        measure = self.stage_memory if self.knows_memory else self.counted_memory
+        table: dict[int, StageMemory] = {}
+
+        def memory(op: Op) -> StageMemory:
+            got = table.get(op.stage)
+            if got is None:
+                got = table[op.stage] = measure(op.stage)
+            return got
+        return memory
+
+    @property
+    def splits_memory(self) -> bool:
+        """Whether an I frees part of an activation (`memory_w_bytes` is given)."""
+        return self.memory_w_bytes is not None or any("memory_w_bytes" in lv
+                                                      for lv in self.stage.values())
+
+    def _split_problem(self, stage: int | None) -> str | None:
+        """Why `memory_w_bytes` of `stage` (None: the top level) cannot be, or None."""
+        if stage is None:
+            w, saved, name = self.memory_w_bytes, self.memory_bytes, ""
+        else:
+            if "memory_w_bytes" not in self.stage[stage] and "memory_bytes" not in \
+                    self.stage[stage]:
+                return None
+            w, saved, name = self.weight_memory(stage), self.activation_memory(stage), \
+                f"stage.{stage}."
+        return split_problem(name, w, saved)
+
     def input_memory(self, stage: int) -> float:
         """Bytes of `stage`'s input, which a checkpointed forward keeps (see the table)."""
         level = self.stage.get(stage)
@@ -340,7 +410,7 @@ class CostModel:
             out["dp_latency"] = self.dp_latency
         if self.dp_bandwidth is not None:
             out["dp_bandwidth"] = self.dp_bandwidth
-        for k in ("memory_bytes", "input_bytes", "host_bandwidth"):
+        for k in ("memory_bytes", "memory_w_bytes", "input_bytes", "host_bandwidth"):
             if getattr(self, k) is not None:
                 out[k] = getattr(self, k)
         if self.host_latency:

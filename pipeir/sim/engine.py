@@ -29,7 +29,7 @@ deadlocks plain 1F1B, which is why real runtimes batch their point-to-point oper
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Final, NamedTuple
 
 from pipeir._gc import paused_gc
@@ -312,9 +312,8 @@ def _result(schedule: Schedule, costs: CostModel, comm: str, ops: Sequence[Op], 
         sending[r] += release[i] - end[i]
         computed = max(computed, release[i])
     start_of = dict(zip(ops, start))
-    peaks, peak_time = _peaks(schedule, start_of)
-    peaks_b = peak_bytes(schedule, _activation_bytes(costs), costs.input_memory) \
-        if costs.knows_memory else None
+    peaks, peak_time = _peaks(schedule, costs, start_of)
+    peaks_b = peak_bytes(schedule, costs.stage_memory) if costs.knows_memory else None
     sent.sort(key=_by_start)
     transfers = [Transfer(ops[j], ops[i], rank[j], rank[i], s, e, b) for j, i, s, e, b in sent]
     return SimResult(schedule=schedule, costs=costs, comm=comm, start=start_of,
@@ -330,18 +329,13 @@ def _by_start(t: tuple[int, int, float, float, float]) -> tuple[float, int]:
     return t[2], t[0]
 
 
-def _peaks(schedule: Schedule, start: dict[Op, float]
-           ) -> tuple[tuple[int, ...], tuple[float, ...]]:
-    """In-flight activations per rank, counted as `pipeir.verify` does, and when each peaks."""
-    report = memory_report(schedule)
+def _peaks(schedule: Schedule, costs: CostModel, start: dict[Op, float]
+           ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """In-flight activations per rank, counted as `pipeir.verify` does (with the costs'
+    split), and when each peaks."""
+    report = memory_report(schedule, costs)
     return report.peak_activations, tuple(0.0 if op is None else start[op]
                                           for op in report.peak_at)
-
-
-def _activation_bytes(costs: CostModel) -> Callable[[int], float]:
-    def size(stage: int) -> float:
-        return costs.activation_memory(stage) or 0.0
-    return size
 
 
 def _critical_path(ops: Sequence[Op], release: list[float], why: list[int]) -> list[Op]:

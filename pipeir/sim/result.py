@@ -47,7 +47,7 @@ class SimResult:
     busy: tuple[float, ...]
     idle: tuple[float, ...]
     sending: tuple[float, ...]  # time each rank's compute stream spent sending (blocking)
-    peak_activations: tuple[int, ...]
+    peak_activations: tuple[float, ...]  # counted (`pipeir.memunit`; an int where whole)
     peak_time: tuple[float, ...]
     peak_bytes: tuple[float, ...] | None
     critical_path: list[Op]

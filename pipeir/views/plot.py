@@ -1,7 +1,7 @@
 """A matplotlib Gantt chart of a simulation (the `viz` extra): one lane per rank, a colour per
 op kind, micro-batch numbers on the bars, the bubble in the title, optional transfer arrows,
 and under it the saved activations per rank over time (bytes when the cost model gives
-`memory_bytes`, else activations), counted as `pipeir.verify.live_activations` counts them.
+`memory_bytes`, else activations), counted as `pipeir.memmodel.live_memory` counts them.
 
 matplotlib is imported only when a chart is drawn, with the Agg backend (no display needed).
 """
@@ -13,9 +13,9 @@ from typing import Any
 
 from pipeir import limits
 from pipeir.diagnostics import UsageError
-from pipeir.ops import CHANNEL, KIND_NAMES, Op
+from pipeir.memmodel import live_memory
+from pipeir.ops import CHANNEL, KIND_NAMES
 from pipeir.sim.result import SimResult
-from pipeir.verify import live_activations
 
 #: Colours per op kind (colour-blind-safe Okabe-Ito palette), and for blocking sends.
 COLOURS = {"F": "#0072B2", "B": "#009E73", "I": "#E69F00", "W": "#CC79A7", "send": "#D55E00",
@@ -108,22 +108,15 @@ def render_gantt(result: SimResult, fmt: str = "png", arrows: bool = False,
 
 
 def memory_over_time(result: SimResult) -> list[list[tuple[float, float]]]:
-    """Per rank, (time, saved activations from then on): each op's `live_activations` value
-    from its start (an allocation) or its end (a free: B, W, OFF), in bytes when the costs
-    give `memory_bytes`, else in activations."""
-    costs = result.costs
-    size = input_size = None
-    if costs.knows_memory:
-        def size(op: Op) -> float:
-            return costs.activation_memory(op.stage) or 0.0
-
-        def input_size(op: Op) -> float:
-            return costs.input_memory(op.stage)
+    """Per rank, (time, saved activations from then on): each op's `live_memory` value
+    from its start (an allocation) or its end (a free: B, I, W, OFF), in bytes when the costs
+    give `memory_bytes`, else in activations (`CostModel.op_memory`)."""
+    memory = result.costs.op_memory()
     out = []
     for prog in result.schedule.programs:
         steps = [(0.0, 0.0)]
-        for op, live in live_activations(prog, size, input_size):
-            frees = op.kind in ("B", "W", "OFF")
+        for op, live in live_memory(prog, memory):
+            frees = op.kind in ("B", "I", "W", "OFF")
             steps.append((result.end[op] if frees else result.start[op], live))
         steps.sort(key=_time)
         out.append(steps)
