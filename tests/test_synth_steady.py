@@ -11,7 +11,7 @@ import pytest
 from synth_fixtures import HETERO, REPO, brute_force
 
 from pipeir.config import PipelineConfig
-from pipeir.search.synth import Problem, synth, synthesize
+from pipeir.search.synth import Problem, make_problem, synth, synthesize
 from pipeir.search.tune import search
 from pipeir.sim import CostModel
 from pipeir.sim.steady import steady_state
@@ -93,3 +93,46 @@ def test_steady_bound_is_the_busiest_rank() -> None:
                 objective="steady")
     assert got.problem.lower_bound() == 24.0
     assert got.step == 24.0 and got.optimal
+
+
+#: HETERO with activation sizes, of which W keeps a quarter after I (the paper's M_W = M_B / 3)
+SPLIT_MEMORY = CostModel.from_settings({**HETERO.settings(), "memory_bytes": 1000.0,
+                                        "memory_w_bytes": 250.0})
+
+
+@pytest.mark.parametrize(("m", "budget", "unit"), [(3, 1500.0, "bytes"), (3, 1.5, "counted"),
+                                                   (2, 1250.0, "bytes")])
+def test_partial_release_is_optimal_against_the_brute_force(m: int, budget: float,
+                                                            unit: str) -> None:
+    """An I frees three quarters of its activation: the model's two intervals per activation
+    (F to I, F to W) find the best order of every one that fits by the fixture's own count,
+    which more memory-hungry orders need (the whole-release count would refuse them)."""
+    by_bytes = unit == "bytes"
+    problem = make_problem(SPLIT_MEMORY, 2, m, split=True,
+                           **({"memory_bytes": budget} if by_bytes else
+                              {"memory_limit": budget}))  # type: ignore[arg-type]
+    want = brute_force(problem)
+    whole = CostModel.from_settings({**HETERO.settings(), "memory_bytes": 1000.0})
+    held_whole = brute_force(make_problem(whole, 2, m, split=True,
+                                          **({"memory_bytes": budget} if by_bytes else
+                                             {"memory_limit": budget})))  # type: ignore[arg-type]
+    assert want < held_whole  # partial release admits faster orders
+    got = synthesize(problem, time_limit=20, workers=1)
+    assert got.optimal and got.step == pytest.approx(want, abs=1e-9)
+    assert problem.fits(got.schedule)
+
+
+@pytest.mark.solver
+def test_split_memory_schedules_pass_check_at_the_same_flag(cli, tmp_path: Path
+                                                            ) -> None:  # type: ignore[no-untyped-def]
+    costs = tmp_path / "c.toml"
+    costs.write_text("F = 1.0\nI = 1.0\nW = 1.0\nmemory_bytes = 1000.0\n"
+                     "memory_w_bytes = 250.0\n")
+    for flag in (["--memory-limit", "3"], ["--memory-bytes", "2500"]):
+        out = tmp_path / "s.sched"
+        code, _, err = cli("synth", "--costs", costs, "--ranks", 4, "--microbatches", 8,
+                           *flag, "--time-limit", 3, "--workers", 1, "-o", out)
+        assert code == 0, err
+        check = ["--memory-limit", flag[1] if flag[0] == "--memory-limit" else "2500B"]
+        code, _, err = cli("check", out, *check)  # (the file's costs: its chunks)
+        assert code == 0, err

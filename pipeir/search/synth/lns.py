@@ -188,10 +188,9 @@ class Window:
         ranks = {problem.rank(w) for w in self.ops}
         for r in ranks:
             free, alive, need = self.iz.cap, [], []
-            for st in c.stages_of(r):
-                demand = self.iz.demand[st]
-                for mb in range(c.microbatches):
-                    f, rel = Op("F", st, mb), problem.release_op(st, mb)
+            for st, mb in ((st, mb) for st in c.stages_of(r) for mb in range(c.microbatches)):
+                f = Op("F", st, mb)
+                for rel, demand in self.iz.parts[st, mb]:  # (each part its own interval)
                     wf, wr = self.where[f], self.where[rel]
                     if wf == "P" and wr == "Q":
                         free -= demand

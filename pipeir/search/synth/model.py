@@ -86,15 +86,20 @@ MEMORY_RESOLUTION = 2 ** 40
 
 class Integral:
     """The problem in the solver's integer units: durations and delays scaled (`Scale`), the
-    implied precedences (`Problem.implied`, zero delay), activation sizes and the memory
-    limit (`demand`, `cap`), and the dependency lists the window model reads (built once per
-    search)."""
+    implied precedences (`Problem.implied`, zero delay), activation sizes, the parts their
+    releases free and the memory limit (`demand`, `parts`, `cap`), and the dependency lists
+    the window model reads (built once per search)."""
 
     def __init__(self, problem: Problem):
         self.problem = problem
         self.scale = choose_scale([*problem.occupation.values(),
                                    *(h for _, _, h in problem.edges)])
-        self.demand, self.cap = _memory_units(problem)
+        self.units, self.cap = _memory_units(problem)
+        # per activation (its F): the ops that free it, each with what it frees, in units
+        self.parts = {(s, mb): [(rel, self.units(x)) for rel, x in problem.releases(s, mb)]
+                      for s in range(problem.config.stages)
+                      for mb in range(problem.config.microbatches)}
+        self.demand = {s: self.units(problem.weight(s)) for s in range(problem.config.stages)}
         self.occ = {op: self.scale.down(d) for op, d in problem.occupation.items()}
         self.edges = [(p, q, self.scale.down(h)) for p, q, h in problem.edges]
         self.implied = [(p, q, 0) for p, q in problem.implied]
@@ -120,21 +125,23 @@ class Integral:
                      [ops[i] for i in timing.order], max(t.release, default=0.0))
 
 
-def _memory_units(problem: Problem) -> tuple[dict[int, int], int]:
-    """Each stage's activation size and the limit as integers (the limit 0 when there is
-    none). Whole sizes stay as they are; otherwise sizes are rounded *down* in fine units
-    (`MEMORY_RESOLUTION`), and the limit too, so every set of activations that fits the real
-    limit fits the model's (a sum of rounded-down sizes is at most the rounded-down sum): the
-    model stays a relaxation and its bound a bound. NOTE: rounding sizes up instead, as the
-    models once did, made a budget of exactly k activations of a fractional size admit only
-    k - 1."""
-    stages = range(problem.config.stages)
-    sizes = [problem.weight(s) for s in stages]
+def _memory_units(problem: Problem) -> tuple[Callable[[float], int], int]:
+    """Sizes as integers, and the limit (0 when there is none). Whole sizes stay as they
+    are; otherwise sizes are rounded *down* in fine units (`MEMORY_RESOLUTION`), and the
+    limit too, so every set of activations (or their parts: what an I frees, what W keeps)
+    that fits the real limit fits the model's (a sum of rounded-down sizes is at most the
+    rounded-down sum): the model stays a relaxation and its bound a bound. NOTE: rounding
+    sizes up instead, as the models once did, made a budget of exactly k activations of a
+    fractional size admit only k - 1."""
+    sizes = [x for s in range(problem.config.stages)
+             for x in (problem.memory(s).saved, problem.memory(s).kept_for_w)]
     limit = problem.memory_limit or 0.0
     whole = all(float(x).is_integer() for x in sizes)
     unit = 1.0 if whole or max(sizes) <= 0 else max(sizes) / MEMORY_RESOLUTION
-    return ({s: math.floor(x / unit) for s, x in zip(stages, sizes)},
-            math.floor(limit * (1 + 1e-12) / unit))
+
+    def units(x: float) -> int:
+        return math.floor(x / unit)
+    return units, math.floor(limit * (1 + 1e-12) / unit)
 
 
 @dataclass(frozen=True)
@@ -379,8 +386,9 @@ def _memory(iz: Integral, m: cp_model.CpModel, start: dict[Op, cp_model.IntVar],
             occ: dict[Op, int], horizon: int
             ) -> dict[tuple[Op, Op], tuple[cp_model.IntVar, cp_model.IntVar]]:
     """The per-rank cumulative of live activations (in `Integral`'s memory units), when the
-    limit can bind at all; returns the (size, end) variables of each activation's interval,
-    by (its F, its release op)."""
+    limit can bind at all: each activation is one interval from its F to the end of each op
+    that frees part of it (its B; or its I and its W), of that part's size. Returns the
+    (size, end) variables of each interval, by (its F, the releasing op)."""
     out: dict[tuple[Op, Op], tuple[cp_model.IntVar, cp_model.IntVar]] = {}
     problem, demand, cap = iz.problem, iz.demand, iz.cap
     if problem.memory_limit is None:
@@ -393,12 +401,15 @@ def _memory(iz: Integral, m: cp_model.CpModel, start: dict[Op, cp_model.IntVar],
         alive, need = [], []
         for s in stages:
             for mb in range(c.microbatches):
-                f, rel = Op("F", s, mb), problem.release_op(s, mb)
-                size = m.new_int_var(0, horizon, "")
-                end = m.new_int_var(0, horizon, "")
-                m.add(end == start[rel] + occ[rel])
-                alive.append(m.new_interval_var(start[f], size, end, f"a_{s}_{mb}"))
-                need.append(demand[s])
-                out[f, rel] = (size, end)
+                f = Op("F", s, mb)
+                for rel, part in iz.parts[s, mb]:
+                    if part <= 0:
+                        continue
+                    size = m.new_int_var(0, horizon, "")
+                    end = m.new_int_var(0, horizon, "")
+                    m.add(end == start[rel] + occ[rel])
+                    alive.append(m.new_interval_var(start[f], size, end, f"a_{rel}"))
+                    need.append(part)
+                    out[f, rel] = (size, end)
         m.add_cumulative(alive, need, cap)
     return out
