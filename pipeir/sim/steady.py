@@ -137,8 +137,8 @@ def _matrix(timing: Timing, dur: Sequence[float], ranks: int) -> list[list[float
         end[i] = t + dur[i]
     done = np.full((ranks, ranks), NEG)  # [rank, source]
     np.maximum.at(done, np.asarray(rank, dtype=np.intp), end)
-    out: list[list[float]] = done.T.tolist()
-    return out
+    rows: list[list[float]] = done.T.tolist()
+    return rows
 
 
 def _last(times: Sequence[float], rank: Sequence[int], ranks: int) -> list[float]:
