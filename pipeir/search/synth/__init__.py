@@ -315,9 +315,10 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     # tune's best shape first: its warm start is tune's answer, which synth must not lose
     tunes = _tunes_shape(candidates, memory_limit if memory_bytes is None else None)
     tunes_split = _tunes_split(candidates, memory_limit if memory_bytes is None else None)
-    def _is_tunes(p: Problem) -> bool:
-        return (p.config.stages // ranks, p.config.placement_name) == tunes and \
-            p.split == tunes_split
+    def _tunes_first(p: Problem) -> tuple[bool, bool]:
+        """Sorts tune's shape first, in tune's backwards first."""
+        return (p.config.stages // ranks, p.config.placement_name) != tunes, \
+            p.split != tunes_split
 
     problems.sort(key=lambda p: ((p.config.stages // ranks, p.config.placement_name) != tunes,
                                  not p.split))
@@ -341,9 +342,9 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     warms: dict[int, Start] = {}
     # tune's shape first (its warm start is tune's answer, which synth must not lose to the
     # clock), then by increasing bound
-    for i in sorted(range(len(problems)), key=lambda i: (not _is_tunes(problems[i]),
+    for i in sorted(range(len(problems)), key=lambda i: (*_tunes_first(problems[i]),
                                                          bounds[i])):
-        if warms and time.perf_counter() - t0 > time_limit * LIST_SHARE:
+        if warms and time.perf_counter() - t0 > max(time_limit * LIST_SHARE, FLOOR):
             break  # (the search needs the rest; the shapes left keep their bounds)
         if not warms or bounds[i] < min(w.step for w in warms.values()) * (1 - 1e-9):
             warms[i] = prepare(problems[i], candidates,
