@@ -48,8 +48,9 @@ Placement = Literal["loop", "vshape", "search"]
 FULL_SHARE = 0.4
 
 #: The full model runs only when its share of the time is at least this many times what the
-#: problem's bound took (see `synthesize`).
-BUILD_FACTOR = 3.0
+#: problem's bound took, and this many seconds per op (see `synthesize`; building the steady
+#: objective's model on 1,152 ops took 1.6 s on a loaded machine, its bound nothing).
+BUILD_FACTOR, BUILD_PER_OP = 3.0, 2e-3
 
 #: tune's library search (the warm starts) stops starting candidates after this share of the
 #: time limit, or `FLOOR` seconds if more. NOTE: it takes 1 s at p = 4, m = 8 and 4 s at
@@ -153,7 +154,8 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
         # NOTE: a model is worth building only with time to solve it once built: building
         # costs about as much again as the bound (`Problem.bound_seconds`; 6.7 s on 1,536
         # ops of h100-llama, which a 0.3 s turn once overran by as much)
-        if share > 0 and left * share < BUILD_FACTOR * problem.bound_seconds:
+        if share > 0 and left * share < max(BUILD_FACTOR * problem.bound_seconds,
+                                            BUILD_PER_OP * n):
             share = 0.0
         if share > 0 and n <= EXACT_OPS and step <= bound * (1 + PROBE_GAP) \
                 and problem.objective == "makespan":  # (the probe asks for a makespan)
@@ -301,11 +303,16 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     make_problem(costs, ranks, microbatches, v or 1)  # a size error before tune's search
     candidates = library(costs, ranks, microbatches, comm, 8 if v is None else v,
                          t0 + max(time_limit * LIBRARY_SHARE, FLOOR))
+    # tune's best within the budget (its shape is searched, and warmed first): in bytes,
+    # the candidates whose peak bytes fit, else as `_tunes_best` counts
+    within = candidates if memory_bytes is None else \
+        [c for c in candidates if c.peak_bytes is not None and
+         fits_in(c.peak_bytes, memory_bytes)]
     shapes = [make_problem(costs, ranks, microbatches, n, shape, halves, comm, memory_limit,
                            memory_bytes, objective)
               for halves in ((False, True) if split is None and ranks > 1
                              else (bool(split),))
-              for n, shape in search_shapes(candidates, ranks, v, placement,
+              for n, shape in search_shapes(within, ranks, v, placement,
                                             memory_limit if memory_bytes is None else None,
                                             ranks * microbatches * (3 if halves else 2))]
     problems = _within_budget(shapes)
@@ -313,8 +320,8 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     # 64, m = 256, two chunks): once half the time (and `FLOOR`) is spent, the shapes not yet
     # bounded are not searched (and the bound reported is over those that are)
     # tune's best shape first: its warm start is tune's answer, which synth must not lose
-    tunes = _tunes_shape(candidates, memory_limit if memory_bytes is None else None)
-    tunes_split = _tunes_split(candidates, memory_limit if memory_bytes is None else None)
+    tunes = _tunes_shape(within, memory_limit if memory_bytes is None else None)
+    tunes_split = _tunes_split(within, memory_limit if memory_bytes is None else None)
     def _tunes_first(p: Problem) -> tuple[bool, bool]:
         """Sorts tune's shape first, in tune's backwards first."""
         return (p.config.stages // ranks, p.config.placement_name) != tunes, \
