@@ -21,7 +21,8 @@ longest rank span), against the closed forms, to two decimals of a percent. Then
 budget K (the paper's 1p and 2p: the bytes of K = P and 2P whole stages' activations per rank,
 as `synth --memory-bytes` takes them, so that more chunks per rank get the same memory; a
 --costs file must give memory_bytes, and memory_w_bytes for the paper's partial release),
-the paper's ZB-1p / ZB-2p rate, tune's best (its steady step), and `synth --objective steady` with one stage per rank
+the paper's ZB-1p / ZB-2p rate, tune's best (its steady step), and `synth --objective
+steady` with one stage per rank
 (v=1, I + W) and with its default shapes (more chunks per rank): its steady bubble both ways
 (over the steady step, and over the longest rank span, the paper's figure), the proven gap and
 the wall time, medians over --repeat seeds. Rates are bubble time over work, as the paper
