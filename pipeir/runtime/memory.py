@@ -229,10 +229,16 @@ class SavedActivations:
         self.w_per_stage[key[0]] = max(self.w_per_stage.get(key[0], 0), stash.bytes)
 
     def release(self, key: Key) -> None:
-        """The last backward of `key` ran: its activations (and a kept input) are freed."""
+        """The last backward of `key` ran: its activations (and a kept input) are freed.
+
+        NOTE: the tensors are dropped from the stash itself, not only the stash from this
+        object: autograd keeps the pack hook, which holds the stash, for as long as anything
+        (an output, a retained graph) keeps the graph alive."""
         stash = self._stash.pop(key, None)
-        if stash is not None and not stash.on_host:
-            self.live -= stash.bytes
+        if stash is not None:
+            stash.tensors.clear()
+            if not stash.on_host:
+                self.live -= stash.bytes
         self.live -= self._kept.pop(key, 0)
 
 
