@@ -120,7 +120,8 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
     simulated. With a `deadline` (a `time.perf_counter()` value; synth's warm start, which
     must not outlast synth's time limit) the search is the plan's longest prefix that fits
     the budget and starts before the deadline, always at least one candidate: the plan runs
-    from the plain library schedules (1F1B, GPipe) to the interleaved and zero-bubble ones."""
+    from 1F1B and the zero-bubble V schedules to GPipe and the interleaved ones
+    (`_families`)."""
     if dp is not None:
         if dp < 1:
             raise UsageError(f"--dp {dp}: need at least 1 replica")
