@@ -348,9 +348,10 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     # already found can neither give the best warm start nor be searched, so it gets none
     warms: dict[int, Start] = {}
     # tune's shape first (its warm start is tune's answer, which synth must not lose to the
-    # clock), then by increasing bound
+    # clock), then by increasing bound, the smaller first where bounds tie (back to back every
+    # shape has the busiest rank's bound, and a small shape's warm starts cost least)
     for i in sorted(range(len(problems)), key=lambda i: (*_tunes_first(problems[i]),
-                                                         bounds[i])):
+                                                         bounds[i], len(problems[i].ops))):
         if warms and time.perf_counter() - t0 > max(time_limit * LIST_SHARE, FLOOR):
             break  # (the search needs the rest; the shapes left keep their bounds)
         if not warms or bounds[i] < min(w.step for w in warms.values()) * (1 - 1e-9):
