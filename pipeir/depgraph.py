@@ -58,17 +58,21 @@ class DepGraph:
         """Number `graph` (whose nodes are exactly the ops of `programs`) and index it."""
         ops = tuple(op for prog in programs for op in prog)
         index = {op: i for i, op in enumerate(ops)}
-        pred_view = graph.pred
-        preds: list[tuple[int, ...]] = []
-        data_preds: list[tuple[int, ...]] = []
-        for op in ops:
-            ps = pred_view[op]
-            preds.append(tuple(index[p] for p in ps))
-            data_preds.append(tuple(index[p] for p, a in ps.items() if a["kind"] & _DATA))
+        # one pass over the edges (each node's in-edges in adjacency order), not a view per
+        # op: networkx's per-node views were most of the cost of building the index
+        pred_lists: list[list[int]] = [[] for _ in ops]
+        data_lists: list[list[int]] = [[] for _ in ops]
         succs: list[list[int]] = [[] for _ in ops]
-        for i, ps2 in enumerate(preds):
-            for j in ps2:
-                succs[j].append(i)
+        for u, v, kind in graph.in_edges(data="kind"):
+            i, j = index[u], index[v]
+            pred_lists[j].append(i)
+            if kind & _DATA:
+                data_lists[j].append(i)
+        for j, ps in enumerate(pred_lists):
+            for i in ps:
+                succs[i].append(j)
+        preds = [tuple(ps) for ps in pred_lists]
+        data_preds = [tuple(ps) for ps in data_lists]
         waits = tuple((p, index[first], index[second]) for first, second in pairs
                       for p in data_preds[index[second]] if p != index[first])
         node_order = [index[op] for op in graph]

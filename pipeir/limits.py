@@ -7,18 +7,23 @@ CPython 3.11, x86-64, at commit 03cbf00; the interpreter and pipeir's imports ta
 - A schedule costs ~1.9 KB per op (graph node and edges, span, program slot, op object):
   `check --schedule 1f1b --ranks 64` peaks at 164 MB with 512 micro-batches (65,536 ops)
   and 287 MB with 1,024 (131,072 ops). BYTES_PER_OP rounds that up to 2,000.
-- Lowering costs ~9 KB per op and round (about four instructions per op, the communication
-  proof, the printed or generated program): `compile --emit lowered` of the same pipeline
-  peaks at 334 MB with 256 micro-batches (32,768 ops) and 628 MB with 512 (65,536 ops).
-  `accumulate = k` lowers k rounds, so it multiplies the count.
+- Lowering costs ~5 KB per op and round (the schedule, about four instructions per op, the
+  communication proof, the generated files): `compile -o DIR` of interleaved 1F1B at p=16,
+  v=4 peaks at 127 MB with 128 micro-batches (16,384 ops) and 206 MB with 256 (32,768 ops):
+  4.9 KB per op. BYTES_PER_LOWERED_OP rounds that up to 5,500. `accumulate = k` lowers k
+  rounds, so it multiplies the count.
 - Parsing costs ~400 B per byte of dense `.sched` text (Lark's tree and tokens): the printed
   32-rank, 256-micro-batch 1F1B (167 KB) peaks at 109 MB.
+- Reading a lowered.json (`check --lowered`, a compiled program's main.py) costs ~6 B per byte
+  (json's objects, then the instructions): `check --lowered` of that p=16 program's 9.0 MB
+  file peaks at 95 MB, 50 MB over the interpreter and imports. BYTES_PER_JSON_BYTE rounds that
+  up to 8.
 Every size limit is the memory budget divided by one of these costs, so the one variable
 PIPEIR_MAX_MEMORY (default 2 GiB) raises them all: by default a schedule may hold 1,073,741
-ops (p=64, v=4, m=512 split into F/I/W is 393,216), lowering 238,609 ops x rounds, and an
-input file 5 MiB. `tune` keeps every candidate it simulates (its table ranks them all), so the
-ops of its whole search count together (`tune.search`: its default search at p=32, m=128
-holds 966,656 ops and peaks at 1.55 GB).
+ops (p=64, v=4, m=512 split into F/I/W is 393,216), lowering 390,451 ops x rounds, an
+input file 5 MiB and a lowered.json 256 MiB. `tune` keeps every candidate it simulates (its
+table ranks them all), so the ops of its whole search count together (`tune.search`: its
+default search at p=32, m=128 holds 966,656 ops and peaks at 1.55 GB).
 
 Training (`pipeirc run`) is bounded by what the machine has, not by the budget: before any
 process starts, the weights, gradients, buffers and optimizer state of every stage are counted
@@ -49,8 +54,9 @@ ENV: Final = "PIPEIR_MAX_MEMORY"
 DEFAULT_BUDGET: Final = 2 * 2**30
 
 BYTES_PER_OP: Final = 2_000
-BYTES_PER_LOWERED_OP: Final = 9_000
+BYTES_PER_LOWERED_OP: Final = 5_500
 BYTES_PER_INPUT_BYTE: Final = 400
+BYTES_PER_JSON_BYTE: Final = 8
 
 BYTES_PER_PROCESS: Final = 224 * 10**6
 
@@ -179,16 +185,18 @@ def int_overflow(value: int) -> bool:
     return not -MAX_INT <= value <= MAX_INT
 
 
-def read_input(path: str | os.PathLike[str], kind: str) -> Source:
-    """Read a user's text file (`kind` names it in messages), at most `max_input_bytes()`
-    of it: `/dev/zero` or a huge file is refused after reading one byte past the limit."""
-    most = max_input_bytes()
+def read_input(path: str | os.PathLike[str], kind: str,
+               per_byte: int = BYTES_PER_INPUT_BYTE) -> Source:
+    """Read a user's text file (`kind` names it in messages), at most the budget over
+    `per_byte` (the memory one byte of it costs; default: parsed text, `max_input_bytes()`):
+    `/dev/zero` or a huge file is refused after reading one byte past the limit."""
+    most = budget() // per_byte
     data = read_bytes(Path(path), kind, most)
     if len(data) > most:
         raise UsageError(f"{path}: longer than {_size(most)}, the most pipeir reads as a "
-                         f"{kind} (~{BYTES_PER_INPUT_BYTE} B of memory per byte of "
+                         f"{kind} (~{per_byte} B of memory per byte of "
                          f"{_size(budget())}); "
-                         f"{_raise_to(float(len(data)) * BYTES_PER_INPUT_BYTE * 2)}")
+                         f"{_raise_to(float(len(data)) * per_byte * 2)}")
     return Source.decode(path, data, kind)
 
 

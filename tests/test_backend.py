@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import pipeir
-from pipeir.backend.codegen import Namespace, generate
+from pipeir.backend.codegen import Namespace, generate, rank_source, unrolled_source
 from pipeir.backend.commcheck import check_comm
 from pipeir.backend.instructions import (
     COMPUTE,
@@ -28,6 +28,7 @@ from pipeir.backend.instructions import (
 )
 from pipeir.backend.lower import lower
 from pipeir.backend.program_io import format_lowered, from_json, to_json
+from pipeir.backend.table import rank_table
 from pipeir.diagnostics import VerifyError
 from pipeir.passes.overlap import Overlap
 from pipeir.sim import CostModel
@@ -69,6 +70,59 @@ def test_generated_source_golden(cli, golden, tmp_path: Path,
                          "python")
     assert code == 0, err
     golden("backend/1f1b-p2m2-overlap.rank0.py.expected", out)
+    code, out, err = cli("compile", "examples/1f1b.sched", *SMALL, "--overlap", "--emit",
+                         "unrolled")
+    assert code == 0, err
+    golden("backend/1f1b-p2m2-overlap.unrolled.expected", out)
+
+
+class _Recorder:
+    """A stand-in `Context` that records each call: (method, arguments), handles by the
+    call that made them."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, tuple[object, ...]]] = []
+
+    def __getattr__(self, name: str) -> object:
+        def call(*args: object, **kw: object) -> object:  # peer=, tag= come last
+            self.calls.append((name, args + tuple(kw.values())))
+            n = len(self.calls)
+            return [("handle", n, k) for k in range(len(args))] if name == "batch" else \
+                ("handle", n)
+        return call
+
+
+def _run(source: str, *args: object) -> list[tuple[str, tuple[object, ...]]]:
+    ns: dict[str, object] = {}
+    exec(compile(source, "<rank>", "exec"), ns)
+    ctx = _Recorder()
+    ns["step"](ctx, *args)  # type: ignore[operator]
+    return ctx.calls
+
+
+@pytest.mark.parametrize("passes", ["", "overlap", "overlap{max_posted=1}",
+                                    "split-backward,overlap"])
+def test_the_table_interpreter_makes_the_calls_of_the_straight_line_program(
+        passes: str) -> None:
+    """The rank file's interpreter over its table calls exactly what the unrolled program
+    calls, in order, with the same arguments and the same handles waited for."""
+    low = pipeir.compile(pipeir.library.get("interleaved-1f1b", 2, 4, v=2), passes).lowered
+    if passes in ("overlap", "split-backward,overlap"):  # the batch rows are covered too
+        assert any(isinstance(i, Batch) for p in low.programs for i in p)
+    for r in range(low.ranks):
+        got = _run(rank_source(low, r), rank_table(low, r))
+        want = _run(unrolled_source(low, r))
+        assert got == want
+        assert len(got) == len(low.program(r))  # one call per instruction
+
+
+def test_rank_files_do_not_grow_with_the_micro_batch_count() -> None:
+    def size(m: int) -> int:
+        low = lower(pipeir.library.get("interleaved-1f1b", 4, m, v=2))
+        return max(len(rank_source(low, r)) for r in range(low.ranks))
+
+    small, large = size(4), size(64)
+    assert large - small <= 16  # only the summary's counts gain digits
 
 
 def test_generated_source_is_valid_python_importing_only_the_runtime() -> None:

@@ -268,3 +268,25 @@ def test_a_search_with_a_deadline_keeps_what_fits(budget: pytest.MonkeyPatch) ->
     # the first candidate, plain 1F1B, is kept even where its split copies do not fit
     alone = search(costs, 8, [800], comms=("overlapped",), deadline=time.perf_counter() + 600)
     assert [(c.family, c.passes) for c in alone.ranked] == [("1f1b", "")]
+
+
+def test_a_lowered_json_is_read_under_its_own_cost_per_byte(cli, budget: pytest.MonkeyPatch,
+                                                              tmp_path: Path) -> None:
+    """What `compile` writes, `check --lowered` reads under the same budget: a lowered.json
+    costs ~8 B of memory per byte, not a .sched file's 400 (which refused compile's own output
+    at p=32 by default)."""
+    out = tmp_path / "gen"
+    assert cli("compile", "--schedule", "1f1b", "--ranks", 2, "--microbatches", 4, "-o",
+               out)[0] == 0
+    path = out / "lowered.json"
+    size = path.stat().st_size
+    budget.setenv(limits.ENV, str(size * limits.BYTES_PER_JSON_BYTE * 2))
+    assert size > limits.max_input_bytes()  # a .sched file this long would be refused
+    code, out_text, err = cli("check", "--lowered", path)
+    assert code == 0, err
+    assert "lowered ok" in out_text
+    budget.setenv(limits.ENV, str(size * limits.BYTES_PER_JSON_BYTE // 2))
+    code, _, err = cli("check", "--lowered", path)
+    assert code == 2
+    assert f"the most pipeir reads as a lowered-program JSON (~{limits.BYTES_PER_JSON_BYTE} B " \
+        "of memory per byte" in err

@@ -100,6 +100,10 @@ def test_builtin_splittables_keep_weights_and_names_under_every_cut() -> None:
      "no split and schedule fits --memory"),
     (["--model", "transformer", "--ranks", "2", "--layer-costs", "COSTS", "--schedule-out",
       "OUT"], "both name"),
+    (["--model", "transformer", "--ranks", "2", "--synth-time", "-1"],
+     "--synth-time -1: need a finite number of seconds >= 0"),
+    (["--model", "transformer", "--ranks", "2", "--synth-time", "nan"],
+     "--synth-time nan: need a finite number"),
 ])
 def test_plan_bad_usage(cli: Cli, tmp_path: Path, costs_plan: Path, extra: list[str],
                         message: str) -> None:

@@ -16,7 +16,7 @@ from typing import Literal
 Tensor = Literal["act", "grad"]
 Part = Literal["input", "target"]
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Instr:
     """Base of every instruction. `op` and `at` name the schedule op and `.sched` line
     (`file:line`) it came from, so errors at run time can point back into the source."""
@@ -51,17 +51,17 @@ class Instr:
         return f"{text:<44} # {origin}" if origin else text
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ZeroGrad(Instr):
     """Clear the gradients of this rank's stages (start of an optimizer step)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class OptimizerStep(Instr):
     """Apply the optimizer to this rank's stages (end of an optimizer step)."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Load(Instr):
     """Take micro-batch `mb`'s inputs (first stage) or targets (last stage) from the batch."""
 
@@ -69,7 +69,7 @@ class Load(Instr):
     part: Part
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Forward(Instr):
     stage: int
     mb: int
@@ -77,13 +77,13 @@ class Forward(Instr):
 
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ForwardCheckpoint(Forward):
     """A forward that keeps only its input (and the RNG state), not its activations (FC).
     What it sends on is a Forward's output, so checks that follow tensors treat it as one."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Recompute(Instr):
     """Run a checkpointed forward again, with its RNG state, keeping the activations (RC)."""
 
@@ -91,7 +91,7 @@ class Recompute(Instr):
     mb: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Offload(Instr):
     """Start moving a forward's saved activations to host memory (OFF, on the copy stream)."""
 
@@ -99,7 +99,7 @@ class Offload(Instr):
     mb: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Reload(Instr):
     """Start moving offloaded activations back; the backward waits for them (RELOAD)."""
 
@@ -107,7 +107,7 @@ class Reload(Instr):
     mb: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Loss(Instr):
     """Loss of the last stage's output, times `scale` = 1/(m*accumulate) so the accumulated
     gradients equal those of one big batch."""
@@ -117,7 +117,7 @@ class Loss(Instr):
     scale: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Backward(Instr):
     """Full backward: input and weight gradients together; frees the activations."""
 
@@ -125,7 +125,7 @@ class Backward(Instr):
     mb: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BackwardInput(Instr):
     """Input-gradient half (I): only what the previous stage waits for."""
 
@@ -133,7 +133,7 @@ class BackwardInput(Instr):
     mb: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BackwardWeight(Instr):
     """Weight-gradient half (W), after its I; frees the activations."""
 
@@ -141,7 +141,7 @@ class BackwardWeight(Instr):
     mb: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ReduceGrad(Instr):
     """Start the all-reduce (mean) of `stage`'s gradients across the data-parallel replicas;
     asynchronous (torch's REDUCE_GRAD)."""
@@ -149,14 +149,14 @@ class ReduceGrad(Instr):
     stage: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WaitReduce(Instr):
     """Wait for `stage`'s gradient all-reduce (before the optimizer step)."""
 
     stage: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Handoff(Instr):
     """Local hand-off between consecutive stages on the same rank (V placement): the `act`
     of `stage` becomes the input of stage+1, or the `grad` of `stage`'s input becomes the
@@ -167,7 +167,7 @@ class Handoff(Instr):
     mb: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Comm(Instr):
     """A point-to-point transfer of `tensor` produced by `stage` for micro-batch `mb`.
 
@@ -184,37 +184,37 @@ class Comm(Instr):
         return (self.tensor, self.stage, self.mb)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Send(Comm):
     """Blocking send."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Recv(Comm):
     """Blocking receive."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ISend(Comm):
     """Post a send (isend); a later `WaitSend` completes it."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class IRecv(Comm):
     """Post a receive (irecv); a later `WaitRecv` completes it."""
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WaitSend(Comm):
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WaitRecv(Comm):
     pass
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Batch(Instr):
     """Posts issued at the same point, as one `batch_isend_irecv`."""
 

@@ -176,10 +176,19 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
     # (sort key, the op whose receives are waited for first, or None; the instructions)
     events: list[tuple[tuple[Any, ...], Op | None, list[tuple[int, Instr]]]] = []
     waits: dict[Op, list[Instr]] = {}
+    origins: dict[Op, dict[str, Any]] = {}
+    lines: dict[tuple[str, int], str] = {}
 
     def origin(op: Op) -> dict[str, Any]:
-        span = schedule.span_of(op)
-        return {"op": str(op), "at": f"{span.file}:{span.line}" if span is not None else ""}
+        """The op's name and `.sched` line, made once per op and shared by its
+        instructions (one string each per op, not per instruction)."""
+        o = origins.get(op)
+        if o is None:
+            span = schedule.span_of(op)
+            at = "" if span is None else lines.setdefault((span.file, span.line),
+                                                          f"{span.file}:{span.line}")
+            o = origins[op] = {"op": str(op), "at": at}
+        return o
 
     for rank, prog in enumerate(schedule.programs):
         for pos, op in enumerate(prog):

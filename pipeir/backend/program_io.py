@@ -7,11 +7,21 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import MISSING, asdict, fields
+import operator
+from collections.abc import Callable
+from dataclasses import MISSING, fields
 from typing import Any, get_args, get_type_hints
 
 from pipeir import limits
-from pipeir.backend.instructions import BY_MNEMONIC, MNEMONICS, Instr, IRecv, ISend, Lowered
+from pipeir.backend.instructions import (
+    BY_MNEMONIC,
+    MNEMONICS,
+    Batch,
+    Instr,
+    IRecv,
+    ISend,
+    Lowered,
+)
 from pipeir.diagnostics import UsageError
 
 
@@ -28,21 +38,36 @@ def format_lowered(lowered: Lowered) -> str:
     return "\n".join(lines) + "\n"
 
 
+#: Per instruction class, its field names and a getter of all of them at once (read once:
+#: `dataclasses.fields` and `getattr` per field were a third of writing a large lowered.json).
+_NAMES: dict[type, tuple[str, ...]] = {cls: tuple(f.name for f in fields(cls))
+                                       for cls in MNEMONICS}
+_VALUES: dict[type, Callable[[Instr], tuple[Any, ...]]] = {
+    cls: operator.attrgetter(*names) for cls, names in _NAMES.items()}
+
+
 def _instr_json(ins: Instr) -> dict[str, Any]:
-    d: dict[str, Any] = {"i": ins.mnemonic}
-    for f in fields(ins):
-        value = getattr(ins, f.name)
-        if f.name == "paired" and not value:
-            continue
-        d[f.name] = [_instr_json(v) for v in value] if isinstance(value, tuple) else value
+    cls = type(ins)
+    d: dict[str, Any] = {"i": MNEMONICS[cls]}
+    d.update(zip(_NAMES[cls], _VALUES[cls](ins)))
+    if not ins.paired:
+        del d["paired"]
+    if cls is Batch:
+        d["posts"] = [_instr_json(v) for v in ins.posts]  # type: ignore[attr-defined]
     return d
 
 
+def _header_json(lowered: Lowered) -> dict[str, Any]:
+    return {"format": "pipeir-lowered", "version": 1, "name": lowered.name,
+            "ranks": lowered.ranks, "stages": lowered.stages,
+            "microbatches": lowered.microbatches, "accumulate": lowered.accumulate,
+            "placement": list(lowered.placement)}
+
+
 def to_json(lowered: Lowered) -> dict[str, Any]:
-    d = asdict(lowered)
-    d["programs"] = [[_instr_json(i) for i in prog] for prog in lowered.programs]
-    d["placement"] = list(lowered.placement)
-    return {"format": "pipeir-lowered", "version": 1, **d}
+    return {**_header_json(lowered),
+            "programs": [[_instr_json(i) for i in prog] for prog in lowered.programs],
+            "overlap": lowered.overlap}
 
 
 # NOTE (reading lowered JSON): a lowered.json may be edited by hand, so `from_json` checks
@@ -199,4 +224,18 @@ def from_json(data: object, where: str = "lowered JSON") -> Lowered:
 
 
 def dumps(lowered: Lowered) -> str:
-    return json.dumps(to_json(lowered), indent=1) + "\n"
+    """`to_json` as text, one instruction per line.
+
+    NOTE: written a program at a time with the C encoder (`json.dumps` without `indent`; with
+    it the encoder is pure Python, and it was half of compiling a large schedule), then one
+    line per instruction by breaking between instruction objects: the text `}, {"i": ` cannot
+    occur inside a JSON string (its quotes would be escaped), so only object boundaries match.
+    """
+    head = json.dumps(_header_json(lowered))[:-1]
+    parts = [head, ',\n "programs": [']
+    for r, prog in enumerate(lowered.programs):
+        body = json.dumps([_instr_json(i) for i in prog])
+        parts.append(("\n  " if r == 0 else ",\n  ")
+                     + body.replace('}, {"i": ', '},\n   {"i": '))
+    parts.append(f'\n ],\n "overlap": {json.dumps(lowered.overlap)}\n}}\n')
+    return "".join(parts)

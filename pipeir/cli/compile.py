@@ -61,12 +61,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "or written by an earlier compile)")
     p.add_argument("--force", action="store_true",
                    help="write into a non-empty -o DIR that pipeirc compile did not write")
-    p.add_argument("--emit", choices=("lowered", "json", "python"),
-                   help="print the lowered programs (text or JSON) or rank 0's Python source")
+    p.add_argument("--emit", choices=("lowered", "json", "python", "unrolled"),
+                   help="print the lowered programs (text or JSON), rank 0's Python source "
+                        "(the table interpreter written to rank0.py), or rank 0's program "
+                        "unrolled as straight-line Python (one call per instruction)")
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeir.backend.codegen import generate, rank_source
+    from pipeir.backend.codegen import generate, rank_source, unrolled_source
     from pipeir.backend.program_io import dumps, format_lowered
 
     if args.output == "":
@@ -101,4 +103,6 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(dumps(lowered))
     elif args.emit == "python":
         sys.stdout.write(rank_source(lowered, 0))
+    elif args.emit == "unrolled":
+        sys.stdout.write(unrolled_source(lowered, 0))
     return EXIT_OK

@@ -50,6 +50,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "chunk a range of pieces); 1 for one stage per rank (default 4)")
     p.add_argument("--keep", type=int, default=6, metavar="N",
                    help="splits the dynamic program hands to tune, per objective (default 6)")
+    p.add_argument("--synth-time", type=float, default=10.0, metavar="S",
+                   help="seconds synth may look for a faster schedule on the chosen split, "
+                        "its own costs and memory (0: tune's schedules only; default 10)")
     p.add_argument("--warmup", type=int, default=2, metavar="N", help="default: 2")
     p.add_argument("--iters", type=int, default=5, metavar="N",
                    help="measured iterations per piece, the median is kept (default: 5)")
@@ -93,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
         link = _link(args, progress, earlier)
         progress(f"searching splits and schedules for {args.ranks} ranks")
         result = plan(layers, args.ranks, mbs, link, memory=args.memory,
-                      weight_copies=args.weight_copies, keep=args.keep, max_v=args.max_v)
+                      weight_copies=args.weight_copies, keep=args.keep, max_v=args.max_v,
+                      synth_time=args.synth_time)
     best = result.planned.candidate
     text = print_schedule(best.schedule, best.costs.settings())
     print(_report(result, names), end="")
@@ -121,6 +125,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise UsageError("--warmup must be at least 0 and --iters at least 1")
     if not 0 <= args.weight_copies < float("inf"):
         raise UsageError(f"--weight-copies {args.weight_copies:g}: need a finite number >= 0")
+    if not 0 <= args.synth_time < float("inf"):
+        raise UsageError(f"--synth-time {args.synth_time:g}: need a finite number of seconds "
+                         ">= 0")
     if args.latency is not None and not 0 <= args.latency < float("inf"):
         raise UsageError(f"--latency {args.latency:g}: need a finite number of ms >= 0")
 
@@ -189,9 +196,10 @@ def _report(result: Plan, names: list[str]) -> str:
                    f"memory per rank: {_budget(result)}"))
     rows.append("")
     rows += _choice("plan", result, result.planned, names)
-    rows.append(f"  lower bound {result.bound:.4g} {unit} for this split and placement "
-                f"({result.gap:+.1%} above it); no split or schedule can beat "
-                f"{result.best_bound:.4g} {unit} (pipeir.plan.partition explains both)")
+    rows.append(f"  lower bound {result.bound:.4g} {unit} for this split and placement under "
+                f"the budget ({result.gap:+.1%} above it); no split or schedule can beat "
+                f"{result.best_bound:.4g} {unit} (pipeir.plan.partition and pipeir.plan.refine "
+                "explain both)")
     if result.uniform is None:
         rows.append("uniform split: no schedule of it fits the memory budget")
     else:

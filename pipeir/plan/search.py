@@ -17,6 +17,10 @@ pieces: splits into `ranks * v` chunks (the dynamic program's best by chunk work
 uniform split into that many) are simulated on interleaved 1F1B, and for v = 2 on the
 V-shaped schedules, with each chunk's own costs. The uniform baseline is the uniform split
 at the best v under the same budget: what a user gets from tune without planning.
+
+NOTE (refinement). With a time for it, synth then looks for a faster schedule on the chosen
+split alone, and synth's bound for that split's shape sharpens the reported one
+(`pipeir.plan.refine`); the uniform baseline keeps tune's best.
 """
 
 from __future__ import annotations
@@ -43,12 +47,9 @@ from pipeir.plan.partition import (
     universal_bound,
     work_score,
 )
+from pipeir.plan.refine import Budget, shape_bound, static_bytes, synthesized
 from pipeir.search.tune import PRESPLIT, SPLITS, Candidate, evaluate, search, variants
 from pipeir.sim import CostModel, simulate
-
-#: A budget: a count of micro-batch activations (int) or bytes per rank (float), as
-#: `pipeir.cli.common.memory_limit` reads `--memory`.
-Budget = int | float
 
 #: Transfers that cost nothing.
 NO_LINK = Link()
@@ -79,7 +80,8 @@ class Plan:
     weight_copies: float
     planned: Choice
     uniform: Choice | None  # None: no schedule of the uniform split fits the budget
-    bound: float  # the planned split's lower bound (`partition.lower_bound`)
+    bound: float  # the planned split's lower bound: `partition.lower_bound`, sharpened by
+    # `refine.shape_bound` (its placement, the memory budget)
     best_bound: float  # what no split and schedule beats (`partition.universal_bound`)
     splits_tried: int
 
@@ -97,13 +99,15 @@ class Plan:
 def plan(layers: Sequence[LayerCost], ranks: int, microbatches: int, link: Link = NO_LINK,
          memory: Budget | None = None, weight_copies: float = 2.0, keep: int = 6,
          max_v: int = 4, splits: Sequence[str | None] = SPLITS,
-         comms: Sequence[str] = ("overlapped", "blocking")) -> Plan:
+         comms: Sequence[str] = ("overlapped", "blocking"), synth_time: float = 0.0
+         ) -> Plan:
     """Plan a pipeline of `ranks` ranks over `layers` (one micro-batch of `microbatches`):
     the `keep` best splits by stage work and by lower bound, and for v = 2, 4 .. `max_v`
     chunks per rank the `keep` best splits into `ranks * v` chunks, plus the uniform split
     at every v, each with its fastest schedule within `memory` (module NOTE). `splits` and
     `comms` narrow tune's split-backward modes and comm models (a model whose backward
-    cannot be split: (None,))."""
+    cannot be split: (None,)). With `synth_time` > 0, synth then looks that long for a
+    faster schedule on the chosen split (`pipeir.plan.refine`)."""
     layers = tuple(layers)
     _check(layers, ranks, microbatches, weight_copies)
     n = len(layers)
@@ -126,12 +130,30 @@ def plan(layers: Sequence[LayerCost], ranks: int, microbatches: int, link: Link 
     if not chosen:
         raise UsageError(_nothing_fits(layers, ranks, microbatches, memory, weight_copies))
     planned = min(chosen, key=_order)
-    placement = planned.candidate.schedule.config.placement
+    if synth_time > 0:
+        planned = _resynthesized(layers, planned, link, memory, weight_copies, synth_time)
+    config = planned.candidate.schedule.config
+    bound = max(lower_bound(layers, planned.cut, microbatches, link,
+                            [config.placement[s] for s in range(config.stages)]),
+                shape_bound(layers, planned.cut, config, link, memory, weight_copies, splits,
+                            comms))
     return Plan(layers, ranks, microbatches, link, memory, weight_copies, planned,
-                min(uniform, key=_order) if uniform else None,
-                lower_bound(layers, planned.cut, microbatches, link,
-                            [placement[s] for s in range(len(planned.cut) + 1)]),
+                min(uniform, key=_order) if uniform else None, bound,
                 universal_bound(layers, ranks, microbatches), len(cuts) + 1 + len(chunks))
+
+
+def _resynthesized(layers: Sequence[LayerCost], planned: Choice, link: Link,
+                   memory: Budget | None, weight_copies: float, time_limit: float) -> Choice:
+    """The planned choice with synth's schedule for its split, if that is faster and fits
+    (a byte budget is checked again with the weights, as every choice is)."""
+    found = synthesized(layers, planned.cut, planned.candidate, link, memory, weight_copies,
+                        time_limit)
+    if found is None:
+        return planned
+    if memory is None or isinstance(memory, int):
+        return Choice(planned.cut, found, None)
+    held = _rank_bytes(found, stages_of(layers, planned.cut), weight_copies)
+    return Choice(planned.cut, found, held) if max(held) <= float(memory) else planned
 
 
 def _check(layers: Sequence[LayerCost], ranks: int, microbatches: int,
@@ -149,11 +171,6 @@ def _check(layers: Sequence[LayerCost], ranks: int, microbatches: int,
 
 def _order(c: Choice) -> tuple[float, tuple[float, int, float, str]]:
     return (c.step, c.candidate.sort_key())
-
-
-def static_bytes(stage: LayerCost, weight_copies: float) -> float:
-    """What a stage holds whatever the schedule: its weights and their copies."""
-    return weight_copies * stage.param_bytes
 
 
 def _fits_1f1b(layers: Sequence[LayerCost], ranks: int, microbatches: int,

@@ -136,14 +136,14 @@ def profile_stages(spec: ModelSpec, stages: int, microbatches: int, warmup: int 
 
 
 def profile_pieces(model: Splittable, microbatches: int, warmup: int = 2, iters: int = 5,
-                   progress: Callable[[str], None] | None = None
-                   ) -> list[tuple[str, StageTimes]]:
+                   progress: Callable[[str], None] | None = None,
+                   clock: Clock = time.perf_counter) -> list[tuple[str, StageTimes]]:
     """Every piece of a `Splittable` (the model cut at all its split points) timed and sized
     as a stage of its own, named by the split point where it begins ("" for the first): the
-    per-layer costs `pipeirc plan` chooses cut points from."""
+    per-layer costs `pipeirc plan` chooses cut points from. `clock` as `profile_stages`."""
     points = list(model.split_points())
     times = profile_stages(model.at(points), len(points) + 1, microbatches, warmup, iters,
-                           progress)
+                           progress, clock)
     return list(zip(["", *points], times))
 
 

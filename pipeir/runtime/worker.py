@@ -8,6 +8,7 @@ instruction index, after which it exits at once (the launcher stops the other ra
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 import signal
@@ -23,6 +24,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from pipeir.backend.instructions import Lowered
+from pipeir.backend.table import Row, rank_table
 from pipeir.models.refs import resolve
 from pipeir.models.spec import build_stage
 from pipeir.runtime import checkpoint, shapes
@@ -78,12 +80,12 @@ class Job:
                              f"or run {self.lowered.ranks} processes")
 
 
-def load_program(source: str, name: str) -> Callable[[Context], None]:
-    """Execute a generated rank file and return its `step` function."""
+def load_program(source: str, name: str, table: tuple[Row, ...]) -> Callable[[Context], None]:
+    """Execute a generated rank file and return its `step` bound to the rank's instruction
+    table (`pipeir.backend.table`)."""
     module = ModuleType(name)
     exec(compile(source, f"<{name}>", "exec"), module.__dict__)
-    fn: Callable[[Context], None] = module.step
-    return fn
+    return functools.partial(module.step, table=table)
 
 
 def split_batch(batch: Sequence[Any], n: int) -> list[tuple[Any, ...]]:
@@ -144,7 +146,7 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
                   optim, on_instr=lambda pc: track(index, pc))
     ctx.mesh = mesh
     guard = Guard.install(ctx, low, rank, job.allow_nonfinite)  # runtime/guards.py
-    step_fn = load_program(job.sources[rank], f"rank{rank}")
+    step_fn = load_program(job.sources[rank], f"rank{rank}", rank_table(low, rank))
     last = (low.stages - 1) in mine
     # NOTE: a full garbage collection walks the ~300k objects torch creates at import; one
     # rank's pause stalls every rank waiting on it. Measured on 10 steps of the built-in mlp

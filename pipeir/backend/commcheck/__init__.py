@@ -107,8 +107,9 @@ def check_comm(lowered: Lowered, locator: Locator | None = None) -> CommReport:
     fails otherwise."""
     loc: Locator = locator if locator is not None else PlainLocator()
     matching = Matching(lowered)
+    order = Order(lowered, shared=matching)
     for rule in (Local(lowered).rule_local, matching.rule_matching, matching.rule_compute,
-                 matching.rule_step, Order(lowered).rule_order):
+                 matching.rule_step, order.rule_order):
         found = list(itertools.islice(rule(), MAX_FINDINGS + 1))
         if found:
             shown = [_diagnostic(f, loc) for f in found[:MAX_FINDINGS]]
@@ -150,7 +151,7 @@ def check_json(path: str) -> str:
     """Prove the lowered programs in a `lowered.json` file; `path: summary`. A file that is
     not lowered programs (bad JSON, or a field of the wrong shape or type) is a UsageError
     naming the field (`from_json`), never a traceback from the rules."""
-    source = limits.read_input(path, "lowered-program JSON")
+    source = limits.read_input(path, "lowered-program JSON", limits.BYTES_PER_JSON_BYTE)
     lowered = from_json(jsonread.loads(source, "lowered-program JSON file", "field"), path)
     return f"{path}: {summary(lowered, check_comm(lowered, JsonLocator(source)))}"
 

@@ -14,6 +14,7 @@ from pipeir.backend.instructions import (
     BackwardWeight,
     Comm,
     Forward,
+    ForwardCheckpoint,
     Handoff,
     Instr,
     IRecv,
@@ -26,6 +27,11 @@ from pipeir.backend.instructions import (
     WaitRecv,
     WaitSend,
 )
+
+#: By exact type (`programs.py`'s NOTE): the computes (COMPUTE with its subclass), and what
+#: may sit inside an overlapped pair.
+_COMPUTE_TYPES = frozenset({*COMPUTE, ForwardCheckpoint})
+_PAIRABLE = frozenset({*_COMPUTE_TYPES, Load})
 
 
 class Local(Programs):
@@ -94,6 +100,7 @@ class Local(Programs):
                            f"(0 to {self.mbs - 1})", site)
 
     def rule_local(self) -> Iterator[Finding]:
+        place, last, mbs = self.low.placement, self.last, self.mbs
         for rank, prog in enumerate(self.low.programs):
             held: set[Key] = set()  # produced here and not yet freed
             freed: dict[Key, Site] = {}
@@ -102,10 +109,14 @@ class Local(Programs):
             outstanding: dict[tuple[bool, Key], list[Site]] = {}  # posted, not yet waited
             for pc, ins in enumerate(prog):
                 site = Site(rank, pc, ins)
-                if ins.paired and not isinstance(ins, (*COMPUTE, Load)):
+                t = type(ins)
+                if ins.paired and t not in _PAIRABLE:
                     yield Finding("sits inside an overlapped pair, whose two ops start "
                                    "together: only their compute may come between them", site)
-                yield from self._compute_placement(site)
+                if t in _COMPUTE_TYPES:  # its placement, checked inline when it is right
+                    stage, mb = ins.stage, ins.mb  # type: ignore[attr-defined]
+                    if not (0 <= stage <= last and place[stage] == rank and 0 <= mb < mbs):
+                        yield from self._compute_placement(site)
                 for c in posts(ins):
                     post = Site(rank, pc, c)
                     bad = self._placement(post, c)
@@ -123,13 +134,13 @@ class Local(Programs):
                         received.add(c.key)
                     elif not isinstance(c, Send):
                         outstanding.setdefault((send, c.key), []).append(post)
-                if isinstance(ins, (WaitSend, WaitRecv)):
+                if t is WaitSend or t is WaitRecv:
                     yield from self._wait(site, outstanding, received)
                 if isinstance(ins, Handoff):
                     key: Key = (ins.tensor, ins.stage, ins.mb)
                     yield from self._send_held(site, key, held, freed)
                     handed.add(key)
-                if isinstance(ins, COMPUTE):
+                if t in _COMPUTE_TYPES:
                     yield from self._consumes(site, received, handed, outstanding)
                     if isinstance(ins, (Backward, BackwardInput)):
                         act = ("act", ins.stage, ins.mb)

@@ -19,18 +19,26 @@ from pipeir.backend.instructions import (
     WaitSend,
 )
 
+#: NOTE: the instruction set is closed by exact type (`MNEMONICS` is keyed by it, so a
+#: subclass would have no mnemonic and could be neither printed nor written): these look-ups
+#: test `type(...)` in a set, several times cheaper than `isinstance` over a tuple, and they
+#: run for every instruction of every rule.
+_SENDS = frozenset({Send, ISend, WaitSend})
+_SINGLE_POSTS = frozenset({ISend, IRecv, Send, Recv})
+
 
 def is_send(c: Instr) -> bool:
     """The sending side of a transfer (a send, its post or its wait)."""
-    return isinstance(c, (Send, ISend, WaitSend))
+    return type(c) in _SENDS
 
 
 def posts(ins: Instr) -> tuple[Comm, ...]:
     """The transfers `ins` posts: a batch's, its own for a send or receive, else none."""
-    if isinstance(ins, Batch):
-        return ins.posts
-    if isinstance(ins, (ISend, IRecv, Send, Recv)):
-        return (ins,)
+    t = type(ins)
+    if t in _SINGLE_POSTS:
+        return (ins,)  # type: ignore[return-value]
+    if t is Batch:
+        return ins.posts  # type: ignore[attr-defined, no-any-return]
     return ()
 
 
@@ -38,10 +46,15 @@ class Programs:
     """One set of programs under check, with what several rules look up in them; each rule
     module subclasses it and adds its `rule_*` methods, which yield findings."""
 
-    def __init__(self, lowered: Lowered) -> None:
+    def __init__(self, lowered: Lowered, shared: Programs | None = None) -> None:
+        """`shared`: other rules' view of the same programs, whose look-ups this one reuses
+        instead of computing them again."""
         self.low = lowered
         self.last = lowered.stages - 1
         self.mbs = lowered.microbatches * lowered.accumulate
+        self._shared = shared
+        self._sides: tuple[dict[Channel, list[tuple[Key, Site]]],
+                           dict[Channel, list[tuple[Key, Site]]]] | None = None
 
     def find(self, rank: int, pred: Callable[[Instr], bool], start: int = 0) -> Site | None:
         """The first instruction of `rank` from `start` on (a batch's posts included) that
@@ -54,7 +67,15 @@ class Programs:
 
     def sides(self) -> tuple[dict[Channel, list[tuple[Key, Site]]],
                              dict[Channel, list[tuple[Key, Site]]]]:
-        """Per channel, the sends and the receives in posting order."""
+        """Per channel, the sends and the receives in posting order (computed once)."""
+        if self._shared is not None:
+            return self._shared.sides()
+        if self._sides is None:
+            self._sides = self._find_sides()
+        return self._sides
+
+    def _find_sides(self) -> tuple[dict[Channel, list[tuple[Key, Site]]],
+                                   dict[Channel, list[tuple[Key, Site]]]]:
         sent: dict[Channel, list[tuple[Key, Site]]] = {}
         recvd: dict[Channel, list[tuple[Key, Site]]] = {}
         for rank, prog in enumerate(self.low.programs):

@@ -1,0 +1,126 @@
+"""The chosen split's schedule, refined by synthesis, and the bound of every schedule on it.
+
+Tune's library schedules are built for equal stages; on a planned split (unequal chunks, a
+heavy head, a memory budget that binds on some ranks only) a schedule made for these very
+costs can be faster, and the schedules' shared lower bound is sharper than the closed form
+of `pipeir.plan.partition` once the ranks' capacity and memory are counted. Both come from
+`pipeir.search.synth` on the split's own shape (its placement, its chunks, their costs).
+
+NOTE (a byte budget per rank, in synth's one limit). Synth bounds every rank's live
+activations by one limit; a rank's room for activations here is the budget less the
+weights it holds (`static_bytes`), which differs from rank to rank. Dividing each stage's
+activation size by its rank's room and giving synth the limit 1 is the same constraint on
+every rank (all the stages of one rank share the divisor), so synth's schedules fit and its
+bound holds under the real, uneven budgets. Step times do not change: only the sizes are
+scaled.
+
+NOTE (the bound). `shape_bound` is the least of synth's `Problem.lower_bound` over the
+backward modes (B whole, or I then W) and comm models the plan searched: the longest chain
+of dependencies, each rank's one-machine bound with heads and tails (Jackson's preemptive
+schedule), and the idle its memory forces. Each holds for every schedule of that mode and
+comm on this split and placement, so their least holds for every schedule the plan could
+pick; the plan reports the larger of it and the closed form, both bounds.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from pipeir.config import PipelineConfig
+from pipeir.memunit import limit_for
+from pipeir.plan.layers import Cut, LayerCost, Link, cost_settings, stages_of
+from pipeir.schedule import Schedule
+from pipeir.search.synth import synthesize
+from pipeir.search.synth.problem import Problem
+from pipeir.search.tune import Candidate, evaluate
+from pipeir.sim import CostModel
+
+#: A budget: a count of micro-batch activations (int) or bytes per rank (float), as
+#: `pipeir.cli.common.memory_limit` reads `--memory`.
+Budget = int | float
+
+
+def static_bytes(stage: LayerCost, weight_copies: float) -> float:
+    """What a stage holds whatever the schedule: its weights and their copies."""
+    return weight_copies * stage.param_bytes
+
+
+def shape_costs(layers: Sequence[LayerCost], cut: Cut, config: PipelineConfig, link: Link,
+                memory: Budget | None, weight_copies: float
+                ) -> tuple[CostModel, float | None] | None:
+    """The split's costs for synth and the limit to give it (module NOTE): with a byte
+    budget, each stage's activation size over its rank's room and the limit 1; with a count,
+    the costs as they are and the count's limit; without a budget, no limit. None when a
+    rank's weights alone leave no room for activations: no schedule fits."""
+    stages = stages_of(layers, cut)
+    settings: dict[str, Any] = cost_settings(stages, link)
+    if memory is None:
+        return CostModel.from_settings(settings), None
+    if isinstance(memory, int):
+        return (CostModel.from_settings(settings),
+                limit_for(memory, config.ranks, config.stages // config.ranks))
+    room = [float(memory)] * config.ranks
+    for k, stage in enumerate(stages):
+        room[config.placement[k]] -= static_bytes(stage, weight_copies)
+    if min(room) <= 0:
+        return None
+    for k in range(len(stages)):
+        for size in ("memory_bytes", "input_bytes"):  # (what a checkpointed forward keeps)
+            settings[f"stage.{k}.{size}"] = getattr(stages[k], size) / room[config.placement[k]]
+    settings["memory_bytes"] = settings["stage.0.memory_bytes"]
+    return CostModel.from_settings(settings), 1.0
+
+
+def _problem(config: PipelineConfig, costs: CostModel, limit: float | None, split: bool,
+             comm: str, memory: Budget | None) -> Problem:
+    return Problem(config, costs, split, "blocking" if comm == "blocking" else "overlapped",
+                   limit, memory_bytes=memory is not None and not isinstance(memory, int))
+
+
+def shape_bound(layers: Sequence[LayerCost], cut: Cut, config: PipelineConfig, link: Link,
+                memory: Budget | None, weight_copies: float, splits: Sequence[str | None],
+                comms: Sequence[str]) -> float:
+    """What no schedule of this split and placement beats under the budget, over the
+    backward modes in `splits` (None: B whole; a mode: I then W) and `comms` (module NOTE);
+    infinite when no schedule fits."""
+    shaped = shape_costs(layers, cut, config, link, memory, weight_copies)
+    if shaped is None:
+        return math.inf
+    costs, limit = shaped
+    modes = sorted({s is not None for s in splits})
+    problems = [_problem(config, costs, limit, split, comm, memory)
+                for split in modes for comm in comms]
+    # (one micro-batch's activations over a rank's room: no schedule fits)
+    return min(math.inf if p.least_memory > p.budget else p.lower_bound() for p in problems)
+
+
+def synthesized(layers: Sequence[LayerCost], cut: Cut, chosen: Candidate, link: Link,
+                memory: Budget | None, weight_copies: float, time_limit: float
+                ) -> Candidate | None:
+    """A schedule synth finds for the chosen split, in the chosen schedule's shape, backward
+    mode and comm model, within `time_limit` seconds (starting from the chosen schedule), if
+    it is faster than the chosen one; None if not."""
+    config = chosen.schedule.config
+    shaped = shape_costs(layers, cut, config, link, memory, weight_copies)
+    if shaped is None:
+        return None
+    costs, limit = shaped
+    split = any(op.kind in ("I", "W") for op in chosen.schedule)
+    problem = _problem(config, costs, limit, split, chosen.comm, memory)
+    if not problem.fits(chosen.schedule):
+        return None  # (the rounding slack of a byte budget: keep tune's choice)
+    found = synthesize(problem, given=chosen.schedule, time_limit=time_limit, seed=0)
+    if found.step >= chosen.step_time * (1 - 1e-9):
+        return None
+    return _candidate(found.schedule, chosen)
+
+
+def _candidate(schedule: Schedule, chosen: Candidate) -> Candidate:
+    """`schedule` as a candidate under the chosen one's (unscaled) costs."""
+    return evaluate(schedule, chosen.costs, "synth", chosen.v, chosen.microbatches, None,
+                    chosen.comm)
+
+
+__all__ = ["Budget", "shape_bound", "shape_costs", "static_bytes", "synthesized"]
