@@ -3,8 +3,8 @@
 points, and the built-ins `mlp`, `transformer` (a tiny language model) and `heavy-lm` (one whose
 embedding and head outweigh a block), all on synthetic data.
 
-NOTE (start-up): `ModuleSpec`, `split` and `causal_lm` import `pipeir.models.module`, and with it
-`torch.distributed.pipelining` and with it `torch._dynamo` (1.7 s of every rank's start-up).
+NOTE (start-up): `ModuleSpec`, `split` and `causal_lm` import `pipeir.models.module`, which
+imports `torch.distributed.pipelining` and with it `torch._dynamo` (1.7 s of every rank's start-up).
 They load on first use (PEP 562), so a run whose model is a `ModelSpec` never pays for them.
 """
 
