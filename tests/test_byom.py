@@ -5,6 +5,8 @@ initial weights."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -270,3 +272,18 @@ def test_a_traced_stage_refuses_other_shapes_before_launch(cli, tmp_path: Path,
         "(ModuleSpec's example) but is given (4x6): a traced stage keeps the example's "
         "shapes; give an example of one micro-batch as this run cuts the batch")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_causal_lm_imports_as_the_function() -> None:
+    """`from pipeir.models import causal_lm` (what examples/hf_llama.py writes) gives the
+    function, not its submodule of the same name, in a fresh interpreter where nothing has
+    imported it before."""
+    code = ("from pipeir.models import ModuleSpec, causal_lm\n"
+            "from torch import nn\n"
+            "spec = causal_lm(nn.Sequential(nn.Embedding(64, 8), nn.Linear(8, 64)), vocab=64)\n"
+            "assert isinstance(spec, ModuleSpec), spec\n"
+            "print(tuple(spec.example.shape))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=TIMEOUT, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["(2,", "16)"]

@@ -23,7 +23,12 @@ _LAZY = {"ModuleSpec": "module", "split": "module", "causal_lm": "causal_lm"}
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        return getattr(importlib.import_module(f"pipeir.models.{_LAZY[name]}"), name)
+        value = getattr(importlib.import_module(f"pipeir.models.{_LAZY[name]}"), name)
+        # NOTE: importing the submodule `causal_lm` binds that name here to the submodule;
+        # `from pipeir.models import causal_lm` reads the name again after this returns, so
+        # bind it to the function, or it would get the module.
+        globals()[name] = value
+        return value
     raise AttributeError(f"module 'pipeir.models' has no attribute '{name}'")
 
 
