@@ -13,7 +13,9 @@ split points); stages keep the module's parameter names. Two routes cut a module
 - trace (with `example`, one micro-batch input as torch's `mb_args`): torch's own tracer,
   `torch.distributed.pipelining.pipeline`, which follows any forward torch.export can capture
   (Hugging Face models among them). A traced stage takes the previous stage's outputs as
-  positional arguments (torch's convention) and is specialised to the example's shapes.
+  positional arguments (torch's convention) and is specialised to the example's shapes:
+  inputs of other shapes are refused (before launch, by the shape plan), naming the stage and
+  both shapes.
 - prune (without `example`): torchtitan's way, a deep copy of the module with the modules
   other stages own removed, which needs a forward that skips what is missing (an
   `nn.Sequential`, or `if self.norm is not None:` as torchtitan's models do).
@@ -53,6 +55,13 @@ ModuleSource = nn.Module | Callable[[], nn.Module]
 Weights = Mapping[str, torch.Tensor] | str | os.PathLike[str]
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+#: A stage's {parameter name: the unsplit module's name of the weight} for parameters that
+#: are copies of a weight another stage also holds: what `pipeir.torch_schedule` keeps tied
+#: (`pipeir.runtime.wiring`).
+TIED_ATTR = "_pipeir_tied"
+#: A traced stage's (stage index, its inputs' shapes when traced; None: not recorded).
+TRACED_ATTR = "_pipeir_traced_for"
 
 
 @dataclass(frozen=True)
@@ -128,7 +137,11 @@ class ModuleSpec:
     # ---- the split ------------------------------------------------------------------------
     def _model_spec(self, points_for: Callable[[int], list[str]]) -> ModelSpec:
         def stage(s: int, stages: int) -> nn.Module:
-            return self._stage(tuple(points_for(stages)), s)
+            points = tuple(points_for(stages))
+            built = self._stage(points, s)
+            setattr(built, TIED_ATTR, {n: group[0][1] for group in self._tied(points)
+                                       for k, n in group if k == s})
+            return built
 
         def tied(stages: int) -> list[TiedGroup]:
             return self._tied(tuple(points_for(stages)))
@@ -207,6 +220,18 @@ class ModuleSpec:
         return pieces
 
     def _stage(self, points: tuple[str, ...], s: int) -> nn.Module:
+        piece = self._pieces(points, real=False)[s]
+        if hasattr(piece, TRACED_ATTR):  # a GraphModule's deep copy keeps no hooks
+            traced = getattr(piece, TRACED_ATTR)
+            built = self._copy(points, s)
+            setattr(built, TRACED_ATTR, traced)
+            built.register_forward_pre_hook(_same_shapes)
+            return built
+        return self._copy(points, s)
+
+    def _copy(self, points: tuple[str, ...], s: int) -> nn.Module:
+        """Stage s's module, a copy of the split's: empty in a meta or fake mode, its
+        weights from `weights` or the unsplit build."""
         if _abstract():  # meta or fake: the structure only
             return _skeleton(self._pieces(points, real=False)[s])
         if self.weights is None:
@@ -221,13 +246,18 @@ class ModuleSpec:
         return stage
 
     def _weights(self) -> Mapping[str, torch.Tensor]:
+        """The weights by every name of each tensor: a file holding a tied weight once (as
+        Hugging Face's safetensors files do) gives it to every name."""
         if "weights" not in self._cache:
             assert self.weights is not None
-            read = read_weights(self.weights)
+            read = dict(read_weights(self.weights))
             for name, aliases in self.state_names().items():
                 other = next((a for a in aliases if a in read and a != name), None)
-                if name in read and other is not None and not torch.equal(read[name],
-                                                                          read[other]):
+                if other is None:
+                    continue
+                if name not in read:
+                    read[name] = read[other]
+                elif not torch.equal(read[name], read[other]):
                     raise UsageError(f"weights: '{name}' and '{other}' are one tied weight "
                                      "in the module but differ in the file")
             self._cache["weights"] = read
@@ -384,6 +414,11 @@ def _trace(root: nn.Module, points: tuple[str, ...], example: Any) -> list[nn.Mo
                          "points (is every point a module the forward calls?)")
     stages = [pipe.get_stage_module(s) for s in range(pipe.num_stages)]
     _chain(pipe.split_gm.graph, stages)
+    for k, stage in enumerate(stages):
+        assert isinstance(stage, fx.GraphModule)
+        vals = [n.meta.get("val") for n in stage.graph.nodes if n.op == "placeholder"]
+        setattr(stage, TRACED_ATTR, (k, tuple(tuple(v.shape) if isinstance(v, torch.Tensor)
+                                              else None for v in vals)))
     persistent = set(root.state_dict())
     for stage in stages:
         _drop_unread(stage)
@@ -392,6 +427,24 @@ def _trace(root: nn.Module, points: tuple[str, ...], example: Any) -> list[nn.Mo
                 owner, _, leaf = name.rpartition(".")
                 stage.get_submodule(owner)._non_persistent_buffers_set.add(leaf)
     return stages
+
+
+def _same_shapes(stage: nn.Module, args: tuple[Any, ...]) -> None:
+    """A traced stage's forward pre-hook: torch.export fixes every shape of the trace (views
+    and reshapes to the example's sizes), so inputs of other shapes would fail deep in the
+    graph or, where they broadcast, compute something else. Refuse them, naming both."""
+    k, want = getattr(stage, TRACED_ATTR)
+    got = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args)
+    if len(got) == len(want) and all(w is None or w == g for w, g in zip(want, got)):
+        return
+    raise UsageError(f"stage {k} was traced for inputs of shape ({_shapes(want)}) "
+                     f"(ModuleSpec's example) but is given ({_shapes(got)}): a traced stage "
+                     "keeps the example's shapes; give an example of one micro-batch as this "
+                     "run cuts the batch")
+
+
+def _shapes(shapes: Sequence[tuple[int, ...] | None]) -> str:
+    return ", ".join("?" if t is None else "x".join(map(str, t)) or "scalar" for t in shapes)
 
 
 def _drop_unread(stage: nn.Module) -> None:
