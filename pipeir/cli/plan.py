@@ -147,8 +147,7 @@ def _reuse(earlier: PlanFile, names: list[str], mbs: int, args: argparse.Namespa
 
 def _profile(model: Splittable, args: argparse.Namespace, mbs: int,
              progress: Progress) -> list[LayerCost]:
-    from pipeir.plan import LayerCost
-    from pipeir.runtime.profile import profile_pieces
+    from pipeir.runtime.profile import layer_costs, profile_pieces
 
     try:
         pieces = profile_pieces(model, mbs, args.warmup, args.iters, progress)
@@ -157,8 +156,7 @@ def _profile(model: Splittable, args: argparse.Namespace, mbs: int,
     except Exception as e:
         raise UsageError(f"--model {args.model}: running its pieces failed: "
                          f"{type(e).__name__}: {e}") from None
-    return [LayerCost(name, t.F, t.B, t.I, t.W, t.activation_bytes, t.memory_bytes,
-                      t.param_bytes, t.input_bytes, t.memory_w_bytes) for name, t in pieces]
+    return layer_costs(pieces)
 
 
 def _link(args: argparse.Namespace, progress: Progress, earlier: PlanFile | None) -> Link:
