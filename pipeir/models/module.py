@@ -32,10 +32,8 @@ from __future__ import annotations
 
 import copy
 import operator
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,12 +45,18 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from pipeir.diagnostics import UsageError
 from pipeir.models.spec import ModelSpec, TiedGroup, _sgd, call_stage
+from pipeir.models.weights import (
+    Weights,
+    all_tensors,
+    load_into,
+    read_weights,
+    set_tensor,
+    tensors,
+)
 
 #: What `ModuleSpec.module` may be: the module, or a function building it (so pipeir can
 #: build it on the meta device).
 ModuleSource = nn.Module | Callable[[], nn.Module]
-#: What `ModuleSpec.weights` may be: a state_dict, or a `.safetensors` / `.pt` file.
-Weights = Mapping[str, torch.Tensor] | str | os.PathLike[str]
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
 
@@ -196,7 +200,7 @@ class ModuleSpec:
     def _on_meta(self, root: nn.Module) -> bool:
         """Whether `root` is the meta build; a forward that cannot run there (one that
         reads a value: `.item()`) marks the module to be split from a real build."""
-        if self._cache.get("meta_fails") or not any(t.is_meta for _, t in _tensors(root)):
+        if self._cache.get("meta_fails") or not any(t.is_meta for _, t in tensors(root)):
             return False
         self._cache["meta_fails"] = True
         return True
@@ -239,10 +243,10 @@ class ModuleSpec:
         stage = _skeleton(self._pieces(points, real=False)[s], torch.device("cpu"))
         missing = load_into(stage, self._weights())
         if missing:  # not in the file (non-persistent buffers): from a real build
-            real = dict(_tensors(self._pieces(points, real=True)[s]))
+            real = dict(tensors(self._pieces(points, real=True)[s]))
             with torch.no_grad():
                 for name in missing:
-                    _set_tensor(stage, name, real[name].detach().clone(), real[name])
+                    set_tensor(stage, name, real[name].detach().clone(), real[name])
         return stage
 
     def _weights(self) -> Mapping[str, torch.Tensor]:
@@ -289,48 +293,6 @@ def split(module: nn.Module, points: Sequence[str], example: Any = None) -> list
     spec = ModuleSpec(module=module, batch=_no_batch, loss=_no_loss, example=example)
     ms = spec.at(points)
     return [ms.stage(s, len(points) + 1) for s in range(len(points) + 1)]
-
-
-def read_weights(source: Weights) -> Mapping[str, torch.Tensor]:
-    """A state_dict from a mapping, a `.safetensors` file or a `torch.save`d `.pt` file."""
-    if isinstance(source, Mapping):
-        return source
-    path = Path(source)
-    if not path.is_file():
-        raise UsageError(f"weights '{path}': no such file")
-    if path.suffix == ".safetensors":
-        try:
-            from safetensors.torch import load_file  # noqa: PLC0415 - optional extra (hf)
-        except ImportError:
-            raise UsageError(f"weights '{path}': reading .safetensors needs the safetensors "
-                             "package (pip install 'pipeir[hf]')") from None
-        loaded: dict[str, torch.Tensor] = load_file(str(path))
-        return loaded
-    try:
-        got = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise UsageError(f"weights '{path}': not a torch state_dict: {type(e).__name__}: "
-                         f"{e}") from None
-    if not isinstance(got, Mapping):
-        raise UsageError(f"weights '{path}': holds a {type(got).__name__}, not a state_dict")
-    return got
-
-
-def load_into(stage: nn.Module, weights: Mapping[str, torch.Tensor]) -> list[str]:
-    """Copy the stage's tensors from an unsplit state_dict (shapes must match); returns the
-    names of the stage's tensors the state_dict does not hold."""
-    missing = []
-    with torch.no_grad():
-        for name, t in _tensors(stage):
-            if name not in weights:
-                missing.append(name)
-                continue
-            w = weights[name]
-            if tuple(w.shape) != tuple(t.shape):
-                raise UsageError(f"weights: '{name}' has shape {list(w.shape)}, the module "
-                                 f"{list(t.shape)}")
-            t.copy_(w)
-    return missing
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -394,7 +356,7 @@ def _call_order(root: nn.Module, units: list[str], example: Any) -> list[str]:
 
 def _like(example: Any, root: nn.Module) -> Any:
     """The example on the module's device (meta for a module built there)."""
-    device = next((t.device for _, t in _tensors(root)), torch.device("cpu"))
+    device = next((t.device for _, t in tensors(root)), torch.device("cpu"))
     return pytree.tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x,
                            example)
 
@@ -464,7 +426,7 @@ def _reads(module: nn.Module, prefix: str = "") -> set[str]:
     """The names of the tensors a (graph) module reads; all of a module that has no graph."""
     graph = getattr(module, "graph", None)
     if not isinstance(graph, fx.Graph):
-        return {prefix + n for n, _ in _all_tensors(module)}
+        return {prefix + n for n, _ in all_tensors(module)}
     out: set[str] = set()
     for node in graph.nodes:
         if node.op == "get_attr":
@@ -569,25 +531,10 @@ def _prune(root: nn.Module, units: list[str], points: tuple[str, ...]) -> list[n
     return out
 
 
-def _tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Parameters and buffers (persistent or not), each shared one once."""
-    return [*module.named_parameters(), *module.named_buffers()]
-
-
-def _set_tensor(module: nn.Module, name: str, value: torch.Tensor, like: torch.Tensor) -> None:
-    """Put `value` where `name` is: a Parameter (trainable as `like`) or a buffer."""
-    owner, _, leaf = name.rpartition(".")
-    m = module.get_submodule(owner)
-    if leaf in m._parameters:
-        m._parameters[leaf] = nn.Parameter(value, requires_grad=like.requires_grad)
-    else:
-        m._buffers[leaf] = value
-
-
 def _skeleton(src: nn.Module, device: torch.device | None = None) -> nn.Module:
     """A copy of `src` whose tensors are new and empty, made in the current mode (meta, fake)
     or on `device`; tensors shared within `src` stay shared."""
-    tensors = _all_tensors(src)
+    tensors = all_tensors(src)
     # the deep copy copies no data: each tensor is replaced below
     memo: dict[int, Any] = {id(t): None for _, t in tensors}
     with _unfaked():
@@ -596,13 +543,8 @@ def _skeleton(src: nn.Module, device: torch.device | None = None) -> nn.Module:
     for name, t in tensors:
         if id(t) not in made:
             made[id(t)] = torch.empty(t.shape, dtype=t.dtype, device=device)
-        _set_tensor(stage, name, made[id(t)], t)
+        set_tensor(stage, name, made[id(t)], t)
     return stage
-
-
-def _all_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    return [*module.named_parameters(remove_duplicate=False),
-            *module.named_buffers(remove_duplicate=False)]
 
 
 def _abstract() -> bool:
