@@ -39,6 +39,7 @@ from typing import Any
 
 from pipeir.argtypes import positive_int, timeout_seconds
 from pipeir.backend.codegen import rank_source
+from pipeir.backend.commcheck import JsonLocator, check_comm
 from pipeir.backend.program_io import load
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.models.refs import resolve
@@ -60,7 +61,10 @@ def main(directory: Path, argv: list[str]) -> int:
         return 2
     try:  # once, before the process group: a bad --model is one line for the whole world
         resolve(args.model)
-        lowered = load(str(directory / "lowered.json"))[0]
+        lowered, source = load(str(directory / "lowered.json"))
+        # the rank files interpret lowered.json's table: an edited tag or peer leaves them as
+        # they were, and the program would hang in gloo; prove what runs, as check does
+        check_comm(lowered, JsonLocator(source))
         sources = tuple(_read(directory / f"rank{r}.py") for r in range(lowered.ranks))
         for r, text in enumerate(sources):  # what `check --lowered` verified is what runs
             if text != rank_source(lowered, r):
@@ -74,7 +78,7 @@ def main(directory: Path, argv: list[str]) -> int:
             sys.stderr.write("(every rank stops; torchrun reports their exit codes below)\n")
         else:  # torchrun stops the others at the first exit: let rank 0 say why first
             time.sleep(1.0)
-        return 2
+        return e.exit_code
     job = Job(lowered, sources, args.model, args.steps)
     return run_env(job, args.timeout, args.dp)
 

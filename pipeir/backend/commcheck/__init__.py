@@ -73,8 +73,9 @@ from pipeir.diagnostics import Diagnostic, Note, Source, Span, VerifyError
 if TYPE_CHECKING:
     from pipeir.schedule import Schedule
 
-__all__ = ["CommReport", "Key", "Locator", "PlainLocator", "Site", "check_comm", "check_json",
-           "check_schedule", "describe", "instruction_spans", "schedule_locator", "summary", "what"]
+__all__ = ["CommReport", "JsonLocator", "Key", "Locator", "PlainLocator", "Site", "check_comm",
+           "check_json", "check_schedule", "describe", "instruction_spans", "schedule_locator",
+           "summary", "what"]
 
 
 @dataclass(frozen=True)
