@@ -16,8 +16,12 @@ parameter gradients over the whole kept graph (about a full backward).
 
 noop: pipeir's added cost per instruction. Four stages on one rank (interleaved 1F1B, p=1,
 v=4: loads, forwards, losses, backwards and hand-offs, no communication) of a model whose
-stages multiply by one scalar, against a plain loop running the same forwards, losses,
-backwards and optimizer step in this process; alternating, medians of every step after warm-up.
+stages multiply by one scalar, against a plain loop: the same torch calls written by hand in
+this process, with no bookkeeping. Per micro-batch it runs each stage's forward on a detached
+input (requiring grad from stage 1 on, as a hand-off makes it), the loss scaled by 1/m, then
+one `torch.autograd.backward` per stage from its output with the gradient of the next stage's
+input (the runtime's B); then one optimizer step per batch. The two alternate, one rank
+process per round against the loop in this process; medians of every step after warm-up.
 (pipeir median step - plain median step) / instructions per step is the added cost.
 
 sleep: every forward sleeps F ms and every backward B ms instead of computing, so four ranks do
@@ -237,7 +241,8 @@ def mode_sleep(world: int, m: int, steps: int) -> None:
 
 
 def _plain_noop_steps(steps: int) -> list[float]:
-    """The noop model trained by a plain loop (the same work a pipeir step does)."""
+    """The noop model trained by a plain loop: the work of a pipeir step written by hand
+    (see the module docstring), with none of the runtime's bookkeeping."""
     sp = noop_spec()
     mods = [NoopStage() for _ in range(NOOP_V)]
     opt = sp.optimizer([p for m in mods for p in m.parameters()])
@@ -247,10 +252,18 @@ def _plain_noop_steps(steps: int) -> list[float]:
         x, y = sp.batch(step)
         opt.zero_grad()
         for xm, ym in zip(torch.tensor_split(x, NOOP_M), torch.tensor_split(y, NOOP_M)):
+            ins, outs = [], []
             h = xm
-            for m in mods:
-                h = m(h.detach().requires_grad_(True))
-            (sp.loss(h, ym) / NOOP_M).backward()
+            for s, m in enumerate(mods):
+                h = h.detach().requires_grad_(s > 0)  # a stage input, as a hand-off makes it
+                ins.append(h)
+                h = m(h)
+                outs.append(h)
+            root, grad = sp.loss(h, ym) * (1.0 / NOOP_M), None
+            for s in reversed(range(NOOP_V)):  # one backward per stage, as the runtime's B
+                torch.autograd.backward(root, grad)
+                if s:
+                    root, grad = outs[s - 1], ins[s].grad
         opt.step()
         out.append(time.perf_counter() - t0)
     return out

@@ -3,21 +3,27 @@ function. Whatever it raises (an exception, `sys.exit`, Ctrl-C) becomes one `Use
 naming the user's file, the line of the raise and the exception, exit 1 (130 for an interrupt);
 `pipeirc ... --traceback` prints the whole trace from `UserCodeError.cause`.
 
-NOTE (stdout): while user code runs, `print` goes to stderr, so a plugin that prints cannot
-corrupt a schedule that `pipeirc opt` writes to stdout. Only Python-level writes are redirected
-(`sys.stdout`); a plugin writing to file descriptor 1 itself is not caught.
+NOTE (stdout): while user code runs, its output goes to stderr, so a plugin that prints cannot
+corrupt a schedule that `pipeirc opt` writes to stdout: Python-level writes (`sys.stdout`) and
+writes to file descriptor 1 itself (`os.write(1, ...)`, a C extension's unbuffered output)
+alike (`stdout_to_stderr`). A rank runs the model outside any `contained`, so it sends both to
+stderr for good and writes its own report (a torchrun rank's step lines) to a copy of the
+stdout it had (`stdout_for_good`). Output a C library buffers
+in its own `stdout` is written when that library flushes, which pipeir cannot time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import os
 import sys
 import sysconfig
 import traceback
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import TextIO
 
 from pipeir.diagnostics import Diagnostic, Note, PipeirError, UsageError
 
@@ -69,13 +75,43 @@ def contained(label: str, doing: str) -> Iterator[None]:
     what pipeir was doing with it (`importing m.py`, `calling spec()`). A PipeirError passes
     through (the user code called pipeir, which explained itself)."""
     try:
-        with contextlib.redirect_stdout(sys.stderr):
+        with stdout_to_stderr():
             yield
     except PipeirError:
         raise
     except (Exception, SystemExit, KeyboardInterrupt) as e:
         raise UserCodeError(f"{label}: {explain(e)} at {raised_at(e)} while {doing}",
                             e) from None
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """Inside: `sys.stdout` is `sys.stderr` and file descriptor 1 is a copy of descriptor 2
+    (see the module NOTE); both are restored after."""
+    sys.stdout.flush()
+    try:
+        saved: int | None = os.dup(1)
+    except OSError:  # no descriptor 1 (a closed stdout): nothing to protect
+        saved = None
+    if saved is not None:
+        os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            yield
+    finally:
+        if saved is not None:
+            os.dup2(saved, 1)
+            os.close(saved)
+
+
+def stdout_for_good() -> TextIO:
+    """From now on this process's `sys.stdout` and descriptor 1 are stderr (see the module
+    NOTE); returns a line-buffered stream onto the stdout it had, for pipeir's report."""
+    sys.stdout.flush()
+    report = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    return report
 
 
 def import_module(name: str, label: str, notes: Iterable[Note] = ()) -> ModuleType:

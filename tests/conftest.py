@@ -14,6 +14,7 @@ The markers (registered in pyproject.toml; the default run deselects all but `sm
 
 from __future__ import annotations
 
+import multiprocessing.forkserver
 import multiprocessing.process
 import os
 import subprocess
@@ -97,6 +98,9 @@ def _processes_need_the_mp_marker(request: pytest.FixtureRequest,
         popen_init(self, args, *rest, **kw)
 
     monkeypatch.setattr(subprocess.Popen, "__init__", popen)
+    # `pipeirc run` starts the ranks' fork server early (pipeir.runtime.forkserver); a test
+    # that never launches has no use for it (it would import torch in the background)
+    monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", lambda: None)
     dist = sys.modules.get("torch.distributed")
     if dist is not None and hasattr(dist, "init_process_group"):
         def group(*args: Any, **kw: Any) -> None:

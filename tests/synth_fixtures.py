@@ -25,7 +25,7 @@ from pipeir.search.synth.lns import Window
 from pipeir.search.synth.model import Integral
 from pipeir.sim import CostModel
 from pipeir.sim.engine import Timing
-from pipeir.verify import live_activations, verify
+from pipeir.verify import verify
 
 REPO = Path(__file__).parent.parent
 
@@ -61,10 +61,9 @@ def brute_force(problem: Problem) -> float:
     best, arg = float("inf"), None
     limit = problem.memory_limit
     fitting = [[o for o in orders(problem, r)
-                if limit is None or max(x for _, x in live_activations(
-                    o, lambda op: problem.weight(op.stage))) <= limit * (1 + 1e-9)]
+                if limit is None or held(problem, o) <= limit * (1 + 1e-9)]
                for r in range(problem.config.ranks)]  # memory is each rank's own
-    step = oracle_step(problem)
+    step = oracle_step(problem) if problem.objective == "makespan" else oracle_steady(problem)
     for progs in itertools.product(*fitting):
         got = step(progs)
         if got < best:
@@ -75,11 +74,41 @@ def brute_force(problem: Problem) -> float:
     return best
 
 
-def oracle_step(problem: Problem) -> Callable[[tuple[list[Op], ...]], float]:
+def held(problem: Problem, order: list[Op]) -> float:
+    """The most memory `order` holds, by the rule written out here: a forward takes its
+    stage's activation; a B frees it, an I frees all but what W needs (`memory_w_bytes`, in
+    bytes or as a fraction of one counted activation), a W that rest."""
+    costs, most, live = problem.costs, 0.0, 0.0
+    for op in order:
+        saved = (costs.activation_memory(op.stage) or 0.0) if problem.memory_bytes else 1.0
+        w_bytes = costs.weight_memory(op.stage)
+        kept = saved if w_bytes is None else \
+            (w_bytes if problem.memory_bytes else w_bytes / (costs.activation_memory(op.stage)
+                                                             or 1.0))
+        live += {"F": saved, "B": -saved, "I": kept - saved, "W": -kept}[op.kind]
+        most = max(most, live)
+    return most
+
+
+def oracle_steady(problem: Problem, steps: int = 60
+                  ) -> Callable[[tuple[list[Op], ...]], float]:
+    """The time per step of per-rank orders run back to back: the growth of the end of
+    `oracle_step`'s steps from `steps` to 2 x `steps` of them (exact once the increments
+    repeat, every c steps for c dividing `steps`)."""
+    few, many = oracle_step(problem, steps), oracle_step(problem, 2 * steps)
+
+    def step(progs: tuple[list[Op], ...]) -> float:
+        return (many(progs) - few(progs)) / steps
+    return step
+
+
+def oracle_step(problem: Problem, steps: int = 1) -> Callable[[tuple[list[Op], ...]], float]:
     """The step time of per-rank orders (inf when they deadlock), written out for these
     instances: each op starts when its rank is free and its inputs are there; a cross-rank
     input arrives the transfer time after its producer ends, and with blocking
-    communication the producer's rank is busy until it has (one send per op here)."""
+    communication the producer's rank is busy until it has (one send per op here). With
+    `steps` > 1, when that many steps run back to back end: each rank starts its next step
+    once it is free, with nothing else between steps."""
     costs, rank = problem.costs, problem.rank
     dur = {op: costs.cost(op) for op in problem.ops}
     send = dict.fromkeys(problem.ops, 0.0)  # the transfer each op's output makes
@@ -95,8 +124,14 @@ def oracle_step(problem: Problem) -> Callable[[tuple[list[Op], ...]], float]:
             for op in problem.ops}
 
     def step(progs: tuple[list[Op], ...]) -> float:
-        end: dict[Op, float] = {}
         free = [0.0] * len(progs)
+        for _ in range(steps):
+            if not one(progs, free):
+                return float("inf")
+        return max(free)
+
+    def one(progs: tuple[list[Op], ...], free: list[float]) -> bool:
+        end: dict[Op, float] = {}
         at = [0] * len(progs)
         left = sum(map(len, progs))
         while left:
@@ -120,8 +155,8 @@ def oracle_step(problem: Problem) -> Callable[[tuple[list[Op], ...]], float]:
                         continue
                     break
             if not moved:
-                return float("inf")
-        return max(free)
+                return False
+        return True
     return step
 
 

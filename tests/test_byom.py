@@ -8,85 +8,19 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import byom_models as BM
 import pytest
 import torch
+from byom_helpers import MODELS, TIMEOUT, byom_job, synthesised, train_unsplit
 from torch import nn
-from torch.utils import _pytree as pytree
 
 import pipeir
-from pipeir.backend.codegen import rank_source
 from pipeir.diagnostics import UsageError
 from pipeir.models import ModuleSpec, resolve
 from pipeir.models.splittable import Splittable
 from pipeir.runtime.compare import differences
 from pipeir.runtime.launch import launch
-from pipeir.runtime.worker import Job, split_batch
-from pipeir.schedule import Schedule
-from pipeir.sim import CostModel
-
-HERE = Path(__file__).parent
-MODELS = HERE / "byom_models.py"
-TIMEOUT = 90.0
-
-
-def _models() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("byom_models", MODELS)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-BM = _models()
-
-
-def train_unsplit(spec: ModuleSpec, microbatches: int, steps: int
-                  ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """Plain torch: the unsplit module, one optimizer, mean loss over micro-batches, clip.
-    Returns (state_dict, last step's gradients by every parameter name)."""
-    torch.manual_seed(spec.seed)
-    module = spec.module() if not isinstance(spec.module, nn.Module) else spec.module
-    if spec.weights is not None:
-        module.load_state_dict(torch.load(spec.weights, weights_only=True))  # type: ignore[arg-type]
-    opt = spec.optimizer(module.parameters())
-    for step in range(steps):
-        opt.zero_grad(set_to_none=True)
-        xs, ys = split_batch(spec.batch(step), microbatches)
-        for x, y in zip(xs, ys):
-            loss = spec.loss(_flat(module(x)), y) / microbatches
-            loss.backward()
-        if spec.clip_grad_norm is not None:
-            nn.utils.clip_grad_norm_(module.parameters(), spec.clip_grad_norm)
-        opt.step()
-    grads = {n: p.grad.clone() for n, p in module.named_parameters(remove_duplicate=False)
-             if p.grad is not None}
-    return {k: v.detach().clone() for k, v in module.state_dict().items()}, grads
-
-
-def _flat(output: Any) -> Any:
-    """A module's output as a traced last stage returns it: torch.export's leaves (a Hugging
-    Face ModelOutput without labels: its logits)."""
-    leaves = pytree.tree_leaves(output)
-    return leaves[0] if len(leaves) == 1 else tuple(leaves)
-
-
-def _job(schedule: Schedule, model: str, steps: int) -> Job:
-    """`model` (a `--model` reference; a bare name is a function of byom_models.py)."""
-    low = pipeir.compile(schedule, None).lowered
-    ref = model if ":" in model else f"{MODELS}:{model}"
-    return Job(low, tuple(rank_source(low, r) for r in range(low.ranks)), ref, steps,
-               collect=True)
-
-
-def _synthesised() -> Schedule:
-    """A schedule synthesised for two ranks and four micro-batches (skips without the
-    `synth` extra, OR-Tools)."""
-    pytest.importorskip("ortools")
-    from pipeir.search.synth import synth
-
-    return synth(CostModel(F=1.0, B=2.0), 2, 4, v=1, time_limit=5).schedule
+from pipeir.runtime.worker import split_batch
 
 
 def test_split_keeps_names_and_computes_the_unsplit_forward() -> None:
@@ -192,12 +126,12 @@ def test_module_specs_train_like_the_unsplit_module() -> None:
     module (1e-5), under its original name."""
     lib = pipeir.library.get
     jobs = [
-        _job(lib("1f1b", 2, 4), "seq", 3),
-        _job(lib("1f1b", 2, 4), "seq_uniform", 2),
-        _job(lib("1f1b", 2, 4), "tied", 3),
-        _job(lib("interleaved-1f1b", 2, 4, v=2), "tied4", 3),
-        _job(lib("zb-h1", 2, 4), "tied", 2),
-        _job(_synthesised(), "tied", 2),
+        byom_job(lib("1f1b", 2, 4), "seq", 3),
+        byom_job(lib("1f1b", 2, 4), "seq_uniform", 2),
+        byom_job(lib("1f1b", 2, 4), "tied", 3),
+        byom_job(lib("interleaved-1f1b", 2, 4, v=2), "tied4", 3),
+        byom_job(lib("zb-h1", 2, 4), "tied", 2),
+        byom_job(synthesised(), "tied", 2),
     ]
     result = launch(jobs, 2, timeout_s=TIMEOUT)
     for j, job in enumerate(jobs):
@@ -291,4 +225,48 @@ def test_a_hand_off_whose_structure_depends_on_the_data_is_refused_before_launch
     assert (f"stage 0's output for micro-batch {mb} of batch(0) differs from the traced plan "
             "at [1]: None here, bool[2] there: the hand-off's structure depends on the "
             "data's values") in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_stages_from_a_safetensors_file_build_the_module_on_meta_only(tmp_path: Path) -> None:
+    """The unsplit module is built on the meta device only (no memory for weights a stage
+    does not own), each stage materialised from the file; a tied weight stored once, as
+    Hugging Face's safetensors files store it, reaches both names."""
+    from safetensors.torch import save_file
+
+    torch.manual_seed(4)
+    other = BM.Tied()
+    state = {k: v.contiguous() for k, v in other.state_dict().items() if k != "head.weight"}
+    path = tmp_path / "w.safetensors"
+    save_file(state, str(path))
+    devices: list[str] = []
+
+    def build() -> nn.Module:
+        model = BM.Tied()
+        devices.append(model.embed.weight.device.type)
+        return model
+
+    ms = ModuleSpec(module=build, batch=BM._tokens, loss=BM._ce, points=["layers.2"],
+                    example=BM._tokens(0)[0][:2], weights=str(path)).model_spec()
+    stages = [ms.stage(s, 2) for s in range(2)]
+    assert devices and set(devices) == {"meta"}
+    assert torch.equal(stages[1].state_dict()["head.weight"], state["embed.weight"])
+    for s in stages:
+        for k, v in s.state_dict().items():
+            assert not v.is_meta and torch.equal(v, other.state_dict()[k]), k
+
+
+def test_a_traced_stage_refuses_other_shapes_before_launch(cli, tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    """`tied` is traced for micro-batches of 2 (8 samples in 4); cut in 2 the batch gives
+    micro-batches of 4: refused before any process starts, naming the stage and shapes."""
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                       "--model", f"{MODELS}:tied")
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().splitlines()[-1] == (
+        f"error: --model {MODELS}:tied: stage 0 was traced for inputs of shape (2x6) "
+        "(ModuleSpec's example) but is given (4x6): a traced stage keeps the example's "
+        "shapes; give an example of one micro-batch as this run cuts the batch")
     assert list(tmp_path.iterdir()) == []

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from test_byom import MODELS, _job
+from byom_helpers import MODELS, byom_job
 
 import pipeir
 from pipeir.models import ModelSpec, resolve
@@ -42,7 +42,7 @@ def _scaled(spec: ModelSpec) -> ModelSpec:
 def test_check_fails_wrong_training_and_passes_another_summation_order(
         model: str, wrong: Any, what: str, capsys: pytest.CaptureFixture[str]) -> None:
     spec = resolve(f"{MODELS}:{model}")
-    job = _job(pipeir.library.get("1f1b", 2, 4), model, STEPS)
+    job = byom_job(pipeir.library.get("1f1b", 2, 4), model, STEPS)
     check(spec, job, _as_result(spec, 2, reverse=True), None)  # passes: no exception
     assert "all stages within 1e-05" in capsys.readouterr().out
     with pytest.raises(RunError, match=r"--check: stage [01] differs from single-process "

@@ -281,7 +281,7 @@ def test_passes_that_rebuild_programs_and_torch_export_refuse_memory_ops() -> No
 
 # ---- training ------------------------------------------------------------------------------
 sys.path.insert(0, str(Path(__file__).parent))
-from test_runtime import TIMEOUT, _assert_matches_reference, _job  # noqa: E402
+from runtime_helpers import TIMEOUT, assert_matches_reference, runtime_job  # noqa: E402
 
 NOISY = f"{Path(__file__).parent / 'zoo.py'}:noisy"
 STRUCTURED = f"{Path(__file__).parent / 'zoo.py'}:structured"
@@ -324,16 +324,16 @@ def test_memory_ops_train_like_single_process_and_measure_the_simulated_peak(p: 
 
     m = 2 * p
     mlp, dropout = _memory_jobs(p, m)
-    jobs = [_job(s, ps, 2) for s, ps in mlp]
-    jobs += [_job(s, ps, 2, model=STRUCTURED) for s, ps in mlp[:1] + mlp[5:6]]
-    jobs += [_job(s, ps, 2, model=model) for s, ps in mlp[5:6] for model in (BATCHNORM, EMA)]
-    noisy = [_job(s, ps, 2, model=NOISY) for s, ps in dropout]
-    plain = [_job(s, ps.rpartition(",")[0] if "," in ps else None, 2, model=NOISY)
+    jobs = [runtime_job(s, ps, 2) for s, ps in mlp]
+    jobs += [runtime_job(s, ps, 2, model=STRUCTURED) for s, ps in mlp[:1] + mlp[5:6]]
+    jobs += [runtime_job(s, ps, 2, model=model) for s, ps in mlp[5:6] for model in (BATCHNORM, EMA)]
+    noisy = [runtime_job(s, ps, 2, model=NOISY) for s, ps in dropout]
+    plain = [runtime_job(s, ps.rpartition(",")[0] if "," in ps else None, 2, model=NOISY)
              for s, ps in dropout]
     kinds = set().union(*(_kinds(s, ps) for s, ps in mlp))
     assert {"FC", "RC", "OFF", "RELOAD", "I", "W"} <= kinds
     result = launch(jobs + noisy + plain, p, timeout_s=TIMEOUT * 2)
-    _assert_matches_reference(jobs, result)
+    assert_matches_reference(jobs, result)
     # dropout: with the forwards recomputed, the same masks as without (same RNG draws)
     n = len(jobs)
     for k in range(len(noisy)):
@@ -382,3 +382,34 @@ def test_run_reports_measured_and_simulated_peak_bytes_and_traces_copies(cli, tm
         assert got > 0 and abs(got - want) <= 0.1 * want
     names = {e["name"] for e in json.loads(trace.read_text())["traceEvents"] if e["ph"] == "X"}
     assert {"FC1", "RC1", "OFF0", "RELOAD0"} <= names
+
+
+def test_a_step_with_recorded_layouts_runs_without_hooks_and_reports_the_recorded_peak(
+) -> None:
+    """Saved activations are recorded on a step with micro-batch layouts not seen before;
+    a step with the same layouts in the same order runs without the pack hooks (nothing is
+    stashed) and reports the recorded step's peak; new layouts, or `every_step`, record."""
+    import torch
+
+    from pipeir.runtime.memory import SavedActivations
+
+    lin = torch.nn.Linear(8, 8)
+
+    def step(saved: SavedActivations, layouts: tuple[int, ...], rows: int) -> tuple[int, int]:
+        saved.begin_step(layouts)
+        with saved.recording((0, 0)):
+            y = torch.tanh(lin(torch.ones(rows, 8)))
+        stashed = sum(len(s.tensors) for s in saved._stash.values())
+        y.sum().backward()
+        saved.release((0, 0))
+        saved.end_step()
+        return saved.peak, stashed
+
+    saved = SavedActivations(torch.device("cpu"), lin.parameters(), every_step=False)
+    first, stashed = step(saved, (1,), 4)
+    # tanh saves its output (4 x 8 floats), the linear its input (4 x 8): 256 bytes
+    assert (first, stashed) == (256, 2)
+    assert step(saved, (1,), 4) == (256, 0)  # not recorded, the recorded peak
+    assert step(saved, (2,), 6) == (384, 2)  # new layouts: recorded
+    always = SavedActivations(torch.device("cpu"), lin.parameters())
+    assert [step(always, (1,), 4) for _ in range(2)] == [(256, 2), (256, 2)]

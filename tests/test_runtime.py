@@ -12,61 +12,15 @@ import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from runtime_helpers import EXAMPLES, MLP, TIMEOUT, assert_matches_reference, lib, runtime_job
 
 import pipeir
 from pipeir.backend.codegen import rank_source
 from pipeir.models import resolve
-from pipeir.runtime.launch import RunResult, free_port, launch
-from pipeir.runtime.reference import train_reference
+from pipeir.runtime.launch import free_port, launch
 from pipeir.runtime.worker import Job
 from pipeir.schedule import Schedule
 from pipeir.testing import configs, schedules
-
-EXAMPLES = Path(__file__).parent.parent / "examples"
-TIMEOUT = 60.0
-MLP = "pipeir.models.mlp:small"  # the built-in mlp at test size
-
-
-def _job(schedule: Schedule, passes: str | None, steps: int, model: str = MLP,
-         **options: object) -> Job:
-    low = pipeir.compile(schedule, passes).lowered
-    return Job(low, tuple(rank_source(low, r) for r in range(low.ranks)), model, steps,
-               collect=True, **options)  # type: ignore[arg-type]
-
-
-def _assert_matches_reference(jobs: list[Job], result: RunResult) -> None:
-    """Parameters after the last step and gradients of the last step allclose (rtol 1e-5) to
-    single-process training. Gradients are compared too because one SGD step changes large
-    weights too little for a wrong gradient to show in the parameters alone."""
-    for j, job in enumerate(jobs):
-        low = job.lowered
-        spec = resolve(job.model)
-        # bf16: equal to single-process training under the same autocast, within a couple of
-        # bf16 roundings (measured: 2e-7 after 3 steps of the tiny gpt)
-        rtol = 1e-5 if spec.autocast is None else 1e-2
-        want, want_grads = train_reference(spec, low.stages, low.microbatches,
-                                           low.accumulate, job.steps)
-        what = (f"job {j} {low.name} overlap={low.overlap} accumulate={low.accumulate} "
-                f"{job.model.rpartition('/')[2]}")
-        assert sorted(result.params[j]) == list(range(low.stages)), f"{what}: stages missing"
-        for s in range(low.stages):
-            for mine, ref, kind in ((result.params[j][s], want[s], "parameter"),
-                                    (result.grads[j][s], want_grads[s], "gradient")):
-                assert sorted(mine) == sorted(ref), f"{what}: stage {s} {kind}s differ"
-                for k, r in ref.items():
-                    got = torch.from_numpy(mine[k])
-                    r = r.to(got.dtype)
-                    # atol: rtol of the tensor's largest value (sums in another order, e.g.
-                    # of a tied weight's two gradients, differ by rounding, which is large
-                    # relative to the elements near zero)
-                    scale = float(r.abs().max()) if r.numel() and r.is_floating_point() else 0
-                    torch.testing.assert_close(
-                        got, r, rtol=rtol, atol=max(1e-8, rtol * scale),
-                        msg=lambda m, w=f"{what}: stage {s} {kind} {k}": f"{w}: {m}")
-
-
-def _lib(name: str, p: int, m: int, **kw: int) -> Schedule:
-    return pipeir.library.get(name, p, m, **kw)
 
 
 def _example(name: str, **overrides: int) -> Schedule:
@@ -81,41 +35,41 @@ PAIRED_1F1B = (Path(__file__).parent.parent / "examples" / "paired-1f1b.sched").
 def test_smoke_two_ranks_train_like_single_process() -> None:
     """The default run's check of the runtime: two gloo ranks train 1F1B with overlapped
     communication exactly as one process does (the marked suite runs every kind)."""
-    jobs = [_job(_lib("1f1b", 2, 4), "overlap", 2)]
+    jobs = [runtime_job(lib("1f1b", 2, 4), "overlap", 2)]
     result = launch(jobs, 2, timeout_s=TIMEOUT)
-    _assert_matches_reference(jobs, result)
+    assert_matches_reference(jobs, result)
 
 
 @pytest.mark.mp
 def test_two_ranks_every_schedule_kind_matches_single_process() -> None:
     jobs = [
-        _job(_lib("gpipe", 2, 4), None, 1),
-        _job(_lib("1f1b", 2, 4), None, 1),
-        _job(_lib("gpipe", 2, 4), None, 3),
-        _job(_lib("1f1b", 2, 4), None, 3),
-        _job(_lib("1f1b", 2, 4), "overlap", 3),
-        _job(_lib("interleaved-1f1b", 2, 4, v=2), None, 3),
-        _job(_lib("interleaved-1f1b", 2, 4, v=2), "overlap{max_posted=1}", 3),
-        _job(_example("defer-w.sched", ranks=2, microbatches=4), None, 3),  # split I/W
-        _job(_example("defer-w.sched", ranks=2, microbatches=4, lag=2), "overlap", 3),
-        _job(_lib("1f1b", 2, 4), "split-backward", 2),  # I/W from the pass
-        _job(_lib("interleaved-1f1b", 2, 4, v=2), "split-backward{mode=h2},overlap", 2),
-        _job(_example("1f1b.sched", ranks=2, microbatches=4, accumulate=2), None, 2),
-        _job(_example("1f1b.sched", ranks=2, microbatches=2, accumulate=2), "overlap", 2),
-        _job(_example("vshape.sched", ranks=2, microbatches=2), None, 2),  # local hand-offs
+        runtime_job(lib("gpipe", 2, 4), None, 1),
+        runtime_job(lib("1f1b", 2, 4), None, 1),
+        runtime_job(lib("gpipe", 2, 4), None, 3),
+        runtime_job(lib("1f1b", 2, 4), None, 3),
+        runtime_job(lib("1f1b", 2, 4), "overlap", 3),
+        runtime_job(lib("interleaved-1f1b", 2, 4, v=2), None, 3),
+        runtime_job(lib("interleaved-1f1b", 2, 4, v=2), "overlap{max_posted=1}", 3),
+        runtime_job(_example("defer-w.sched", ranks=2, microbatches=4), None, 3),  # split I/W
+        runtime_job(_example("defer-w.sched", ranks=2, microbatches=4, lag=2), "overlap", 3),
+        runtime_job(lib("1f1b", 2, 4), "split-backward", 2),  # I/W from the pass
+        runtime_job(lib("interleaved-1f1b", 2, 4, v=2), "split-backward{mode=h2},overlap", 2),
+        runtime_job(_example("1f1b.sched", ranks=2, microbatches=4, accumulate=2), None, 2),
+        runtime_job(_example("1f1b.sched", ranks=2, microbatches=2, accumulate=2), "overlap", 2),
+        runtime_job(_example("vshape.sched", ranks=2, microbatches=2), None, 2),  # local hand-offs
         # uneven micro-batches (16 samples in 3) through a transformer: per-mb shape plans
-        _job(_lib("1f1b", 2, 3), "overlap", 2, model="transformer"),
+        runtime_job(lib("1f1b", 2, 3), "overlap", 2, model="transformer"),
         # overlapped pairs, alone and with V placement (local hand-offs) and split I/W
-        _job(pipeir.parse(PAIRED_1F1B), None, 2),
-        _job(pipeir.parse(PAIRED_1F1B), "overlap{max_posted=1}", 2),
-        _job(_lib("dualpipe-v", 2, 4), None, 2),
-        _job(_lib("dualpipe-v", 2, 4), "overlap", 2, model="transformer"),
-        _job(_lib("zb-v", 2, 4), None, 2),
+        runtime_job(pipeir.parse(PAIRED_1F1B), None, 2),
+        runtime_job(pipeir.parse(PAIRED_1F1B), "overlap{max_posted=1}", 2),
+        runtime_job(lib("dualpipe-v", 2, 4), None, 2),
+        runtime_job(lib("dualpipe-v", 2, 4), "overlap", 2, model="transformer"),
+        runtime_job(lib("zb-v", 2, 4), None, 2),
     ]
     paired = [i for p in jobs[-5].lowered.programs for i in p if i.paired]
     assert paired, "the paired schedule lowers with back-to-back pairs"
     result = launch(jobs, 2, timeout_s=TIMEOUT)
-    _assert_matches_reference(jobs, result)
+    assert_matches_reference(jobs, result)
     losses = [result.steps[(0, 0)].loss]
     assert losses[0] is not None and losses[0] > 0
 
@@ -123,12 +77,12 @@ def test_two_ranks_every_schedule_kind_matches_single_process() -> None:
 @pytest.mark.mp
 def test_four_ranks_match_single_process() -> None:
     jobs = [
-        _job(_lib("1f1b", 4, 8), "overlap", 2),
-        _job(_lib("interleaved-1f1b", 4, 8, v=2), None, 2),
-        _job(_example("defer-w.sched", ranks=4, microbatches=4), "overlap{max_posted=2}", 2),
+        runtime_job(lib("1f1b", 4, 8), "overlap", 2),
+        runtime_job(lib("interleaved-1f1b", 4, 8, v=2), None, 2),
+        runtime_job(_example("defer-w.sched", ranks=4, microbatches=4), "overlap{max_posted=2}", 2),
     ]
     result = launch(jobs, 4, timeout_s=TIMEOUT)
-    _assert_matches_reference(jobs, result)
+    assert_matches_reference(jobs, result)
 
 
 ZOO = Path(__file__).parent / "zoo.py"
@@ -146,27 +100,27 @@ def test_real_models_two_ranks_match_single_process() -> None:
     1F1B, interleaved, zb-h1 (split I/W) and dualpipe-v (V placement: local hand-offs, and
     the gpt's tied embedding and head on one rank), with and without overlap."""
     jobs = [
-        _job(_lib("1f1b", 2, 4), None, 3, STRUCTURED),
-        _job(_lib("1f1b", 2, 3), "overlap", 3, STRUCTURED),  # uneven micro-batches
-        _job(_lib("interleaved-1f1b", 2, 4, v=2), None, 2, STRUCTURED),
-        _job(_lib("interleaved-1f1b", 2, 4, v=2), "overlap", 2, STRUCTURED),
-        _job(_lib("zb-h1", 2, 4), None, 2, STRUCTURED),
-        _job(_lib("zb-h1", 2, 4), "overlap", 2, STRUCTURED),
-        _job(_lib("dualpipe-v", 2, 4), None, 2, STRUCTURED),
-        _job(_lib("dualpipe-v", 2, 4), "overlap", 2, STRUCTURED),
-        _job(_lib("1f1b", 2, 4), None, 3, ADAM),
-        _job(_lib("zb-v", 2, 4), "overlap", 3, ADAM),
-        _job(_lib("1f1b", 2, 4), "overlap", 3, GPT),
-        _job(_lib("interleaved-1f1b", 2, 4, v=2), None, 2, GPT),
-        _job(_lib("zb-h1", 2, 4), "overlap", 2, GPT),
-        _job(_lib("dualpipe-v", 2, 4), None, 2, GPT),
-        _job(_lib("1f1b", 2, 4), None, 2, GPT_BF16),
-        _job(_lib("dualpipe-v", 2, 4), "overlap", 2, GPT_BF16),
-        _job(_lib("zb-h1", 2, 4), "overlap", 4, FP16),
-        _job(_lib("1f1b", 2, 4), "split-backward", 2, CONVERTED),
+        runtime_job(lib("1f1b", 2, 4), None, 3, STRUCTURED),
+        runtime_job(lib("1f1b", 2, 3), "overlap", 3, STRUCTURED),  # uneven micro-batches
+        runtime_job(lib("interleaved-1f1b", 2, 4, v=2), None, 2, STRUCTURED),
+        runtime_job(lib("interleaved-1f1b", 2, 4, v=2), "overlap", 2, STRUCTURED),
+        runtime_job(lib("zb-h1", 2, 4), None, 2, STRUCTURED),
+        runtime_job(lib("zb-h1", 2, 4), "overlap", 2, STRUCTURED),
+        runtime_job(lib("dualpipe-v", 2, 4), None, 2, STRUCTURED),
+        runtime_job(lib("dualpipe-v", 2, 4), "overlap", 2, STRUCTURED),
+        runtime_job(lib("1f1b", 2, 4), None, 3, ADAM),
+        runtime_job(lib("zb-v", 2, 4), "overlap", 3, ADAM),
+        runtime_job(lib("1f1b", 2, 4), "overlap", 3, GPT),
+        runtime_job(lib("interleaved-1f1b", 2, 4, v=2), None, 2, GPT),
+        runtime_job(lib("zb-h1", 2, 4), "overlap", 2, GPT),
+        runtime_job(lib("dualpipe-v", 2, 4), None, 2, GPT),
+        runtime_job(lib("1f1b", 2, 4), None, 2, GPT_BF16),
+        runtime_job(lib("dualpipe-v", 2, 4), "overlap", 2, GPT_BF16),
+        runtime_job(lib("zb-h1", 2, 4), "overlap", 4, FP16),
+        runtime_job(lib("1f1b", 2, 4), "split-backward", 2, CONVERTED),
     ]
     result = launch(jobs, 2, timeout_s=TIMEOUT)
-    _assert_matches_reference(jobs, result)
+    assert_matches_reference(jobs, result)
     # the features are really exercised: clipping clips, the gpt counts tokens, its tied
     # copies on two ranks (interleaved) are equal, the frozen weights did not move
     adam = result.steps[(8, 2)].info
@@ -190,22 +144,22 @@ def test_real_models_four_ranks_and_resume_on_two(tmp_path: Path) -> None:
     ranks and ends where uninterrupted single-process training ends."""
     ck = str(tmp_path / "ck")
     jobs = [
-        _job(_lib("1f1b", 4, 4), "overlap", 2, STRUCTURED),
-        _job(_lib("interleaved-1f1b", 4, 4, v=2), None, 2, STRUCTURED),  # 8 stages
-        _job(_lib("zb-h1", 4, 4), "overlap", 2, GPT),
-        _job(_lib("dualpipe-v", 4, 8), None, 2, GPT_BF16),
-        _job(_lib("1f1b", 4, 4), "overlap", 3, FP16),
-        _job(_lib("1f1b", 4, 4), None, 2, GPT, save=ck, save_every=1),
+        runtime_job(lib("1f1b", 4, 4), "overlap", 2, STRUCTURED),
+        runtime_job(lib("interleaved-1f1b", 4, 4, v=2), None, 2, STRUCTURED),  # 8 stages
+        runtime_job(lib("zb-h1", 4, 4), "overlap", 2, GPT),
+        runtime_job(lib("dualpipe-v", 4, 8), None, 2, GPT_BF16),
+        runtime_job(lib("1f1b", 4, 4), "overlap", 3, FP16),
+        runtime_job(lib("1f1b", 4, 4), None, 2, GPT, save=ck, save_every=1),
     ]
     result = launch(jobs, 4, timeout_s=TIMEOUT)
-    _assert_matches_reference(jobs[:-1], result)
+    assert_matches_reference(jobs[:-1], result)
     assert sorted(p.name for p in (tmp_path / "ck").iterdir()) == ["latest", "step-1",
                                                                     "step-2"]  # keep 2
-    resumed = [_job(_lib("interleaved-1f1b", 2, 4, v=2), "overlap", 4, GPT, resume=ck),
-               _job(_lib("zb-v", 2, 4), None, 3, GPT, resume=ck)]
+    resumed = [runtime_job(lib("interleaved-1f1b", 2, 4, v=2), "overlap", 4, GPT, resume=ck),
+               runtime_job(lib("zb-v", 2, 4), None, 3, GPT, resume=ck)]
     after = launch(resumed, 2, timeout_s=TIMEOUT)
     assert sorted(s for j, s in after.steps if j == 0) == [2, 3]  # steps 1, 2 were loaded
-    _assert_matches_reference(resumed, after)
+    assert_matches_reference(resumed, after)
 
 
 class _Tied(torch.nn.Module):
@@ -296,9 +250,9 @@ def _same_rank_schedules(draw: st.DrawFn) -> list[Schedule]:
 @given(_same_rank_schedules(), st.lists(st.booleans(), min_size=3, max_size=3))
 def test_random_schedules_train_like_single_process(group: list[Schedule],
                                                     overlap: list[bool]) -> None:
-    jobs = [_job(s, "overlap" if o else None, 2) for s, o in zip(group, overlap)]
+    jobs = [runtime_job(s, "overlap" if o else None, 2) for s, o in zip(group, overlap)]
     result = launch(jobs, group[0].config.ranks, timeout_s=TIMEOUT)
-    _assert_matches_reference(jobs, result)
+    assert_matches_reference(jobs, result)
 
 
 # ---- `pipeirc run` -----------------------------------------------------------------------------
@@ -604,8 +558,8 @@ def test_run_report_measures_and_simulates_the_compiled_schedule() -> None:
 
     compute = (Load, Forward, Loss, Backward, BackwardInput, BackwardWeight)
     skewed = CostModel.from_settings({"lengths": [900, 10, 20, 800]})  # reorder relabels
-    compiled = [pipeir.compile(_lib("1f1b", 2, 4), p, costs=skewed) for p in REPORT_PASSES]
-    assert compiled[3].schedule != _lib("1f1b", 2, 4)  # reorder did change the schedule
+    compiled = [pipeir.compile(lib("1f1b", 2, 4), p, costs=skewed) for p in REPORT_PASSES]
+    assert compiled[3].schedule != lib("1f1b", 2, 4)  # reorder did change the schedule
     jobs = [Job(c.lowered, tuple(rank_source(c.lowered, r) for r in range(2)), MLP, 3)
             for c in compiled]
     result = launch(jobs, 2, timeout_s=TIMEOUT)
@@ -775,3 +729,48 @@ def test_check_with_replicas_leaves_their_own_buffers_out(cli) -> None:
                          "--dp", "2", "--model", f"{ZOO}:batchnorm", "--steps", "2", "--check")
     assert code == 0, err
     assert "all stages within 1e-05 of single-process training" in out
+
+
+@pytest.mark.parametrize("model", ["mlp", "transformer", f"{EXAMPLES}/gpt.py:spec"])
+def test_the_shape_plan_is_what_the_stages_hand_on_when_they_run(model: str) -> None:
+    """The plan traced without running anything (meta, or fake tensors under gpt.py's bf16
+    autocast) equals the layouts the real stages produce under autograd, and survives the
+    trip to a rank (pickled, then preset: the rank traces nothing)."""
+    import pickle
+
+    from pipeir.models.spec import autocast_dtype, build_stage
+    from pipeir.runtime.shapes import Layout, ShapePlan
+    from pipeir.runtime.worker import split_batch
+
+    spec = resolve(model)
+    x = split_batch(spec.batch(0), 4)[0][0]
+    plan = ShapePlan(spec, 4)
+    traced = plan.trace(x)
+    dtype = autocast_dtype(spec)
+    real, h = [], x
+    with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        for s in range(4):
+            h = build_stage(spec, s, 4)(*h) if isinstance(h, tuple) else \
+                build_stage(spec, s, 4)(h)
+            real.append(Layout.of(h))
+    assert traced == real
+    rank = ShapePlan(spec, 4)
+    rank.preset(pickle.loads(pickle.dumps(plan.layouts)))
+    rank.plan([x])
+    assert [rank.act(s, 0) for s in range(4)] == real and rank._tracer is None
+
+
+def test_a_rank_imports_neither_pipelining_nor_dynamo_and_the_launcher_starts_light() -> None:
+    """Start-up: the worker does not import torch.distributed.pipelining (torch._dynamo comes
+    from the fork server's preload, once), and `pipeirc run` can start the fork server before
+    it imports torch."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import pipeir.runtime.forkserver; a = 'torch' in sys.modules; "
+            "import pipeir.runtime.worker; "
+            "print(a, 'torch.distributed.pipelining' in sys.modules, "
+            "'torch._dynamo' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.split()
+    assert out == ["False", "False", "False"]

@@ -98,14 +98,14 @@ def test_cli_says_what_optimal_covers(cli, tmp_path: Path) -> None:
     costs = tmp_path / "uniform.toml"
     costs.write_text("F = 1.0\nB = 2.0\n")
     code, out, err = cli("synth", "--costs", costs, "--ranks", 2, "--microbatches", 4, "--v",
-                         1, "--time-limit", 5)
+                         1, "--time-limit", 5, "--backward", "whole")
     assert code == 0, err
     assert "lower bound: 15; gap 0.0% (optimal for v=1 loop);" in out, out
     code, out, err = cli("synth", "--costs", costs, "--ranks", 2, "--microbatches", 4,
                          "--time-limit", 5)
     assert code == 0, err
     assert "(optimal in the shapes searched)" in out and "(optimal)" not in out, out
-    assert re.search(r"\nshapes searched: v=\d \w+(, v=\d \w+)+\n", out), out
+    assert re.search(r"\nshapes searched: v=\d \w+( I \+ W)?(, v=\d \w+( I \+ W)?)+\n", out), out
 
 
 @pytest.mark.parametrize(("args", "message"), [
@@ -151,7 +151,8 @@ def test_cli_bytes_budget_searches_the_shapes_it_fits(cli, tmp_path: Path) -> No
                      "[stage.1]\nF = 1.0\n")
     out = tmp_path / "out.sched"
     code, text, err = cli("synth", "--costs", costs, "--microbatches", 4, "--memory-bytes",
-                          3e9, "--time-limit", 2, "--workers", 1, "-o", out)
+                          3e9, "--time-limit", 2, "--workers", 1, "--backward", "whole",
+                          "-o", out)
     assert code == 0, err
     assert "v=1" not in text
     elab = pipeir.load(out)

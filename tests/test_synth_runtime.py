@@ -5,7 +5,7 @@ training, like every library schedule in test_runtime."""
 from __future__ import annotations
 
 import pytest
-from test_runtime import TIMEOUT, _assert_matches_reference, _job
+from runtime_helpers import TIMEOUT, assert_matches_reference, runtime_job
 
 from pipeir.runtime.launch import launch
 from pipeir.search.synth import make_problem, synthesize
@@ -23,6 +23,7 @@ def test_synthesised_schedules_match_single_process() -> None:
                                      memory_limit=2), time_limit=10).schedule
              for v, placement, split in ((1, "loop", False), (1, "loop", True),
                                          (2, "vshape", True), (2, "loop", False))]
-    jobs = [_job(s, passes, 2) for s, passes in zip(found, (None, "overlap", None, "overlap"))]
+    jobs = [runtime_job(s, passes, 2)
+            for s, passes in zip(found, (None, "overlap", None, "overlap"))]
     result = launch(jobs, 2, timeout_s=TIMEOUT)
-    _assert_matches_reference(jobs, result)
+    assert_matches_reference(jobs, result)

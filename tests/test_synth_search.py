@@ -55,7 +55,7 @@ def test_synth_never_returns_a_slower_schedule_than_its_warm_start() -> None:
                                      "latency": (0.01, None), "bandwidth": (1e7, None),
                                      "activation_bytes": (1e5, None),
                                      "stage.1.F": (1.2, None)})
-    got = synth(costs, 2, 8, memory_limit="1f1b", time_limit=1e-9)
+    got = synth(costs, 2, 8, memory_limit="1f1b", time_limit=1e-9, split=False)
     starts_ = [synthesize(make_problem(costs, 2, 8, v, shape, memory_limit="1f1b"),
                           tune_costs=costs, time_limit=1e-9).warm.step
                for v, shape in ((1, "loop"), (2, "loop"), (2, "vshape"), (4, "loop"),
@@ -269,17 +269,19 @@ def test_the_library_search_and_the_bounds_stay_within_the_time(
     got = synth.synth(HETERO, 2, 4, split=True, time_limit=0.8)
     assert deadlines == [pytest.approx(0.8 / 3)]  # from synth's start
     tuned = real_search(HETERO, 2, [4], comms=("overlapped",), dp=1).best
-    own = f"v={tuned.v} {tuned.schedule.config.placement_name or 'loop'}"
+    own = f"v={tuned.v} {tuned.schedule.config.placement_name or 'loop'} I + W"
     assert got.shapes == (own,) and got.bound <= got.step <= tuned.step_time
-    every = ("v=1 loop", "v=2 loop", "v=2 vshape", "v=4 loop", "v=4 vshape")
+    every = tuple(f"{x} I + W" for x in ("v=1 loop", "v=2 loop", "v=2 vshape", "v=4 loop",
+                                           "v=4 vshape"))
     assert got.unsearched == tuple(x for x in every if x != own)
     costs = tmp_path / "costs.toml"
     costs.write_text("F = 1.0\nI = 1.5\nW = 0.5\nlatency = 0.25\n")
     code, out, err = cli("synth", "--costs", costs, "--ranks", 2, "--microbatches", 4,
                          "--split-backward", "--time-limit", 0.8)
     assert code == 0, err
-    assert re.search(r"\nshapes searched: v=\d \w+; not reached within --time-limit 0\.8: "
-                     r"v=\d \w+(, v=\d \w+){3} \(the bound does not cover them\)\n", out), out
+    assert re.search(r"\nshapes searched: v=\d \w+ I \+ W; not reached within --time-limit "
+                     r"0\.8: v=\d \w+ I \+ W(, v=\d \w+ I \+ W){3} \(the bound does not "
+                     r"cover them\)\n", out), out
     assert "(optimal)" not in out  # at most "optimal in the shapes searched"
 
 

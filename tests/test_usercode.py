@@ -1,14 +1,21 @@
 """User code cannot take pipeir down (issue 37): a model file, a `--model` spec, a pass
 plugin or a batch function that exits, is interrupted or raises is one line naming its file,
 the line of the raise and the exception, exit 1 (130 for an interrupt); `--traceback` adds the
-trace; a plugin's prints cannot corrupt a schedule written to stdout. Nothing here starts a
-process: every failure comes before training."""
+trace; a plugin's or model's output, printed or written to descriptor 1, cannot corrupt a
+schedule written to stdout nor the run's report. Nothing here starts a process but the `mp`
+test of a model writing from the ranks: every failure comes before training."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+
+from pipeir.cli import main
+from pipeir.runtime.launch import free_port
 
 REPO = Path(__file__).parent.parent
 SCHED = REPO / "examples/1f1b.sched"
@@ -116,3 +123,91 @@ def test_a_plugin_file_that_exits_or_raises_while_importing(
     assert f"error: --pass-plugin '{plugin}:X': {shown} at {plugin}:{line} while importing " \
            f"{plugin}" in err, err
     assert "Traceback" not in err
+
+
+FD_PLUGIN = '''import os
+from dataclasses import dataclass
+from typing import ClassVar
+from pipeir.passes import Pass
+
+os.write(1, b"noise while importing\\n")
+
+@dataclass(frozen=True)
+class Raw(Pass):
+    name: ClassVar[str] = "raw"
+    summary: ClassVar[str] = "writes to descriptor 1"
+
+    def run(self, schedule, context):
+        os.write(1, b"noise from the pass\\n")
+        return schedule
+'''
+
+
+def test_a_plugin_writing_to_descriptor_1_cannot_corrupt_stdout(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """`os.write(1, ...)` (as a C extension writes) bypasses `sys.stdout`: it is sent to
+    stderr at the descriptor, and stdout is exactly the schedule."""
+    plugin = tmp_path / "raw.py"
+    plugin.write_text(FD_PLUGIN)
+    assert main(["opt", *LIB, "--pass-plugin", f"{plugin}:Raw", "--passes", "raw"]) == 0
+    out, err = capfd.readouterr()
+    assert "noise while importing" in err and "noise from the pass" in err
+    assert main(["opt", *LIB, "--passes", "verify"]) == 0
+    assert out == capfd.readouterr().out
+
+
+NOISY_MODEL = '''import os
+from torch import nn
+from pipeir.models import ModelSpec
+from pipeir.models.mlp import small
+
+
+class Noisy(nn.Module):
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x):
+        os.write(1, b"NOISE-FD\\n")
+        print("NOISE-PY")
+        return self.inner(x)
+
+
+def spec():
+    b = small()
+    return ModelSpec(stage=lambda s, n: Noisy(b.stage(s, n)), loss=b.loss, batch=b.batch)
+'''
+
+
+@pytest.mark.mp
+def test_a_model_writing_to_descriptor_1_in_the_ranks_cannot_corrupt_the_report(
+        tmp_path: Path) -> None:
+    """The ranks run the model outside any contained block: their descriptor 1 is stderr,
+    so `pipeirc run`'s stdout holds its report only."""
+    model = tmp_path / "noisy.py"
+    model.write_text(NOISY_MODEL)
+    done = subprocess.run([sys.executable, "-m", "pipeir", "run", *LIB, "--model", model,
+                           "--steps", "1"], capture_output=True, text=True, timeout=300,
+                          cwd=tmp_path, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert done.returncode == 0, done.stderr
+    assert "NOISE" not in done.stdout and "step" in done.stdout
+    assert "NOISE-FD" in done.stderr and "NOISE-PY" in done.stderr
+
+
+@pytest.mark.mp
+def test_a_model_writing_to_descriptor_1_under_torchrun_cannot_corrupt_the_step_lines(
+        tmp_path: Path) -> None:
+    """A torchrun rank prints its own step lines: onto a copy of the stdout it had, while
+    the model's output, printed or written to descriptor 1, goes to stderr."""
+    model = tmp_path / "noisy.py"
+    model.write_text(NOISY_MODEL)
+    assert main(["compile", str(SCHED), "--set", "ranks=2", "--set", "microbatches=2",
+                 "-o", str(tmp_path / "gen")]) == 0
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+         "--master-port", str(free_port()), str(tmp_path / "gen" / "main.py"),
+         "--steps", "2", "--model", str(model)],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "step 2/2  loss " in done.stdout and "NOISE" not in done.stdout
+    assert "NOISE-FD" in done.stderr and "NOISE-PY" in done.stderr

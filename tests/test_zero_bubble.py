@@ -183,15 +183,15 @@ def test_bubble_command_has_rows_for_the_new_schedules(cli) -> None:
 def test_zero_bubble_schedules_train_like_single_process() -> None:
     """Through pipeir's own backend (lowering, codegen, gloo runtime), reusing the runtime
     tests' helpers: parameters and gradients equal single-process training."""
-    from test_runtime import TIMEOUT, _assert_matches_reference, _job, _lib
+    from runtime_helpers import TIMEOUT, assert_matches_reference, lib, runtime_job
 
     from pipeir.runtime.launch import launch
 
-    jobs = [_job(_lib("zb-h1", 2, 4), None, 2), _job(_lib("zb-h2", 2, 4), "overlap", 2),
-            _job(_lib("zb-v", 2, 4), None, 2), _job(_lib("dualpipe-v", 2, 4), None, 2),
-            _job(_lib("looped-bfs", 2, 4), "overlap", 2)]
+    jobs = [runtime_job(lib("zb-h1", 2, 4), None, 2), runtime_job(lib("zb-h2", 2, 4), "overlap", 2),
+            runtime_job(lib("zb-v", 2, 4), None, 2), runtime_job(lib("dualpipe-v", 2, 4), None, 2),
+            runtime_job(lib("looped-bfs", 2, 4), "overlap", 2)]
     result = launch(jobs, 2, timeout_s=TIMEOUT)
-    _assert_matches_reference(jobs, result)
+    assert_matches_reference(jobs, result)
 
 
 @pytest.mark.mp

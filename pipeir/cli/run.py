@@ -14,6 +14,7 @@ from pipeir.cli.common import add_schedule_args
 from pipeir.cli.compile import add_backend_args, compile_args
 from pipeir.diagnostics import EXIT_OK, UsageError
 from pipeir.passes import Compiled
+from pipeir.runtime.forkserver import prestart
 
 if TYPE_CHECKING:
     from pipeir.passes.reorder import StepPlanner
@@ -88,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UsageError("--steps must be at least 1")
+    torchrun = _torchrun()
+    if not torchrun:  # the ranks' fork server imports torch while this process compiles
+        prestart()
     if args.plan is not None:
         _use_plan(args)
     elif args.model is None:
@@ -119,7 +123,6 @@ def _train(args: argparse.Namespace) -> int:
     from pipeir.runtime.preflight import preflight
     from pipeir.runtime.worker import Job
 
-    torchrun = "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
     start = preflight(spec, args.model, lowered.stages,
                       lowered.microbatches * lowered.accumulate, args.steps, save=args.save,
                       save_every=args.save_every, resume=args.resume, keep=args.keep,
@@ -128,7 +131,7 @@ def _train(args: argparse.Namespace) -> int:
     job = Job(lowered, sources, args.model, args.steps, plan=_planner(compiled, args),
               collect=args.check, save=args.save, save_every=args.save_every,
               resume=args.resume, dp=dp, allow_nonfinite=args.allow_nonfinite,
-              keep=KEEP if args.keep is None else args.keep)
+              keep=KEEP if args.keep is None else args.keep, layouts=start.layouts)
     if torchrun:  # each node's processes: torchrun placed them, pipeir cannot count them
         return _under_torchrun(job, args, dp)
     from pipeir.runtime.launch import StepReport, launch
@@ -180,6 +183,11 @@ def _train(args: argparse.Namespace) -> int:
 
         check(spec, job, result, args.tolerance)
     return EXIT_OK
+
+
+def _torchrun() -> bool:
+    """Whether torchrun started this process (as one rank)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
 def _use_plan(args: argparse.Namespace) -> None:

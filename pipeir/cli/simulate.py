@@ -12,6 +12,7 @@ from pipeir import driver
 from pipeir.cli.common import add_schedule_args, columns, load_with_costs
 from pipeir.files import resolve_output, write_atomic
 from pipeir.sim import COMM_MODELS, SimResult
+from pipeir.sim.steady import SteadyState, steady
 
 ORDER = 40
 NAME = "simulate"
@@ -55,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
 
         write_atomic(args.trace, json.dumps(chrome_trace(result)), "--trace")
     if args.json:
-        print(json.dumps(result.to_json(), indent=2))
+        print(json.dumps({**result.to_json(), "steady": steady_json(steady(result))}, indent=2))
         return 0
     from pipeir.views.timeline import render_timeline
 
@@ -81,6 +82,8 @@ def summary(result: SimResult) -> str:
                  f"the ideal step; critical path {len(result.critical_path)} ops, "
                  f"{_n(result.critical_path_time)}{unit} of compute" if result.makespan > 0
                  else "every op costs nothing here, so there is no bubble to measure")]
+    if result.makespan > 0:
+        lines.append(steady_line(steady(result), unit))
     if result.has_reductions:
         lines.append(
             f"gradient all-reduce (dp = {result.costs.dp}): {_n(result.reduction_time)}{unit} on "
@@ -107,6 +110,21 @@ def summary(result: SimResult) -> str:
     lines.extend("  ".join(cell.rjust(w) for cell, w in zip(row, widths)).rstrip()
                  for row in rows)
     return "\n".join(lines)
+
+
+def steady_line(st: SteadyState, unit: str) -> str:
+    """The steady state in one line (`pipeir.sim.steady` defines both figures)."""
+    return (f"steps back to back: {_n(st.step)}{unit} per step, bubble {st.bubble:.1%}; "
+            f"longest rank span {_n(st.longest_span)}{unit}, bubble {st.span_bubble:.1%} "
+            "(the Zero Bubble paper's figure)")
+
+
+def steady_json(st: SteadyState) -> dict[str, object]:
+    """The steady state for --json."""
+    return {"step": round(st.step, 9), "bubble": round(st.bubble, 9),
+            "longest_span": round(st.longest_span, 9),
+            "span_bubble": round(st.span_bubble, 9),
+            "spans": [round(x, 9) for x in st.spans]}
 
 
 def _n(x: float) -> str:

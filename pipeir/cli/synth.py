@@ -38,8 +38,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      help=f"{memunit.HELP} (default: 1F1B's memory at every V, P x V)")
     mem.add_argument("--memory-bytes", type=positive_float, metavar="B",
                      help="most activation bytes a rank may hold (needs memory_bytes costs)")
-    p.add_argument("--split-backward", action="store_true",
-                   help="order I and W separately (zero-bubble schedules) instead of B")
+    back = p.add_mutually_exclusive_group()
+    back.add_argument("--backward", choices=("whole", "split", "search"), default="search",
+                      help="order whole backwards (B), split ones (I and W separately: "
+                           "zero-bubble schedules), or search both and keep the faster "
+                           "(default: %(default)s)")
+    back.add_argument("--split-backward", action="store_const", dest="backward",
+                      const="split", help="the same as --backward split")
+    p.add_argument("--objective", choices=("makespan", "steady"), default="makespan",
+                   help="what to minimise: makespan, one step on its own (what a step "
+                        "costs when the optimizer step is synchronised across ranks, as "
+                        "pipeirc run does); steady, the time per step with steps back to "
+                        "back, each rank starting the next step once it has finished this "
+                        "one (the optimizer stepped per stage, e.g. the Zero Bubble paper's "
+                        "post-validation) (default: %(default)s)")
     p.add_argument("--comm", choices=("overlapped", "blocking"), default="overlapped",
                    help="communication model (default: %(default)s)")
     p.add_argument("--time-limit", type=positive_float, default=60.0, metavar="S",
@@ -60,6 +72,7 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.search.interrupt import interruptible
     from pipeir.search.synth import BudgetError, synth
     from pipeir.sim.cost_files import read_cost_file
+    from pipeir.sim.steady import steady_state
     from pipeir.verify import verify
 
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
@@ -77,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
         # Ctrl-C: stop at once, write nothing, exit 130 (`pipeir.search.interrupt`)
         with interruptible(progress.done if progress is not None else None):
             result = synth(costs, ranks, args.microbatches, v=args.v,
-                           placement=args.placement, split=args.split_backward, comm=args.comm,
+                           placement=args.placement,
+                           split={"whole": False, "split": True}.get(args.backward),
+                           comm=args.comm, objective=args.objective,
                            memory_limit=limit, memory_bytes=args.memory_bytes,
                            time_limit=args.time_limit, workers=args.workers, seed=args.seed,
                            work_limit=args.work_limit, progress=progress)
@@ -99,12 +114,17 @@ def run(args: argparse.Namespace) -> int:
     print(f"synth: {c.ranks} rank{'s' if c.ranks != 1 else ''}, {c.microbatches} "
           f"micro-batch{'es' if c.microbatches != 1 else ''}, v={c.stages // c.ranks} "
           f"({c.placement_name or 'explicit'} placement), "
-          f"{'I + W' if args.split_backward else 'B'} backwards, {args.comm} communication, "
-          f"{budget}")
+          f"{'I + W' if result.problem.split else 'B'} backwards, {args.comm} communication, "
+          f"{budget}" + ("; minimising the step with steps back to back"
+                         if args.objective == "steady" else ""))
     print(f"warm start: {result.warm.label}: step {result.warm.step:.6g}{unit}")
     print(best_line(result.step, result.warm.step, result.method, unit))
     print(f"lower bound: {result.bound:.6g}{unit}; gap {result.gap:.1%}"
           f"{_optimal(result)}; {result.wall:.1f} s")
+    st = steady_state(result.schedule, result.problem.costs, args.comm)
+    print(f"the schedule: makespan {st.makespan:.6g}{unit}, {st.step:.6g}{unit} per step "
+          f"back to back (bubble {st.bubble_at(st.makespan):.1%} of the makespan, {st.bubble:.1%} "
+          "back to back)")
     if len(result.shapes) > 1 or result.unsearched:
         print(f"shapes searched: {', '.join(result.shapes)}" + (
             f"; not reached within --time-limit {args.time_limit:g}: "

@@ -13,7 +13,9 @@ split points); stages keep the module's parameter names. Two routes cut a module
 - trace (with `example`, one micro-batch input as torch's `mb_args`): torch's own tracer,
   `torch.distributed.pipelining.pipeline`, which follows any forward torch.export can capture
   (Hugging Face models among them). A traced stage takes the previous stage's outputs as
-  positional arguments (torch's convention) and is specialised to the example's shapes.
+  positional arguments (torch's convention) and is specialised to the example's shapes:
+  inputs of other shapes are refused (before launch, by the shape plan), naming the stage and
+  both shapes.
 - prune (without `example`): torchtitan's way, a deep copy of the module with the modules
   other stages own removed, which needs a forward that skips what is missing (an
   `nn.Sequential`, or `if self.norm is not None:` as torchtitan's models do).
@@ -30,10 +32,8 @@ from __future__ import annotations
 
 import copy
 import operator
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -45,14 +45,27 @@ from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
 
 from pipeir.diagnostics import UsageError
 from pipeir.models.spec import ModelSpec, TiedGroup, _sgd, call_stage
+from pipeir.models.weights import (
+    Weights,
+    all_tensors,
+    load_into,
+    read_weights,
+    set_tensor,
+    tensors,
+)
 
 #: What `ModuleSpec.module` may be: the module, or a function building it (so pipeir can
 #: build it on the meta device).
 ModuleSource = nn.Module | Callable[[], nn.Module]
-#: What `ModuleSpec.weights` may be: a state_dict, or a `.safetensors` / `.pt` file.
-Weights = Mapping[str, torch.Tensor] | str | os.PathLike[str]
 
 _CONTAINERS = (nn.Sequential, nn.ModuleList, nn.ModuleDict)
+
+#: A stage's {parameter name: the unsplit module's name of the weight} for parameters that
+#: are copies of a weight another stage also holds: what `pipeir.torch_schedule` keeps tied
+#: (`pipeir.runtime.wiring`).
+TIED_ATTR = "_pipeir_tied"
+#: A traced stage's (stage index, its inputs' shapes when traced; None: not recorded).
+TRACED_ATTR = "_pipeir_traced_for"
 
 
 @dataclass(frozen=True)
@@ -128,7 +141,11 @@ class ModuleSpec:
     # ---- the split ------------------------------------------------------------------------
     def _model_spec(self, points_for: Callable[[int], list[str]]) -> ModelSpec:
         def stage(s: int, stages: int) -> nn.Module:
-            return self._stage(tuple(points_for(stages)), s)
+            points = tuple(points_for(stages))
+            built = self._stage(points, s)
+            setattr(built, TIED_ATTR, {n: group[0][1] for group in self._tied(points)
+                                       for k, n in group if k == s})
+            return built
 
         def tied(stages: int) -> list[TiedGroup]:
             return self._tied(tuple(points_for(stages)))
@@ -183,7 +200,7 @@ class ModuleSpec:
     def _on_meta(self, root: nn.Module) -> bool:
         """Whether `root` is the meta build; a forward that cannot run there (one that
         reads a value: `.item()`) marks the module to be split from a real build."""
-        if self._cache.get("meta_fails") or not any(t.is_meta for _, t in _tensors(root)):
+        if self._cache.get("meta_fails") or not any(t.is_meta for _, t in tensors(root)):
             return False
         self._cache["meta_fails"] = True
         return True
@@ -207,6 +224,18 @@ class ModuleSpec:
         return pieces
 
     def _stage(self, points: tuple[str, ...], s: int) -> nn.Module:
+        piece = self._pieces(points, real=False)[s]
+        if hasattr(piece, TRACED_ATTR):  # a GraphModule's deep copy keeps no hooks
+            traced = getattr(piece, TRACED_ATTR)
+            built = self._copy(points, s)
+            setattr(built, TRACED_ATTR, traced)
+            built.register_forward_pre_hook(_same_shapes)
+            return built
+        return self._copy(points, s)
+
+    def _copy(self, points: tuple[str, ...], s: int) -> nn.Module:
+        """Stage s's module, a copy of the split's: empty in a meta or fake mode, its
+        weights from `weights` or the unsplit build."""
         if _abstract():  # meta or fake: the structure only
             return _skeleton(self._pieces(points, real=False)[s])
         if self.weights is None:
@@ -214,20 +243,25 @@ class ModuleSpec:
         stage = _skeleton(self._pieces(points, real=False)[s], torch.device("cpu"))
         missing = load_into(stage, self._weights())
         if missing:  # not in the file (non-persistent buffers): from a real build
-            real = dict(_tensors(self._pieces(points, real=True)[s]))
+            real = dict(tensors(self._pieces(points, real=True)[s]))
             with torch.no_grad():
                 for name in missing:
-                    _set_tensor(stage, name, real[name].detach().clone(), real[name])
+                    set_tensor(stage, name, real[name].detach().clone(), real[name])
         return stage
 
     def _weights(self) -> Mapping[str, torch.Tensor]:
+        """The weights by every name of each tensor: a file holding a tied weight once (as
+        Hugging Face's safetensors files do) gives it to every name."""
         if "weights" not in self._cache:
             assert self.weights is not None
-            read = read_weights(self.weights)
+            read = dict(read_weights(self.weights))
             for name, aliases in self.state_names().items():
                 other = next((a for a in aliases if a in read and a != name), None)
-                if name in read and other is not None and not torch.equal(read[name],
-                                                                          read[other]):
+                if other is None:
+                    continue
+                if name not in read:
+                    read[name] = read[other]
+                elif not torch.equal(read[name], read[other]):
                     raise UsageError(f"weights: '{name}' and '{other}' are one tied weight "
                                      "in the module but differ in the file")
             self._cache["weights"] = read
@@ -259,48 +293,6 @@ def split(module: nn.Module, points: Sequence[str], example: Any = None) -> list
     spec = ModuleSpec(module=module, batch=_no_batch, loss=_no_loss, example=example)
     ms = spec.at(points)
     return [ms.stage(s, len(points) + 1) for s in range(len(points) + 1)]
-
-
-def read_weights(source: Weights) -> Mapping[str, torch.Tensor]:
-    """A state_dict from a mapping, a `.safetensors` file or a `torch.save`d `.pt` file."""
-    if isinstance(source, Mapping):
-        return source
-    path = Path(source)
-    if not path.is_file():
-        raise UsageError(f"weights '{path}': no such file")
-    if path.suffix == ".safetensors":
-        try:
-            from safetensors.torch import load_file  # noqa: PLC0415 - optional extra (hf)
-        except ImportError:
-            raise UsageError(f"weights '{path}': reading .safetensors needs the safetensors "
-                             "package (pip install 'pipeir[hf]')") from None
-        loaded: dict[str, torch.Tensor] = load_file(str(path))
-        return loaded
-    try:
-        got = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:
-        raise UsageError(f"weights '{path}': not a torch state_dict: {type(e).__name__}: "
-                         f"{e}") from None
-    if not isinstance(got, Mapping):
-        raise UsageError(f"weights '{path}': holds a {type(got).__name__}, not a state_dict")
-    return got
-
-
-def load_into(stage: nn.Module, weights: Mapping[str, torch.Tensor]) -> list[str]:
-    """Copy the stage's tensors from an unsplit state_dict (shapes must match); returns the
-    names of the stage's tensors the state_dict does not hold."""
-    missing = []
-    with torch.no_grad():
-        for name, t in _tensors(stage):
-            if name not in weights:
-                missing.append(name)
-                continue
-            w = weights[name]
-            if tuple(w.shape) != tuple(t.shape):
-                raise UsageError(f"weights: '{name}' has shape {list(w.shape)}, the module "
-                                 f"{list(t.shape)}")
-            t.copy_(w)
-    return missing
 
 
 # ---- helpers -------------------------------------------------------------------------------
@@ -364,7 +356,7 @@ def _call_order(root: nn.Module, units: list[str], example: Any) -> list[str]:
 
 def _like(example: Any, root: nn.Module) -> Any:
     """The example on the module's device (meta for a module built there)."""
-    device = next((t.device for _, t in _tensors(root)), torch.device("cpu"))
+    device = next((t.device for _, t in tensors(root)), torch.device("cpu"))
     return pytree.tree_map(lambda x: x.to(device) if isinstance(x, torch.Tensor) else x,
                            example)
 
@@ -384,6 +376,11 @@ def _trace(root: nn.Module, points: tuple[str, ...], example: Any) -> list[nn.Mo
                          "points (is every point a module the forward calls?)")
     stages = [pipe.get_stage_module(s) for s in range(pipe.num_stages)]
     _chain(pipe.split_gm.graph, stages)
+    for k, stage in enumerate(stages):
+        assert isinstance(stage, fx.GraphModule)
+        vals = [n.meta.get("val") for n in stage.graph.nodes if n.op == "placeholder"]
+        setattr(stage, TRACED_ATTR, (k, tuple(tuple(v.shape) if isinstance(v, torch.Tensor)
+                                              else None for v in vals)))
     persistent = set(root.state_dict())
     for stage in stages:
         _drop_unread(stage)
@@ -392,6 +389,24 @@ def _trace(root: nn.Module, points: tuple[str, ...], example: Any) -> list[nn.Mo
                 owner, _, leaf = name.rpartition(".")
                 stage.get_submodule(owner)._non_persistent_buffers_set.add(leaf)
     return stages
+
+
+def _same_shapes(stage: nn.Module, args: tuple[Any, ...]) -> None:
+    """A traced stage's forward pre-hook: torch.export fixes every shape of the trace (views
+    and reshapes to the example's sizes), so inputs of other shapes would fail deep in the
+    graph or, where they broadcast, compute something else. Refuse them, naming both."""
+    k, want = getattr(stage, TRACED_ATTR)
+    got = tuple(tuple(a.shape) if isinstance(a, torch.Tensor) else None for a in args)
+    if len(got) == len(want) and all(w is None or w == g for w, g in zip(want, got)):
+        return
+    raise UsageError(f"stage {k} was traced for inputs of shape ({_shapes(want)}) "
+                     f"(ModuleSpec's example) but is given ({_shapes(got)}): a traced stage "
+                     "keeps the example's shapes; give an example of one micro-batch as this "
+                     "run cuts the batch")
+
+
+def _shapes(shapes: Sequence[tuple[int, ...] | None]) -> str:
+    return ", ".join("?" if t is None else "x".join(map(str, t)) or "scalar" for t in shapes)
 
 
 def _drop_unread(stage: nn.Module) -> None:
@@ -411,7 +426,7 @@ def _reads(module: nn.Module, prefix: str = "") -> set[str]:
     """The names of the tensors a (graph) module reads; all of a module that has no graph."""
     graph = getattr(module, "graph", None)
     if not isinstance(graph, fx.Graph):
-        return {prefix + n for n, _ in _all_tensors(module)}
+        return {prefix + n for n, _ in all_tensors(module)}
     out: set[str] = set()
     for node in graph.nodes:
         if node.op == "get_attr":
@@ -516,25 +531,10 @@ def _prune(root: nn.Module, units: list[str], points: tuple[str, ...]) -> list[n
     return out
 
 
-def _tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    """Parameters and buffers (persistent or not), each shared one once."""
-    return [*module.named_parameters(), *module.named_buffers()]
-
-
-def _set_tensor(module: nn.Module, name: str, value: torch.Tensor, like: torch.Tensor) -> None:
-    """Put `value` where `name` is: a Parameter (trainable as `like`) or a buffer."""
-    owner, _, leaf = name.rpartition(".")
-    m = module.get_submodule(owner)
-    if leaf in m._parameters:
-        m._parameters[leaf] = nn.Parameter(value, requires_grad=like.requires_grad)
-    else:
-        m._buffers[leaf] = value
-
-
 def _skeleton(src: nn.Module, device: torch.device | None = None) -> nn.Module:
     """A copy of `src` whose tensors are new and empty, made in the current mode (meta, fake)
     or on `device`; tensors shared within `src` stay shared."""
-    tensors = _all_tensors(src)
+    tensors = all_tensors(src)
     # the deep copy copies no data: each tensor is replaced below
     memo: dict[int, Any] = {id(t): None for _, t in tensors}
     with _unfaked():
@@ -543,13 +543,8 @@ def _skeleton(src: nn.Module, device: torch.device | None = None) -> nn.Module:
     for name, t in tensors:
         if id(t) not in made:
             made[id(t)] = torch.empty(t.shape, dtype=t.dtype, device=device)
-        _set_tensor(stage, name, made[id(t)], t)
+        set_tensor(stage, name, made[id(t)], t)
     return stage
-
-
-def _all_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
-    return [*module.named_parameters(remove_duplicate=False),
-            *module.named_buffers(remove_duplicate=False)]
 
 
 def _abstract() -> bool:

@@ -40,6 +40,8 @@ from pipeir.runtime.optim import Optim, StepStats
 from pipeir.runtime.shapes import Layout, ShapePlan, TensorMeta
 
 Key = tuple[int, int]
+#: reusable, and made once: `_autocast` runs around every forward and loss
+_NO_AUTOCAST: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
 class CommFailure(RuntimeError):
@@ -69,7 +71,7 @@ class Context:
 
     def __init__(self, spec: ModelSpec, modules: dict[int, torch.nn.Module], stages: int,
                  device: torch.device, plan: ShapePlan, optim: Optim,
-                 on_instr: Callable[[int], None] | None = None):
+                 on_instr: Callable[[int], None] | None = None, record_every_step: bool = True):
         self.spec = spec
         self.modules = modules
         self.stages = stages
@@ -83,8 +85,11 @@ class Context:
         self.comm_stream = (torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
                             if self.cuda else None)
         #: saved activations per (stage, micro-batch), their bytes, offloads and recomputes
+        #: (`record_every_step` False: only steps with new micro-batch layouts are recorded,
+        #: see `SavedActivations.begin_step`; a program with memory ops or split backwards
+        #: needs every step)
         self.saved = SavedActivations(device, (p for m in modules.values()
-                                               for p in m.parameters()))
+                                               for p in m.parameters()), record_every_step)
         self.pc = -1
         self.times: list[tuple[int, float, float]] = []
         #: data parallelism: (stage, when its all-reduce finished), in the order waited for
@@ -109,9 +114,9 @@ class Context:
 
     def begin_step(self, xs: Sequence[Any], ys: Sequence[Any]) -> None:
         self._reset()
-        self.saved.begin_step()
         self.xs, self.ys = xs, ys
         self.plan.plan(xs)
+        self.saved.begin_step(self.plan.signature())
         self.pc = -1
         self.times = []
         self.reduced = []
@@ -123,6 +128,7 @@ class Context:
         """After the step's program: `loss_sum` and `loss_values` from this step's losses,
         read off the device in one transfer (the per-step NaN check reads them, see
         `pipeir.runtime.guards`)."""
+        self.saved.end_step()
         if not self.losses:
             return
         vals = [v for _, v, _ in self.losses]
@@ -291,7 +297,7 @@ class Context:
 
     def _autocast(self) -> contextlib.AbstractContextManager[Any]:
         if self.autocast is None:
-            return contextlib.nullcontext()
+            return _NO_AUTOCAST
         return torch.autocast(self.device.type, dtype=self.autocast)
 
     # ---- data parallelism (pipeir.runtime.mesh) ---------------------------------------------

@@ -20,7 +20,6 @@ server and the resource tracker see their own pipes close and exit too.
 from __future__ import annotations
 
 import contextlib
-import multiprocessing as mp
 import os
 import queue as queue_mod
 import signal
@@ -33,6 +32,7 @@ from typing import Any
 
 from pipeir.backend.instructions import Lowered
 from pipeir.diagnostics import PipeirError
+from pipeir.runtime.forkserver import context
 from pipeir.runtime.mesh import MeshShape
 from pipeir.runtime.worker import LOADING_PC, SAVING_PC, Job
 
@@ -122,16 +122,6 @@ def describe(lowered: Lowered, rank: int, pc: int) -> str:
         f" ({origin})" if origin else "")
 
 
-def _context() -> Any:
-    methods = mp.get_all_start_methods()
-    if "forkserver" in methods:
-        ctx = mp.get_context("forkserver")
-        # Import torch once in the fork server, not once per rank and run.
-        ctx.set_forkserver_preload(["pipeir.runtime.worker"])
-        return ctx
-    return mp.get_context("spawn")
-
-
 def start_owned(ctx: Any, target: Callable[..., None],
                 arglists: Sequence[tuple[Any, ...]]) -> tuple[list[Any], Any]:
     """Start one daemon process of `ctx` per tuple in `arglists`, each running
@@ -177,7 +167,7 @@ def launch(jobs: Sequence[Job], nproc: int, *, timeout_s: float = 60.0,
            on_note: Callable[[str], None] | None = None) -> RunResult:
     """Run `jobs` one after another on `nproc` fresh local processes (gloo on CPU);
     `on_step` gets every step, `on_note` the ranks' lines for the user ("saved DIR/step-N")."""
-    ctx = _context()
+    ctx = context()
     q = ctx.Queue()
     pcs = ctx.Array("i", [0, -1] * nproc, lock=False)
     init_method = f"tcp://127.0.0.1:{free_port()}"

@@ -27,7 +27,7 @@ split into I and W) sees the same graph.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +36,7 @@ from torch.autograd.graph import Node
 from torch.utils import _pytree as pytree
 
 Key = tuple[int, int]
+_NOT_RECORDING: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
 @dataclass
@@ -57,8 +58,17 @@ class RngState:
 class SavedActivations:
     """One rank's saved activations per (stage, micro-batch), with their byte count."""
 
-    def __init__(self, device: torch.device, params: Iterator[torch.nn.Parameter]):
+    def __init__(self, device: torch.device, params: Iterator[torch.nn.Parameter],
+                 every_step: bool = True):
         self.device = device
+        #: record every step, not only steps with micro-batch layouts not recorded before
+        #: (see `begin_step`); the memory ops (FC, RC, OFF, RELOAD) need every stash, and an
+        #: I frees from its stash what W does not need (`after_input`)
+        self.every_step = every_step
+        self.on = True  # this step's forwards are recorded
+        self._layouts: Hashable | None = None
+        #: a recorded step's micro-batch layouts -> its peak
+        self._peaks: dict[Hashable, int] = {}
         self.cuda = device.type == "cuda"
         # NOTE: by address and size, not identity: autograd may save an alias of a parameter
         # (a Linear saves its weight for the input gradient as a new tensor object)
@@ -78,11 +88,30 @@ class SavedActivations:
         self.w_per_stage: dict[int, int] = {}
         self._probed: list[Any] | None = None  # tickets unpacked while probing (after_input)
 
-    def begin_step(self) -> None:
+    def begin_step(self, layouts: Hashable | None = None) -> None:
+        """A new step; `layouts` names its micro-batch input layouts, in order.
+
+        NOTE (hot path): the pack and unpack hooks are Python calls on every tensor autograd
+        saves, the largest part of the runtime's cost per instruction on a small model. A
+        step whose layouts, in the same order, a recorded step had runs the same forwards on
+        the same shapes, so autograd saves the same bytes: it runs without the hooks (unless
+        `every_step`) and reports that step's peak. Stage maxima (`per_stage`) hold across
+        steps anyway."""
         self._stash.clear()
         self._kept.clear()
         self._rng.clear()
         self.live = self.peak = 0
+        self._layouts = layouts
+        self.on = self.every_step or layouts is None or layouts not in self._peaks
+
+    def end_step(self) -> None:
+        """After the step: remember a recorded step's peak, or report the one recorded."""
+        if self._layouts is None:
+            return
+        if self.on:
+            self._peaks[self._layouts] = self.peak
+        else:
+            self.peak = self._peaks[self._layouts]
 
     def _add(self, n: int) -> None:
         self.live += n
@@ -90,42 +119,27 @@ class SavedActivations:
             self.peak = self.live
 
     # ---- forward ---------------------------------------------------------------------------
-    @contextlib.contextmanager
-    def recording(self, key: Key) -> Iterator[None]:
-        """Autograd saves the tensors of the forward run inside into `key`'s stash."""
-        stash = self._stash.setdefault(key, _Stash())
+    def recording(self, key: Key) -> contextlib.AbstractContextManager[None]:
+        """Autograd saves the tensors of the forward run inside into `key`'s stash (where
+        this step records, see `begin_step`)."""
+        return _Recording(self, key) if self.on else _NOT_RECORDING
 
-        def pack(t: torch.Tensor) -> Any:
-            if _identity(t) in self._params:
-                return t
-            stash.tensors.append(t)
-            seen = _identity(t)
-            if seen not in stash.seen:
-                stash.seen.add(seen)
-                stash.bytes += seen[1]
-                self._add(seen[1])
-            return (key, len(stash.tensors) - 1)
-
-        def unpack(ticket: Any) -> torch.Tensor:
-            if isinstance(ticket, torch.Tensor):
-                return ticket
-            k: Key = ticket[0]
-            i: int = ticket[1]
-            if self._probed is not None:
-                self._probed.append(ticket)
-            got = self._stash[k]
-            if got.on_host:
-                raise RuntimeError(f"the backward of stage {k[0]}, micro-batch {k[1]} needs "
-                                   "activations that are offloaded and were not reloaded")
-            t = got.tensors[i]
-            if t is None:
-                raise RuntimeError(f"the weight gradient of stage {k[0]}, micro-batch {k[1]} "
-                                   "needs a saved tensor that its input gradient freed")
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, unpack):
-            yield
-        self.per_stage[key[0]] = max(self.per_stage.get(key[0], 0), stash.bytes)
+    def _unpack(self, ticket: Any) -> torch.Tensor:
+        if isinstance(ticket, torch.Tensor):
+            return ticket
+        k: Key = ticket[0]
+        i: int = ticket[1]
+        if self._probed is not None:
+            self._probed.append(ticket)
+        got = self._stash[k]
+        if got.on_host:
+            raise RuntimeError(f"the backward of stage {k[0]}, micro-batch {k[1]} needs "
+                               "activations that are offloaded and were not reloaded")
+        t = got.tensors[i]
+        if t is None:
+            raise RuntimeError(f"the weight gradient of stage {k[0]}, micro-batch {k[1]} "
+                               "needs a saved tensor that its input gradient freed")
+        return t
 
     def checkpoint(self, key: Key, inputs: Any) -> RngState:
         """An FC: remember the RNG state to run the forward with and count the input it
@@ -240,6 +254,38 @@ class SavedActivations:
             if not stash.on_host:
                 self.live -= stash.bytes
         self.live -= self._kept.pop(key, 0)
+
+
+class _Recording:
+    """`SavedActivations.recording`: a class, not a generator context manager (one generator
+    and its frame per forward, on the runtime's hot path)."""
+
+    __slots__ = ("hooks", "key", "owner", "stash")
+
+    def __init__(self, owner: SavedActivations, key: Key):
+        self.owner, self.key = owner, key
+        self.stash = owner._stash.setdefault(key, _Stash())
+        self.hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, owner._unpack)
+
+    def _pack(self, t: torch.Tensor) -> Any:
+        owner, stash = self.owner, self.stash
+        seen = _identity(t)
+        if seen in owner._params:
+            return t
+        stash.tensors.append(t)
+        if seen not in stash.seen:
+            stash.seen.add(seen)
+            stash.bytes += seen[1]
+            owner._add(seen[1])
+        return (self.key, len(stash.tensors) - 1)
+
+    def __enter__(self) -> None:
+        self.hooks.__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self.hooks.__exit__(*exc)
+        per_stage, stage = self.owner.per_stage, self.key[0]
+        per_stage[stage] = max(per_stage.get(stage, 0), self.stash.bytes)
 
 
 def _saved_names(node: Node) -> list[str]:

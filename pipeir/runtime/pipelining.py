@@ -4,7 +4,9 @@ a torch schedule object that runs a verified pipeir schedule, so a training scri
 
 The schedule goes through torch's own `_PipelineScheduleRuntime` CSV path: pipeir writes the
 `compute_comms` CSV (every SEND/RECV placed as torch's lowering places them, which pipeir
-proves deadlock-free) and torch loads and executes it, action by action.
+proves deadlock-free) and torch loads and executes it, action by action. The stages' wiring
+(skip connections, argument counts, tied copies) is checked when the schedule is built
+(`pipeir.runtime.wiring`), on every rank alike.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from pipeir import library
 from pipeir.api import parse
 from pipeir.diagnostics import UsageError
 from pipeir.interop.writer import dumps_csv
+from pipeir.runtime import wiring
 from pipeir.schedule import Schedule
 
 
@@ -34,7 +37,10 @@ def torch_schedule(stages: PipelineStage | Sequence[PipelineStage],
     `Schedule`. Names and files are instantiated for the stages' pipeline group size, their
     stage count and `n_microbatches`; the schedule is verified and must place exactly these
     stages on this rank. Other keyword arguments go to torch's schedule (e.g.
-    `scale_grads`)."""
+    `scale_grads`). Collective: every rank of the pipeline group calls it (the stages'
+    wiring is gathered and checked here, see `pipeir.runtime.wiring`); the copies of a tied
+    weight (stages of `pipeir.split`) get their summed gradient at the end of each
+    `step()`."""
     mine = [stages] if isinstance(stages, PipelineStage) else list(stages)
     if not mine:
         raise UsageError("torch_schedule: no stages given")
@@ -52,8 +58,11 @@ def torch_schedule(stages: PipelineStage | Sequence[PipelineStage],
         raise UsageError(f"torch_schedule: schedule '{sched.name}' places stages {want} on "
                          f"rank {rank}, which holds stages {have}")
     text = dumps_csv(sched, "compute_comms")  # verifies
-    runtime = _PipelineScheduleRuntime(  # type: ignore[no-untyped-call]
-        mine, n_microbatches, loss_fn=loss_fn, **kwargs)
+    group = mine[0].group
+    wirings = wiring.gather(mine, rank, group)
+    wiring.check(wirings)
+    runtime = _Runtime(mine, n_microbatches, loss_fn=loss_fn, **kwargs)  # type: ignore[no-untyped-call]
+    runtime.tied, runtime.tied_group = wiring.tied_copies(wirings, mine), group
     fd, path = tempfile.mkstemp(suffix=".csv", prefix="pipeir-")
     try:
         with os.fdopen(fd, "w", newline="") as f:
@@ -62,6 +71,19 @@ def torch_schedule(stages: PipelineStage | Sequence[PipelineStage],
     finally:
         os.unlink(path)
     return runtime
+
+
+class _Runtime(_PipelineScheduleRuntime):  # type: ignore[misc]
+    """torch's runtime, then the tied copies' gradients summed (`wiring.TiedCopies`)."""
+
+    tied: list[wiring.TiedCopies]
+    tied_group: Any
+
+    def step(self, *args: Any, **kwargs: Any) -> Any:
+        out = super().step(*args, **kwargs)
+        for copies in self.tied:
+            copies.sync(self.tied_group)
+        return out
 
 
 def _instantiate(schedule: str | os.PathLike[str] | Schedule, ranks: int, microbatches: int,

@@ -2,7 +2,10 @@
 clear message (a UsageError, exit 2) naming the stage and the parameter or tensor, with
 nothing written: stage outputs the next stage cannot take, tied groups naming a missing
 parameter, a checkpoint of another model or stage count, a save directory holding another
-run's checkpoint."""
+run's checkpoint.
+
+The shape plan traced here (batch(0)'s micro-batch layouts) goes to the ranks with the job, so
+they do not trace it again."""
 
 from __future__ import annotations
 
@@ -15,16 +18,17 @@ from pipeir.diagnostics import UsageError
 from pipeir.models.spec import ModelSpec, check_spec
 from pipeir.runtime import checkpoint
 from pipeir.runtime.mesh import shard
-from pipeir.runtime.shapes import PlanError, ShapePlan
+from pipeir.runtime.shapes import Layout, PlanError, ShapePlan
 from pipeir.runtime.worker import split_batch
-from pipeir.usercode import contained
+from pipeir.usercode import contained, stdout_to_stderr
 
 
 def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps: int, *,
               save: str | None = None, save_every: int = 0, resume: str | None = None,
               placement: Sequence[int] | None = None, dp: int = 1,
               keep: int | None = None) -> Start:
-    """Validate the model and the checkpoint flags; returns where training starts. With
+    """Validate the model and the checkpoint flags; returns where training starts (and the
+    shape plan of batch(0), which the ranks then need not trace again). With
     `placement` (stage -> rank; the processes run on this machine, `dp` copies of each), check
     that their weights, gradients and optimizer state fit its memory (pipeir.limits)."""
     try:
@@ -42,9 +46,10 @@ def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps
                          f"micro-batches: {type(e).__name__}: {e}") from None
     plan = ShapePlan(spec, stages)
     try:
-        for x in first[0]:
-            plan.trace(x)
-        plan.trace_real(first[0])
+        with stdout_to_stderr():  # the stages run here: their output is not the report's
+            for x in first[0]:
+                plan.trace(x)
+            plan.trace_real(first[0])
     except PlanError as e:
         raise UsageError(f"--model {model}: {e}") from None
     if placement is not None:
@@ -61,10 +66,10 @@ def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps
         raise UsageError("--keep must be at least 0 (0 keeps every checkpoint)")
     if keep is not None and save is None:
         raise UsageError("--keep goes with --save DIR")
-    start = Start(0, None)
+    start = Start(0, None, plan.layouts)
     if resume is not None:
         source, step = checkpoint.validate(resume, spec, stages)
-        start = Start(step, source)
+        start = Start(step, source, plan.layouts)
         if start.step >= steps:
             raise UsageError(f"--resume {resume}: the checkpoint is at step {start.step}; "
                              f"--steps {steps} leaves nothing to train")
@@ -75,7 +80,10 @@ def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps
 
 
 class Start(NamedTuple):
-    """Where training starts: the step, and the checkpoint it resumes (None: from scratch)."""
+    """Where training starts: the step, and the checkpoint it resumes (None: from scratch);
+    and the shape plan traced for batch(0), for the ranks (`Job.layouts`)."""
 
     step: int
     checkpoint: Path | None
+    layouts: dict[Layout, list[Layout]]
+

@@ -9,9 +9,9 @@ structure from the bytes of the tensors alone. A floating tensor that requires g
 gradient back; integer and boolean tensors, and tensors that do not require grad, do not.
 
 The plan is traced once per distinct micro-batch input layout (so micro-batches of different
-sizes, e.g. variable sequence lengths, each get their own entry) under a `FakeTensorMode`: no
-memory, no compute, but real devices, so autocast picks the dtypes the real run will see (the
-meta device ignores autocast).
+sizes, e.g. variable sequence lengths, each get their own entry) on the meta device, or under a
+`FakeTensorMode` where meta cannot (autocast, which meta ignores; see `ShapePlan`): no memory,
+no compute. The launcher traces batch(0)'s layouts once and ships them to its ranks.
 
 NOTE (one buffer per transfer): a structure with one tensor is sent as that tensor; with more,
 the tensors' bytes are packed into one uint8 buffer (offsets aligned to 16 bytes) and unpacked
@@ -21,7 +21,8 @@ the same whatever the model passes between stages.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +30,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils import _pytree as pytree
 
+from pipeir.diagnostics import UsageError
 from pipeir.models.spec import (
     ModelSpec,
     StageBuildError,
@@ -81,6 +83,11 @@ class Layout:
             TensorMeta(tuple(x.shape), x.dtype, x.requires_grad) if isinstance(x, torch.Tensor)
             else x for x in leaves))
 
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        """Pickled as its structure (TensorMeta leaves), not its TreeSpec: unpickling a
+        TreeSpec's deprecated LeafSpec warns on every rank."""
+        return _layout_of_structure, (pytree.tree_unflatten(list(self.leaves), self.spec),)
+
     @property
     def tensors(self) -> list[TensorMeta]:
         return [x for x in self.leaves if isinstance(x, TensorMeta)]
@@ -92,6 +99,12 @@ class Layout:
 
     def __str__(self) -> str:
         return repr(pytree.tree_unflatten(list(self.leaves), self.spec))
+
+
+def _layout_of_structure(value: Any) -> Layout:
+    """The Layout whose structure (TensorMeta in place of each tensor) is `value`."""
+    leaves, spec = pytree.tree_flatten(value)
+    return Layout(spec, tuple(leaves))
 
 
 # NOTE (one tensor): most stages pass one tensor. The helpers below take it without a pytree
@@ -199,43 +212,50 @@ def structure(layout: Layout, tensors: Sequence[torch.Tensor]) -> Any:
 
 class ShapePlan:
     """`act(stage, mb)`: the layout of `stage`'s output for micro-batch `mb` (the gradients sent
-    back into that stage are those of its `grads` tensors)."""
+    back into that stage are those of its `grads` tensors).
+
+    NOTE (meta first): the stages are built and traced on the meta device (no memory, no
+    compute, and no `torch._dynamo`, which a `FakeTensorMode` imports: 1.5 s of every run's
+    start-up). Meta ignores autocast, and a stage may do what meta cannot (move a tensor to
+    a real device, read a value), so a spec with autocast, or any stage that fails on meta,
+    is traced under a `FakeTensorMode` instead; its errors are the ones reported. Both give
+    the same layouts wherever both succeed."""
 
     def __init__(self, spec: ModelSpec, stages: int, device: torch.device | None = None):
         self.spec = spec
         self.stages = stages
         self.device = device or torch.device("cpu")
-        self._mode: FakeTensorMode | None = None
-        self._fake: list[torch.nn.Module] = []
+        self._tracer: _Tracer | None = None
         self._by_input: dict[Layout, list[Layout]] = {}
         #: a tensor input's (shape, dtype, requires_grad) -> its layouts: a step's plan is
         #: looked up per micro-batch without building its Layout
         self._by_tensor: dict[tuple[Any, ...], list[Layout]] = {}
         self._mb: list[list[Layout]] = []
 
-    def _modules(self) -> tuple[FakeTensorMode, list[torch.nn.Module]]:
-        """The stages, built on fake tensors (no memory), so a model too large for this
-        machine is measured before it is refused.
+    def _traced_by(self) -> _Tracer:
+        """The stages on meta where the spec allows it, else on fake tensors (see the NOTE)."""
+        if self._tracer is None:
+            meta = None if autocast_dtype(self.spec) is not None else _meta(self.spec,
+                                                                            self.stages)
+            self._tracer = meta if meta is not None else _fake(self.spec, self.stages,
+                                                               self.device)
+        return self._tracer
 
-        NOTE: torch cannot convert a fake parameter (`.to(...)`, `.float()`, `.half()`: the
-        swap `Module._apply` forces on fake tensors fails), so a stage that converts itself is
-        built for real instead, once, and traced with fake inputs as the others are."""
-        if self._mode is None:
-            try:
-                try:
-                    mode = FakeTensorMode()
-                    with mode, self.device:
-                        built = stage_modules(self.spec, self.stages, range(self.stages))
-                except StageBuildError as e:
-                    if "_apply(): Couldn't swap" not in str(e.error):
-                        raise
-                    mode = FakeTensorMode(allow_non_fake_inputs=True)
-                    with self.device:
-                        built = stage_modules(self.spec, self.stages, range(self.stages))
-            except StageBuildError as e:
-                raise PlanError(e.message) from None
-            self._fake, self._mode = list(built.values()), mode
-        return self._mode, self._fake
+    def _fallback(self) -> _Tracer:
+        """The fake-tensor tracer, after the meta one failed."""
+        self._tracer = _fake(self.spec, self.stages, self.device)
+        return self._tracer
+
+    @property
+    def layouts(self) -> dict[Layout, list[Layout]]:
+        """Every input layout traced so far -> its stages' output layouts (what a launcher
+        ships to its ranks: `preset`)."""
+        return dict(self._by_input)
+
+    def preset(self, layouts: Mapping[Layout, Sequence[Layout]]) -> None:
+        """Take layouts traced elsewhere (the launcher's preflight), so that a rank traces
+        only an input layout the preflight did not see."""
+        self._by_input.update({k: list(v) for k, v in layouts.items()})
 
     def plan(self, inputs: Sequence[Any]) -> None:
         """Trace (or look up) the layouts for this step's micro-batch inputs: each distinct
@@ -257,27 +277,14 @@ class ShapePlan:
         key = Layout.of(x)
         found = self._by_input.get(key)
         if found is None:
-            found = self._trace(key)
+            tracer = self._traced_by()
+            try:
+                found = tracer.trace(key, self.spec)
+            except PlanError:
+                if tracer.fake:
+                    raise
+                found = self._fallback().trace(key, self.spec)
             self._by_input[key] = found
-        return found
-
-    def _trace(self, key: Layout) -> list[Layout]:
-        mode, modules = self._modules()
-        found: list[Layout] = []
-        dtype = autocast_dtype(self.spec)
-        with mode:
-            h = pytree.tree_unflatten(
-                [torch.empty(m.shape, dtype=m.dtype, device=self.device)
-                 if isinstance(m, TensorMeta) else m for m in key.leaves], key.spec)
-            for s, mod in enumerate(modules):
-                try:
-                    with torch.autocast(self.device.type, dtype=dtype, enabled=dtype is not None):
-                        h = call_stage(mod, h)
-                except Exception as e:
-                    given = "the micro-batch input" if s == 0 else f"stage {s - 1}'s output"
-                    raise PlanError(f"stage {s} cannot take {given} {found[-1] if s else key}: "
-                                    f"{type(e).__name__}: {e}") from None
-                found.append(Layout.of(h))
         return found
 
     def trace_real(self, inputs: Sequence[Any]) -> None:
@@ -309,20 +316,99 @@ class ShapePlan:
 
     def state_bytes(self) -> list[int]:
         """Each stage's training state in bytes: parameters and buffers, the gradients of the
-        trainable parameters and the optimizer's state after one step, counted on the fake
-        modules (no memory used). What a rank holds before its first activation."""
-        mode, modules = self._modules()
+        trainable parameters and the optimizer's state after one step, counted on the meta
+        or fake modules (no memory used). What a rank holds before its first activation."""
+        tracer = self._traced_by()
         out = []
-        with mode, self.device:
-            for mod in modules:
+        with tracer.context(), tracer.device:
+            for mod in tracer.modules:
                 trainable = [p for p in mod.parameters() if p.requires_grad]
                 out.append(sum(_nbytes(t) for t in (*mod.parameters(), *mod.buffers()))
                            + sum(_nbytes(p) for p in trainable)
                            + _optimizer_state(self.spec, trainable))
         return out
 
+    def signature(self) -> tuple[int, ...]:
+        """Names this step's micro-batch layouts, in order: equal for two steps whose inputs
+        have the same layouts (each distinct one is traced once and kept)."""
+        return tuple(map(id, self._mb))
+
     def act(self, stage: int, mb: int) -> Layout:
         return self._mb[mb][stage]
+
+
+@dataclass(frozen=True)
+class _Tracer:
+    """Stages built on the meta device (`fake` False) or under a FakeTensorMode, and the
+    device their inputs are made on."""
+
+    modules: list[torch.nn.Module]
+    device: torch.device
+    mode: FakeTensorMode | None = None
+
+    @property
+    def fake(self) -> bool:
+        return self.mode is not None
+
+    def context(self) -> contextlib.AbstractContextManager[Any]:
+        """Where tensors made while tracing go: the fake mode, or the meta device (a stage
+        that makes a tensor in its forward makes it there)."""
+        return self.mode if self.mode is not None else self.device
+
+    def trace(self, key: Layout, spec: ModelSpec) -> list[Layout]:
+        found: list[Layout] = []
+        dtype = autocast_dtype(spec)
+        with self.context():
+            h = pytree.tree_unflatten(
+                [torch.empty(m.shape, dtype=m.dtype, device=self.device)
+                 if isinstance(m, TensorMeta) else m for m in key.leaves], key.spec)
+            for s, mod in enumerate(self.modules):
+                try:
+                    with (contextlib.nullcontext() if dtype is None  # (meta: never autocast)
+                          else torch.autocast(self.device.type, dtype=dtype)):
+                        h = call_stage(mod, h)
+                except UsageError as e:  # the stage explained itself (a traced stage's shapes)
+                    raise PlanError(e.message) from None
+                except Exception as e:
+                    given = "the micro-batch input" if s == 0 else f"stage {s - 1}'s output"
+                    first = str(e).strip().splitlines()[:1]  # a graph adds its trace
+                    raise PlanError(f"stage {s} cannot take {given} {found[-1] if s else key}: "
+                                    f"{type(e).__name__}: {''.join(first)}") from None
+                found.append(Layout.of(h))
+        return found
+
+
+def _meta(spec: ModelSpec, stages: int) -> _Tracer | None:
+    """The stages on the meta device, or None where one cannot be built there."""
+    meta = torch.device("meta")
+    try:
+        with meta:
+            built = stage_modules(spec, stages, range(stages))
+    except StageBuildError:
+        return None
+    return _Tracer(list(built.values()), meta)
+
+
+def _fake(spec: ModelSpec, stages: int, device: torch.device) -> _Tracer:
+    """The stages on fake tensors (importing `torch._dynamo`).
+
+    NOTE: torch cannot convert a fake parameter (`.to(...)`, `.float()`, `.half()`: the swap
+    `Module._apply` forces on fake tensors fails), so a stage that converts itself is built
+    for real instead, once, and traced with fake inputs as the others are."""
+    try:
+        try:
+            mode = FakeTensorMode()
+            with mode, device:
+                built = stage_modules(spec, stages, range(stages))
+        except StageBuildError as e:
+            if "_apply(): Couldn't swap" not in str(e.error):
+                raise
+            mode = FakeTensorMode(allow_non_fake_inputs=True)
+            with device:
+                built = stage_modules(spec, stages, range(stages))
+    except StageBuildError as e:
+        raise PlanError(e.message) from None
+    return _Tracer(list(built.values()), device, mode)
 
 
 def _structure(layout: Layout) -> Layout:

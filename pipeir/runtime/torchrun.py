@@ -45,6 +45,7 @@ from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.models.refs import resolve
 from pipeir.runtime.mesh import MeshShape, check_world
 from pipeir.runtime.worker import Job, run_rank
+from pipeir.usercode import stdout_for_good
 
 
 def main(directory: Path, argv: list[str]) -> int:
@@ -122,21 +123,20 @@ def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
         _report(f"main.py: rank {rank}: {e}")
         return 2
     pp, replica = shape.coords(rank)
-    sys.stdout.write(f"rank {rank}/{world} = pp {pp} of {shape.pp}, dp {replica} of {shape.dp} "
-                     f"(host {socket.gethostname()}, local rank "
-                     f"{os.environ.get('LOCAL_RANK', '?')})\n")
-    sys.stdout.flush()
+    report = stdout_for_good()  # the model's output, even to descriptor 1, goes to stderr
+    report.write(f"rank {rank}/{world} = pp {pp} of {shape.pp}, dp {replica} of {shape.dp} "
+                 f"(host {socket.gethostname()}, local rank "
+                 f"{os.environ.get('LOCAL_RANK', '?')})\n")
 
     def emit(msg: tuple[Any, ...]) -> None:
         # the last stage's rank reports the loss; of data-parallel replicas, replica 0's
         if msg[0] == "step" and msg[4] is not None and replica == 0:
             step, loss, t0, t1 = msg[3], msg[4], msg[5], msg[6]
             shard = " (replica 0's shard)" if shape.dp > 1 else ""
-            sys.stdout.write(f"step {step + 1}/{job.steps}  loss {loss:.5f}{shard}  "
-                             f"{(t1 - t0) * 1e3:.1f} ms\n")
-            sys.stdout.flush()
+            report.write(f"step {step + 1}/{job.steps}  loss {loss:.5f}{shard}  "
+                         f"{(t1 - t0) * 1e3:.1f} ms\n")
         elif msg[0] == "note":  # "saved DIR/step-N (...)", from the rank that completed it
-            print(msg[2], flush=True)
+            report.write(msg[2] + "\n")
 
     try:
         run_rank(rank, world, "env://", [job], emit, lambda j, pc: None, timeout_s)

@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -23,7 +23,14 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
-from pipeir.backend.instructions import Lowered
+from pipeir.backend.instructions import (
+    BackwardInput,
+    ForwardCheckpoint,
+    Lowered,
+    Offload,
+    Recompute,
+    Reload,
+)
 from pipeir.backend.table import Row, rank_table
 from pipeir.models.refs import resolve
 from pipeir.models.spec import build_stage
@@ -33,7 +40,8 @@ from pipeir.runtime.context import CommFailure, Context
 from pipeir.runtime.guards import Guard
 from pipeir.runtime.mesh import Mesh, mesh_for, shard
 from pipeir.runtime.optim import Optim
-from pipeir.runtime.shapes import ShapePlan
+from pipeir.runtime.shapes import Layout, ShapePlan
+from pipeir.usercode import stdout_for_good
 
 Emit = Callable[[tuple[Any, ...]], None]
 
@@ -64,6 +72,9 @@ class Job:
     dp: int = 1
     #: a NaN or infinite loss only warns instead of stopping the run (runtime/guards.py)
     allow_nonfinite: bool = False
+    #: the shape plan the launcher traced (`preflight`): input layout -> each stage's output
+    #: layout; a rank traces only input layouts not in it
+    layouts: Mapping[Layout, Sequence[Layout]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         """Replicas whose program never all-reduces a stage's gradients train apart without
@@ -142,8 +153,14 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
     saver = None if job.save is None else checkpoint.Saver(
         job.save, job.run_id, job.keep, job.model, low.stages,
         checkpoint.model_fingerprints(spec, low.stages))
-    ctx = Context(spec, modules, low.stages, device, ShapePlan(spec, low.stages, device),
-                  optim, on_instr=lambda pc: track(index, pc))
+    plan = ShapePlan(spec, low.stages, device)
+    plan.preset(job.layouts)
+    # the memory ops move or replay stashes, and an I frees what its W does not need from
+    # them: those programs record every step (`SavedActivations.begin_step`)
+    stashes = any(isinstance(i, ForwardCheckpoint | Recompute | Offload | Reload | BackwardInput)
+                  for i in low.program(rank))
+    ctx = Context(spec, modules, low.stages, device, plan, optim,
+                  on_instr=lambda pc: track(index, pc), record_every_step=stashes)
     ctx.mesh = mesh
     guard = Guard.install(ctx, low, rank, job.allow_nonfinite)  # runtime/guards.py
     step_fn = load_program(job.sources[rank], f"rank{rank}", rank_table(low, rank))
@@ -241,6 +258,9 @@ def main(rank: int, world: int, init_method: str, jobs: Sequence[Job], queue: An
          pcs: Any, timeout_s: float) -> None:
     """Process entry point used by the launcher."""
     _die_with_parent()
+    # the model's output, even written to descriptor 1, goes to stderr: the launcher's stdout
+    # is the run's report, and a worker reports through its queue (pipeir.usercode's NOTE)
+    stdout_for_good().close()
     torch.set_num_threads(1)
     current = [0, -1]
 

@@ -165,20 +165,23 @@ class Timing:
             i += len(prog)
         return out
 
-    def sweep(self, dur: Sequence[float]) -> Times:
+    def sweep(self, dur: Sequence[float], ready: Sequence[float] | None = None) -> Times:
         """Start, end and release (when the rank may start its next op) of every op, given
-        each op's duration. Only valid when `complete`."""
+        each op's duration; with `ready`, no op of rank r starts before `ready[r]` (which may
+        be -inf: the rank waits only for its inputs; `pipeir.sim.steady` times the next step
+        this way). Only valid when `complete`."""
         # NOTE: one loop per communication model, each as lean as it can be: reorder's
         # search calls this thousands of times per plan. Overlapped, an op's release is its
         # end, and a same-rank predecessor's transfer time is 0, so every input is end + h.
-        if self.blocking:
-            return self._sweep_blocking(dur)
         n = len(self.ops)
+        floor = [0.0] * n if ready is None else [ready[r] for r in self.rank]
+        if self.blocking:
+            return self._sweep_blocking(dur, floor)
         start = [0.0] * n
         end = [0.0] * n
         inputs = self.inputs
         for i in self.order:
-            t = 0.0
+            t = floor[i]
             for j, h in inputs[i]:
                 x = end[j] + h
                 if x > t:
@@ -187,7 +190,7 @@ class Timing:
             end[i] = t + dur[i]
         return Times(start, end, end, [])
 
-    def _sweep_blocking(self, dur: Sequence[float]) -> Times:
+    def _sweep_blocking(self, dur: Sequence[float], floor: list[float]) -> Times:
         n = len(self.ops)
         start = [0.0] * n
         end = [0.0] * n
@@ -195,7 +198,7 @@ class Timing:
         arrive = [0.0] * self.edges
         waits, sends = self.waits, self.sends
         for i in self.order:
-            t = 0.0
+            t = floor[i]
             for j, k in waits[i]:
                 x = rel[j] if k < 0 else arrive[k]
                 if x > t:

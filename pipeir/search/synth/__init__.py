@@ -26,12 +26,13 @@ from typing import TYPE_CHECKING, Literal
 from pipeir.config import ConfigError, PipelineConfig
 from pipeir.diagnostics import UsageError
 from pipeir.memunit import Budget, limit_for
+from pipeir.ops import Op
 from pipeir.passes.context import CommModel
 from pipeir.schedule import Schedule
 from pipeir.search.synth.decompose import extend, short_problem
 from pipeir.search.synth.lns import improve
 from pipeir.search.synth.model import Progress, Solved, probe, settings_error, solve
-from pipeir.search.synth.problem import Problem
+from pipeir.search.synth.problem import OBJECTIVES, Objective, Problem
 from pipeir.search.synth.warmstart import EXACT_OPS, MAX_OPS, Start, library, starts
 from pipeir.search.tune import MAX_V
 from pipeir.sim import CostModel
@@ -45,6 +46,11 @@ Placement = Literal["loop", "vshape", "search"]
 
 #: The full model's share of the solver time; the window search (`lns`) gets the rest.
 FULL_SHARE = 0.4
+
+#: The full model runs only when its share of the time is at least this many times what the
+#: problem's bound took, and this many seconds per op (see `synthesize`; building the steady
+#: objective's model on 1,152 ops took 1.6 s on a loaded machine, its bound nothing).
+BUILD_FACTOR, BUILD_PER_OP = 3.0, 2e-3
 
 #: tune's library search (the warm starts) stops starting candidates after this share of the
 #: time limit, or `FLOOR` seconds if more. NOTE: it takes 1 s at p = 4, m = 8 and 4 s at
@@ -145,7 +151,14 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
         n = len(problem.ops)
         share = full_share if n <= FULL_OPS else \
             min(full_share, LARGE_SHARE) if n <= MAX_OPS else 0.0
-        if share > 0 and n <= EXACT_OPS and step <= bound * (1 + PROBE_GAP):
+        # NOTE: a model is worth building only with time to solve it once built: building
+        # costs about as much again as the bound (`Problem.bound_seconds`; 6.7 s on 1,536
+        # ops of h100-llama, which a 0.3 s turn once overran by as much)
+        if share > 0 and left * share < max(BUILD_FACTOR * problem.bound_seconds,
+                                            BUILD_PER_OP * n):
+            share = 0.0
+        if share > 0 and n <= EXACT_OPS and step <= bound * (1 + PROBE_GAP) \
+                and problem.objective == "makespan":  # (the probe asks for a makespan)
             probed = probe(problem, time_limit=left * PROBE_SHARE, workers=workers, seed=seed,
                            work_limit=work_limit)
             bound = max(bound, probed.bound)
@@ -249,30 +262,36 @@ def _decompose(problem: Problem, tune_costs: CostModel | None, time_limit: float
 def make_problem(costs: CostModel, ranks: int, microbatches: int, v: int = 1,
                  placement: Literal["loop", "vshape"] = "loop", split: bool = False,
                  comm: CommModel = "overlapped", memory_limit: Budget = None,
-                 memory_bytes: float | None = None) -> Problem:
+                 memory_bytes: float | None = None, objective: Objective = "makespan"
+                 ) -> Problem:
     """The problem for `costs` of `ranks` stages cut into `v` chunks each (`rescale`),
     `memory_limit` in activations per rank as `check` counts them (`pipeir.memunit`; 1F1B
     needs `ranks`, and `ONE_F_ONE_B` is its memory at this shape) or `memory_bytes` per
-    rank."""
+    rank, minimising `objective`."""
     try:
         config = PipelineConfig.make(ranks, microbatches, stages=ranks * v, placement=placement)
     except ConfigError as e:  # a size past the memory budget (`pipeir.limits`)
         raise UsageError(str(e)) from None
     chunk = rescale(costs, ranks, v)
     if memory_bytes is not None:
-        return Problem(config, chunk, split, comm, memory_bytes, memory_bytes=True)
-    return Problem(config, chunk, split, comm, limit_for(memory_limit, ranks, v))
+        return Problem(config, chunk, split, comm, memory_bytes, memory_bytes=True,
+                       objective=objective)
+    return Problem(config, chunk, split, comm, limit_for(memory_limit, ranks, v),
+                   objective=objective)
 
 
 def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = None,
-          placement: Placement = "search", split: bool = False,
+          placement: Placement = "search", split: bool | None = None,
           comm: CommModel = "overlapped", memory_limit: Budget = None,
           memory_bytes: float | None = None, time_limit: float = 60.0, workers: int = 1,
           seed: int = 0, work_limit: float | None = None,
-          progress: Progress | None = None) -> SynthResult:
+          progress: Progress | None = None, objective: Objective = "makespan"
+          ) -> SynthResult:
     """Synthesise a schedule for `costs` (see `make_problem`) over one or more shapes (chunks
-    per rank and placement): `v` chunks (None: 1, 2 and the v of tune's best schedule), in
-    `placement` ("search": loop and V when v > 1). Every shape gets its warm start and lower
+    per rank, placement and backwards): `v` chunks (None: 1, 2 and the v of tune's best
+    schedule), in `placement` ("search": loop and V when v > 1), with whole backwards, split
+    ones (I + W) or, with `split` None, both (on more than one rank: one rank has no bubble
+    for a split to fill). Every shape gets its warm start and lower
     bound first; shapes whose bound is no better than the best warm start are dropped, and the
     others share the time. The bound reported holds for every shape searched."""
     t0 = time.perf_counter()
@@ -284,30 +303,57 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     make_problem(costs, ranks, microbatches, v or 1)  # a size error before tune's search
     candidates = library(costs, ranks, microbatches, comm, 8 if v is None else v,
                          t0 + max(time_limit * LIBRARY_SHARE, FLOOR))
-    shapes = [make_problem(costs, ranks, microbatches, n, shape, split, comm, memory_limit,
-                           memory_bytes)
-              for n, shape in search_shapes(candidates, ranks, v, placement,
+    # tune's best within the budget (its shape is searched, and warmed first): in bytes,
+    # the candidates whose peak bytes fit, else as `_tunes_best` counts
+    within = candidates if memory_bytes is None else \
+        [c for c in candidates if c.peak_bytes is not None and
+         fits_in(c.peak_bytes, memory_bytes)]
+    shapes = [make_problem(costs, ranks, microbatches, n, shape, halves, comm, memory_limit,
+                           memory_bytes, objective)
+              for halves in ((False, True) if split is None and ranks > 1
+                             else (bool(split),))
+              for n, shape in search_shapes(within, ranks, v, placement,
                                             memory_limit if memory_bytes is None else None,
-                                            ranks * microbatches * (3 if split else 2))]
+                                            ranks * microbatches * (3 if halves else 2))]
     problems = _within_budget(shapes)
     # NOTE: bounding a shape costs seconds on large problems (5 s for the 98,304 ops of p =
     # 64, m = 256, two chunks): once half the time (and `FLOOR`) is spent, the shapes not yet
     # bounded are not searched (and the bound reported is over those that are)
     # tune's best shape first: its warm start is tune's answer, which synth must not lose
-    tunes = _tunes_shape(candidates, memory_limit if memory_bytes is None else None)
-    problems.sort(key=lambda p: (p.config.stages // ranks, p.config.placement_name) != tunes)
+    tunes = _tunes_shape(within, memory_limit if memory_bytes is None else None)
+    tunes_split = _tunes_split(within, memory_limit if memory_bytes is None else None)
+    def _tunes_first(p: Problem) -> tuple[bool, bool]:
+        """Sorts tune's shape first, in tune's backwards first."""
+        return (p.config.stages // ranks, p.config.placement_name) != tunes, \
+            p.split != tunes_split
+
+    problems.sort(key=lambda p: ((p.config.stages // ranks, p.config.placement_name) != tunes,
+                                 not p.split))
     bounds: list[float] = []
     unsearched: list[Problem] = []
+    split_bounds: dict[tuple[int, str | None], float] = {}
     for n, problem in enumerate(problems):
         if n and time.perf_counter() - t0 > max(time_limit / 2, FLOOR):
             unsearched = problems[n:]
             del problems[n:]
             break
+        key = (problem.config.stages, problem.config.placement_name)
+        if not problem.split and key in split_bounds and _split_covers(problem):
+            bounds.append(split_bounds[key])  # (see `_split_covers`)
+            continue
         bounds.append(problem.lower_bound())
+        if problem.split:
+            split_bounds[key] = bounds[-1]
     # warm starts by increasing bound: a shape whose bound is no better than a warm start
     # already found can neither give the best warm start nor be searched, so it gets none
     warms: dict[int, Start] = {}
-    for i in sorted(range(len(problems)), key=lambda i: bounds[i]):
+    # tune's shape first (its warm start is tune's answer, which synth must not lose to the
+    # clock), then by increasing bound, the smaller first where bounds tie (back to back every
+    # shape has the busiest rank's bound, and a small shape's warm starts cost least)
+    for i in sorted(range(len(problems)), key=lambda i: (*_tunes_first(problems[i]),
+                                                         bounds[i], len(problems[i].ops))):
+        if warms and time.perf_counter() - t0 > max(time_limit * LIST_SHARE, FLOOR):
+            break  # (the search needs the rest; the shapes left keep their bounds)
         if not warms or bounds[i] < min(w.step for w in warms.values()) * (1 - 1e-9):
             warms[i] = prepare(problems[i], candidates,
                                deadline=_list_deadline(problems[i], t0 + time_limit * LIST_SHARE,
@@ -374,9 +420,21 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
                        tuple(map(_shape, problems)), tuple(map(_shape, unsearched)))
 
 
+def _split_covers(whole: Problem) -> bool:
+    """Whether the same shape with split backwards bounds `whole` too: every B costs at
+    least its I and W together, so a B-only schedule, each B run as its I then its W, is a
+    split schedule no slower, holding no more (W frees what B did). Then the split shape's
+    bound, which synth computes first, serves both (bounding a shape takes seconds)."""
+    costs = whole.costs
+    return all(costs.cost(op) >= costs.cost(Op("I", op.stage, op.mb)) +
+               costs.cost(Op("W", op.stage, op.mb)) - 1e-12
+               for op in whole.ops if op.kind == "B")
+
+
 def _shape(problem: Problem) -> str:
     c = problem.config
-    return f"v={c.stages // c.ranks} {c.placement_name or 'explicit'}"
+    return f"v={c.stages // c.ranks} {c.placement_name or 'explicit'}" + \
+        (" I + W" if problem.split else "")
 
 
 def _within_budget(problems: list[Problem]) -> list[Problem]:
@@ -430,17 +488,28 @@ def search_shapes(candidates: Sequence[Candidate], ranks: int, v: int | None,
     return out
 
 
-def _tunes_shape(candidates: Sequence[Candidate], memory_limit: Budget
-                 ) -> tuple[int, Literal["loop", "vshape"]] | None:
-    """The chunks per rank and placement of tune's fastest candidate within the budget (at
-    its own shape: `ONE_F_ONE_B` is P x V activations with V chunks)."""
+def _tunes_best(candidates: Sequence[Candidate], memory_limit: Budget) -> Candidate | None:
+    """tune's fastest candidate within the budget (at its own shape: `ONE_F_ONE_B` is P x V
+    activations with V chunks)."""
     fits = [c for c in candidates if c.fits(limit_for(memory_limit, c.schedule.config.ranks,
                                                       c.v))]
-    if not fits:
+    return min(fits, key=lambda c: c.sort_key()) if fits else None
+
+
+def _tunes_shape(candidates: Sequence[Candidate], memory_limit: Budget
+                 ) -> tuple[int, Literal["loop", "vshape"]] | None:
+    """The chunks per rank and placement of tune's fastest candidate within the budget."""
+    best = _tunes_best(candidates, memory_limit)
+    if best is None:
         return None
-    best = min(fits, key=lambda c: c.sort_key())
     return best.v, "vshape" if best.schedule.config.placement_name == "vshape" else "loop"
 
 
-__all__ = ["EXACT_OPS", "BudgetError", "Problem", "Solved", "SynthResult", "make_problem",
-           "prepare", "synth", "synthesize"]
+def _tunes_split(candidates: Sequence[Candidate], memory_limit: Budget) -> bool:
+    """Whether tune's fastest candidate within the budget splits its backwards."""
+    best = _tunes_best(candidates, memory_limit)
+    return best is not None and any(op.kind == "I" for op in best.schedule)
+
+
+__all__ = ["EXACT_OPS", "OBJECTIVES", "BudgetError", "Objective", "Problem", "Solved",
+           "SynthResult", "make_problem", "prepare", "synth", "synthesize"]

@@ -188,10 +188,9 @@ class Window:
         ranks = {problem.rank(w) for w in self.ops}
         for r in ranks:
             free, alive, need = self.iz.cap, [], []
-            for st in c.stages_of(r):
-                demand = self.iz.demand[st]
-                for mb in range(c.microbatches):
-                    f, rel = Op("F", st, mb), problem.release_op(st, mb)
+            for st, mb in ((st, mb) for st in c.stages_of(r) for mb in range(c.microbatches)):
+                f = Op("F", st, mb)
+                for rel, demand in self.iz.parts[st, mb]:  # (each part its own interval)
                     wf, wr = self.where[f], self.where[rel]
                     if wf == "P" and wr == "Q":
                         free -= demand
@@ -245,9 +244,14 @@ def improve(problem: Problem, schedule: Schedule, step: float, *, bound: float,
             continue
         sched = problem.build(got[0], schedule.name)
         new = iz.times(sched)
-        if new is None or not problem.fits(sched) or new.step > best_step:
+        if new is None or not problem.fits(sched):
             continue
-        if new.step < best_step and progress is not None:
-            progress(time.perf_counter() - t0, new.step, bound)
-        best, best_step, programs, timed = sched, new.step, got[0], new
+        # NOTE: a window's model minimises the makespan; back to back (`steady`), a window
+        # is kept when the steady step it gives is no worse
+        step = new.step if problem.objective == "makespan" else problem.step_time(sched)
+        if step > best_step:
+            continue
+        if step < best_step and progress is not None:
+            progress(time.perf_counter() - t0, step, bound)
+        best, best_step, programs, timed = sched, step, got[0], new
     return Improved(best, best_step, windows)

@@ -37,7 +37,7 @@ from pipeir.ops import Op
 from pipeir.schedule import Schedule
 from pipeir.search.interrupt import solving
 from pipeir.search.synth.cpsat import cp_model
-from pipeir.search.synth.problem import Problem, heads_tails, lower_bound
+from pipeir.search.synth.problem import Problem, busiest, heads_tails, longest_paths, lower_bound
 from pipeir.sim.engine import Timing
 
 #: Called on every improving solution: (seconds since the start, best step, bound).
@@ -86,15 +86,20 @@ MEMORY_RESOLUTION = 2 ** 40
 
 class Integral:
     """The problem in the solver's integer units: durations and delays scaled (`Scale`), the
-    implied precedences (`Problem.implied`, zero delay), activation sizes and the memory
-    limit (`demand`, `cap`), and the dependency lists the window model reads (built once per
-    search)."""
+    implied precedences (`Problem.implied`, zero delay), activation sizes, the parts their
+    releases free and the memory limit (`demand`, `parts`, `cap`), and the dependency lists
+    the window model reads (built once per search)."""
 
     def __init__(self, problem: Problem):
         self.problem = problem
         self.scale = choose_scale([*problem.occupation.values(),
                                    *(h for _, _, h in problem.edges)])
-        self.demand, self.cap = _memory_units(problem)
+        self.units, self.cap = _memory_units(problem)
+        # per activation (its F): the ops that free it, each with what it frees, in units
+        self.parts = {(s, mb): [(rel, self.units(x)) for rel, x in problem.releases(s, mb)]
+                      for s in range(problem.config.stages)
+                      for mb in range(problem.config.microbatches)}
+        self.demand = {s: self.units(problem.weight(s)) for s in range(problem.config.stages)}
         self.occ = {op: self.scale.down(d) for op, d in problem.occupation.items()}
         self.edges = [(p, q, self.scale.down(h)) for p, q, h in problem.edges]
         self.implied = [(p, q, 0) for p, q in problem.implied]
@@ -120,21 +125,23 @@ class Integral:
                      [ops[i] for i in timing.order], max(t.release, default=0.0))
 
 
-def _memory_units(problem: Problem) -> tuple[dict[int, int], int]:
-    """Each stage's activation size and the limit as integers (the limit 0 when there is
-    none). Whole sizes stay as they are; otherwise sizes are rounded *down* in fine units
-    (`MEMORY_RESOLUTION`), and the limit too, so every set of activations that fits the real
-    limit fits the model's (a sum of rounded-down sizes is at most the rounded-down sum): the
-    model stays a relaxation and its bound a bound. NOTE: rounding sizes up instead, as the
-    models once did, made a budget of exactly k activations of a fractional size admit only
-    k - 1."""
-    stages = range(problem.config.stages)
-    sizes = [problem.weight(s) for s in stages]
+def _memory_units(problem: Problem) -> tuple[Callable[[float], int], int]:
+    """Sizes as integers, and the limit (0 when there is none). Whole sizes stay as they
+    are; otherwise sizes are rounded *down* in fine units (`MEMORY_RESOLUTION`), and the
+    limit too, so every set of activations (or their parts: what an I frees, what W keeps)
+    that fits the real limit fits the model's (a sum of rounded-down sizes is at most the
+    rounded-down sum): the model stays a relaxation and its bound a bound. NOTE: rounding
+    sizes up instead, as the models once did, made a budget of exactly k activations of a
+    fractional size admit only k - 1."""
+    sizes = [x for s in range(problem.config.stages)
+             for x in (problem.memory(s).saved, problem.memory(s).kept_for_w)]
     limit = problem.memory_limit or 0.0
     whole = all(float(x).is_integer() for x in sizes)
     unit = 1.0 if whole or max(sizes) <= 0 else max(sizes) / MEMORY_RESOLUTION
-    return ({s: math.floor(x / unit) for s, x in zip(stages, sizes)},
-            math.floor(limit * (1 + 1e-12) / unit))
+
+    def units(x: float) -> int:
+        return math.floor(x / unit)
+    return units, math.floor(limit * (1 + 1e-12) / unit)
 
 
 @dataclass(frozen=True)
@@ -180,7 +187,10 @@ def _base(iz: Integral, horizon: int | None) -> _Base:
     delays); a horizon below the lower bound is raised to it."""
     problem, occ = iz.problem, iz.occ
     edges = [*iz.edges, *iz.implied]
-    head, tail = heads_tails(problem, edges, occ)
+    if problem.objective == "steady":  # (no step horizon to sharpen them against: cheap ones)
+        head, tail = longest_paths(problem.ops, edges, occ)
+    else:
+        head, tail = heads_tails(problem, edges, occ)
     lb = lower_bound(problem, head, occ, tail)
     if horizon is None:
         horizon = sum(occ.values()) + sum(h for _, _, h in iz.edges)
@@ -252,26 +262,49 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
     t0 = time.perf_counter()
     iz = Integral(problem)
     scale, occ = iz.scale, iz.occ
-    base = _base(iz, scale.up(upper) if upper is not None else None)
-    m, start, horizon = base.model, base.start, base.horizon
+    steady = problem.objective == "steady"
     ranks = problem.config.ranks
-    span = m.new_int_var(base.lb, horizon, "makespan")
+    if steady:
+        # NOTE: the starts are any timing of the order, not the simulator's as-soon-as-
+        # possible one (the steady state runs each rank from its previous step's end), so
+        # no step-time horizon applies: every path of one step is at most the sum of all
+        # durations and delays, and a steady timing's starts lie within P such paths
+        base = _base(iz, ranks * (sum(occ.values()) + sum(h for _, _, h in iz.edges)))
+        lb = busiest(problem, occ)
+    else:
+        base = _base(iz, scale.up(upper) if upper is not None else None)
+        lb = base.lb
+    m, start, horizon = base.model, base.start, base.horizon
+    goal = m.new_int_var(lb, horizon, "step")
     finish = [m.new_int_var(0, horizon, f"end_{r}") for r in range(ranks)]
+    first = [m.new_int_var(0, horizon, f"first_{r}") for r in range(ranks)]
     for op in problem.ops:
         m.add(finish[problem.rank(op)] >= start[op] + occ[op])
-    for f in finish:
-        m.add(span >= f)
-    weight = minimize(m, span, finish, horizon)
+        if steady:
+            m.add(first[problem.rank(op)] <= start[op])
+    # back to back, a rank's next step starts once it has finished this one: every shift
+    # of one step's timing by at least each rank's span is a valid steady state, and the
+    # least such shift over all timings of an order is its steady step (`pipeir.sim.steady`)
+    spans = [m.new_int_var(0, horizon, f"span_{r}") for r in range(ranks)] if steady else finish
+    for r, f in enumerate(finish):
+        if steady:
+            m.add(spans[r] >= f - first[r])
+        m.add(goal >= spans[r])
+    weight = minimize(m, goal, spans, horizon)
     timed = iz.times(hint) if hint is not None else None
     if timed is not None:
         at = timed.start
         for op in problem.ops:
             m.add_hint(start[op], at[op])
-        ends = [max((at[op] + occ[op] for op in problem.ops if problem.rank(op) == r),
-                    default=0) for r in range(ranks)]
-        for f, e in zip(finish, ends):
-            m.add_hint(f, e)
-        m.add_hint(span, max(ends))
+        mine = [[op for op in problem.ops if problem.rank(op) == r] for r in range(ranks)]
+        ends = [max((at[op] + occ[op] for op in ops), default=0) for ops in mine]
+        starts = [min((at[op] for op in ops), default=0) for ops in mine]
+        for r in range(ranks):
+            m.add_hint(finish[r], ends[r])
+            if steady:
+                m.add_hint(first[r], starts[r])
+                m.add_hint(spans[r], ends[r] - starts[r])
+        m.add_hint(goal, max(e - b for e, b in zip(ends, starts)) if steady else max(ends))
         for (f_op, rel), (size, end) in base.alive.items():
             m.add_hint(end, at[rel] + occ[rel])
             m.add_hint(size, at[rel] + occ[rel] - at[f_op])
@@ -281,12 +314,12 @@ def solve(problem: Problem, *, hint: Schedule | None = None, upper: float | None
                           work_limit, cb)
     name = solver.status_name(status)
     found = status in (cp_model.OPTIMAL, cp_model.FEASIBLE)
-    # the sum of ends is < weight, so bound // weight bounds the makespan
-    bound = max(base.lb, math.ceil(solver.best_objective_bound) // weight
-                if found else base.lb) / scale.factor
+    # the sum of ends (spans) is < weight, so bound // weight bounds the step
+    bound = max(lb, math.ceil(solver.best_objective_bound) // weight
+                if found else lb) / scale.factor
     if not found:
         return Solved(None, None, None, bound, False, time.perf_counter() - t0, name)
-    return _read(iz, solver, base, solver.value(span) / scale.factor, bound,
+    return _read(iz, solver, base, solver.value(goal) / scale.factor, bound,
                  status == cp_model.OPTIMAL and scale.exact, t0, name)
 
 
@@ -326,10 +359,11 @@ def probe(problem: Problem, at: float | None = None, *, time_limit: float = 10.0
 
 def minimize(m: cp_model.CpModel, span: cp_model.IntVar, finish: Sequence[cp_model.IntVar],
              horizon: int) -> int:
-    """Set the objective: the makespan first, then the sum of the ranks' ends, which gives the
-    search a slope on the makespan's plateaus. Returns the makespan's weight (which keeps the
-    first term decisive): 1, the makespan alone, where the weighted sum could overflow
-    CP-SAT's 64-bit integers (steps of thousands of time units at the finest scale)."""
+    """Set the objective: the step (`span`) first, then the sum of the ranks' ends (or
+    spans), which gives the search a slope on the step's plateaus. Returns the step's
+    weight (which keeps the first term decisive): 1, the step alone, where the weighted sum
+    could overflow CP-SAT's 64-bit integers (steps of thousands of time units at the finest
+    scale)."""
     weight = len(finish) * horizon + 1
     if weight * (horizon + 1) >= 2 ** 62:
         m.minimize(span)
@@ -352,8 +386,9 @@ def _memory(iz: Integral, m: cp_model.CpModel, start: dict[Op, cp_model.IntVar],
             occ: dict[Op, int], horizon: int
             ) -> dict[tuple[Op, Op], tuple[cp_model.IntVar, cp_model.IntVar]]:
     """The per-rank cumulative of live activations (in `Integral`'s memory units), when the
-    limit can bind at all; returns the (size, end) variables of each activation's interval,
-    by (its F, its release op)."""
+    limit can bind at all: each activation is one interval from its F to the end of each op
+    that frees part of it (its B; or its I and its W), of that part's size. Returns the
+    (size, end) variables of each interval, by (its F, the releasing op)."""
     out: dict[tuple[Op, Op], tuple[cp_model.IntVar, cp_model.IntVar]] = {}
     problem, demand, cap = iz.problem, iz.demand, iz.cap
     if problem.memory_limit is None:
@@ -366,12 +401,15 @@ def _memory(iz: Integral, m: cp_model.CpModel, start: dict[Op, cp_model.IntVar],
         alive, need = [], []
         for s in stages:
             for mb in range(c.microbatches):
-                f, rel = Op("F", s, mb), problem.release_op(s, mb)
-                size = m.new_int_var(0, horizon, "")
-                end = m.new_int_var(0, horizon, "")
-                m.add(end == start[rel] + occ[rel])
-                alive.append(m.new_interval_var(start[f], size, end, f"a_{s}_{mb}"))
-                need.append(demand[s])
-                out[f, rel] = (size, end)
+                f = Op("F", s, mb)
+                for rel, part in iz.parts[s, mb]:
+                    if part <= 0:
+                        continue
+                    size = m.new_int_var(0, horizon, "")
+                    end = m.new_int_var(0, horizon, "")
+                    m.add(end == start[rel] + occ[rel])
+                    alive.append(m.new_interval_var(start[f], size, end, f"a_{rel}"))
+                    need.append(part)
+                    out[f, rel] = (size, end)
         m.add_cumulative(alive, need, cap)
     return out

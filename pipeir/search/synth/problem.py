@@ -7,8 +7,14 @@ arrived; a cross-rank input arrives `transfer_time` after its producer ends (ove
 the producer's rank is busy sending it (blocking: the send is part of the producer's time on
 its rank). An op's *occupation* is its cost plus, with blocking sends, its cross-rank sends.
 
-Memory is counted as `pipeir.verify.live_activations` does: an activation is live on its rank
-from its F until its last backward (B, or W) has run. Since a rank runs one op at a time, "live
+The objective (`Problem.objective`) is the step of one step on its own (the makespan:
+steps separated by a synchronised optimizer step) or the step with steps back to back (the
+steady state of `pipeir.sim.steady`: each rank starts its next step once it has finished
+this one). Every schedule is timed by the simulator either way.
+
+Memory is counted as `pipeir.verify` does (`pipeir.memmodel`): an activation is live on its
+rank from its F; a B frees it, or an I the part that W does not need and W the rest (all of
+it held until W where the costs give no split). Since a rank runs one op at a time, "live
 after each op in program order" equals "live at each instant", which is how the model counts.
 """
 
@@ -16,10 +22,11 @@ from __future__ import annotations
 
 import heapq
 import math
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
@@ -27,13 +34,19 @@ import numpy.typing as npt
 from pipeir.config import PipelineConfig
 from pipeir.depgraph import topological_order
 from pipeir.diagnostics import UsageError
+from pipeir.memmodel import StageMemory, live_memory
 from pipeir.ops import Op
 from pipeir.passes.context import CommModel
 from pipeir.schedule import Schedule, data_predecessors
 from pipeir.sim import CostModel, simulate
-from pipeir.verify import MEMORY_SLACK, live_activations
+from pipeir.sim.steady import steady_state
+from pipeir.verify import MEMORY_SLACK
 
 T = TypeVar("T", int, float)
+
+#: What synthesis minimises: one step on its own, or the time per step back to back.
+Objective = Literal["makespan", "steady"]
+OBJECTIVES: tuple[Objective, ...] = ("makespan", "steady")
 Floats = npt.NDArray[np.float64]
 
 
@@ -42,7 +55,8 @@ class Problem:
     """One synthesis instance: `config` fixes ranks, micro-batches, stages and placement;
     `costs` describe its stages (already cut into chunks); `split` asks for I + W instead of
     B; `memory_limit` bounds each rank's live activations, counted (one per stage and
-    micro-batch) or, with `memory_bytes`, in the cost model's bytes (None: no bound)."""
+    micro-batch) or, with `memory_bytes`, in the cost model's bytes (None: no bound);
+    `objective` what a schedule's step is (see the module docstring)."""
 
     config: PipelineConfig
     costs: CostModel
@@ -50,6 +64,7 @@ class Problem:
     comm: CommModel = "overlapped"
     memory_limit: float | None = None
     memory_bytes: bool = False
+    objective: Objective = "makespan"
 
     def __post_init__(self) -> None:
         if self.memory_bytes and not self.costs.knows_memory:
@@ -107,19 +122,39 @@ class Problem:
         """The op that frees the activation of (stage, mb): its B, or its W."""
         return Op("W" if self.split else "B", stage, mb)
 
+    def memory(self, stage: int) -> StageMemory:
+        """One activation of `stage` in the problem's unit (`pipeir.memmodel`): what its F
+        holds, and of that what W still needs after I (I frees the rest; a B frees all)."""
+        if self.memory_bytes:
+            m = self.costs.stage_memory(stage)
+            return StageMemory(m.saved, m.kept_for_w)
+        return self.costs.counted_memory(stage)
+
     def weight(self, stage: int) -> float:
         """What one activation of `stage` counts against the memory limit."""
-        if self.memory_bytes:
-            return self.costs.activation_memory(stage) or 0.0
-        return 1.0
+        return self.memory(stage).saved
+
+    def releases(self, stage: int, mb: int) -> tuple[tuple[Op, float], ...]:
+        """The ops that free the activation of (stage, mb), each with what it frees: its B
+        (all of it), or its I (what W does not need) and its W (the rest); parts of size 0
+        left out."""
+        m = self.memory(stage)
+        if not self.split:
+            return ((Op("B", stage, mb), m.saved),) if m.saved > 0 else ()
+        return tuple((Op(k, stage, mb), x)  # type: ignore[arg-type]
+                     for k, x in (("I", m.freed_by_i), ("W", m.kept_for_w)) if x > 0)
+
+    def freed(self, op: Op) -> float:
+        """What `op` frees (0 for a forward)."""
+        return next((x for rel, x in self.releases(op.stage, op.mb) if rel == op), 0.0)
 
     # ---- memory --------------------------------------------------------------------------
     def peak(self, schedule: Schedule) -> float:
         """The largest per-rank live memory of `schedule`, in this problem's unit."""
-        def size(op: Op) -> float:
-            return self.weight(op.stage)
+        def memory(op: Op) -> StageMemory:
+            return self.memory(op.stage)
         return max((live for prog in schedule.programs
-                    for _, live in live_activations(prog, size)), default=0.0)
+                    for _, live in live_memory(prog, memory)), default=0.0)
 
     @property
     def budget(self) -> float:
@@ -144,7 +179,10 @@ class Problem:
 
     # ---- time ----------------------------------------------------------------------------
     def step_time(self, schedule: Schedule) -> float:
-        """The simulator's step time of `schedule` (the number synth reports)."""
+        """The simulator's step time of `schedule` under the objective (the number synth
+        reports): its makespan, or its steady step."""
+        if self.objective == "steady":
+            return steady_state(schedule, self.costs, self.comm).step
         return simulate(schedule, self.costs, comm=self.comm).makespan
 
     def build(self, programs: Sequence[Sequence[Op]], name: str = "synth") -> Schedule:
@@ -162,7 +200,9 @@ class Problem:
         limit, m = self.memory_limit, self.config.microbatches
         if limit is not None:
             for s in range(self.config.stages):
-                w = self.weight(s)
+                # each activation in flight (its F run, its last release not) holds at
+                # least what the last release frees
+                w = self.memory(s).kept_for_w if self.split else self.weight(s)
                 k = math.floor(limit / w + 1e-9) if w > 0 else m
                 out.extend((self.release_op(s, mb - k), Op("F", s, mb))
                            for mb in range(max(k, 1), m))
@@ -182,13 +222,32 @@ class Problem:
         return {op: i for i, op in enumerate(order)}
 
     def lower_bound(self) -> float:
-        """A step time no schedule beats (see `lower_bound`)."""
-        return self._bound
+        """A step time no schedule beats under the objective (see `lower_bound`; back to
+        back, `busiest`)."""
+        return self._bound[0]
+
+    @property
+    def bound_seconds(self) -> float:
+        """How long `lower_bound` took. Building the exact model costs about as much again
+        (its heads and tails in integer units), which `synthesize` must leave time for."""
+        return self._bound[1]
 
     @cached_property
-    def _bound(self) -> float:  # synth asks for it per shape, then synthesize again
+    def _bound(self) -> tuple[float, float]:  # synth asks per shape, then synthesize again
+        t0 = time.perf_counter()
+        if self.objective == "steady":
+            return busiest(self, self.occupation), time.perf_counter() - t0
         head, tail = self.heads_tails
-        return lower_bound(self, head, self.occupation, tail)
+        return lower_bound(self, head, self.occupation, tail), time.perf_counter() - t0
+
+
+def busiest(problem: Problem, occ: Mapping[Op, T]) -> T:
+    """The steady step's bound: every rank runs all of its ops once per step, so no step is
+    shorter than the busiest rank's occupation."""
+    total = [occ[problem.ops[0]] * 0 for _ in range(problem.config.ranks)]
+    for op in problem.ops:
+        total[problem.rank(op)] += occ[op]
+    return max(total)
 
 
 def lower_bound(problem: Problem, head: Mapping[Op, T], occ: Mapping[Op, T],
@@ -266,7 +325,8 @@ def _sharpen(problem: Problem, edges: Sequence[tuple[Op, Op, T]], occ: Mapping[O
     limit = problem.memory_limit
     size = np.array([problem.weight(op.stage) for op in ops])
     opens = np.array([op.kind == "F" for op in ops]) & (size > 0)
-    frees = np.array([op == problem.release_op(op.stage, op.mb) for op in ops])
+    freed = np.array([problem.freed(op) for op in ops])
+    frees = freed > 0
     for q in order:
         best = float(hd[q])
         for p, d in preds[q]:
@@ -283,7 +343,7 @@ def _sharpen(problem: Problem, edges: Sequence[tuple[Op, Op, T]], occ: Mapping[O
                 can = frees & own & np.isnan(dist[q, :])
                 ends = hd[can] + dur[can]
                 i = np.argsort(ends)
-                enough = np.nonzero(np.cumsum(size[can][i]) >= need)[0]
+                enough = np.nonzero(np.cumsum(freed[can][i]) >= need)[0]
                 if len(enough):  # (none: no schedule runs q; the budget check says so)
                     best = max(best, float(ends[i][enough[0]]))
         hd[q] = best
@@ -388,8 +448,8 @@ def memory_idle(problem: Problem, mine: list[Op], head: Mapping[Op, T], occ: Map
     if limit is None or not sizes or sum(sizes) <= problem.budget:
         return zero
     least = min(sizes)
-    frees = sorted((head[op] + occ[op], problem.weight(op.stage)) for op in mine
-                   if op == problem.release_op(op.stage, op.mb))
+    frees = sorted((head[op] + occ[op], x) for op in mine
+                   if (x := problem.freed(op)) > 0)
     load = sum((occ[op] for op in mine), zero)
     last = min(tail[op] for op in mine)
     ranked = sorted(zip(mine, opens), key=lambda x: head[x[0]])

@@ -14,7 +14,8 @@ hand it to `pipeir.search.synth.model` instead.
 
 Differences from the original: costs and transfer times are pipeir's per stage and per
 boundary instead of one communication cost, memory is pipeir's rule (F holds an activation,
-I frees nothing, W frees it), and the result is timed by pipeir's simulator.
+I frees what W does not need, W the rest: `pipeir.memmodel`), and the result is timed by
+pipeir's simulator.
 """
 
 from __future__ import annotations
@@ -57,6 +58,7 @@ def _order(problem: Problem, allow_bubble_before_first_b: bool, prioritize_b: bo
     kinds = "FIW"
     cost = [[costs.cost(Op(k, s, 0)) for k in kinds] for s in range(n)]  # type: ignore[arg-type]
     mem = [problem.weight(s) for s in range(n)]
+    kept = [problem.memory(s).kept_for_w for s in range(n)]  # (I frees the rest)
     inf = float("inf")
     max_mem = [problem.memory_limit if problem.memory_limit is not None else inf] * n
 
@@ -70,7 +72,7 @@ def _order(problem: Problem, allow_bubble_before_first_b: bool, prioritize_b: bo
 
     def put(j: int, k: int) -> None:
         i = done[k][j]
-        delta = mem[j] if k == 0 else (-mem[j] if k == 2 else 0.0)
+        delta = mem[j] if k == 0 else (-kept[j] if k == 2 else kept[j] - mem[j])
         if m[j] + delta > max_mem[j] + 1e-9:
             raise _NoFit
         t = e[j] + cost[j][k]
