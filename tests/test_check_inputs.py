@@ -374,3 +374,15 @@ def test_bad_cost_settings_are_one_line(cli: Cli, flags: tuple[str, ...], messag
     assert message in err, err
     if "unknown" in message:
         assert "or a cost: F, B" in err
+
+
+def test_lowered_takes_the_directory_compile_wrote(cli: Cli, tmp_path: Path) -> None:
+    """`check --lowered DIR` with DIR from `compile -o DIR` checks DIR/lowered.json: it said
+    "DIR: is a directory, not a .sched file"."""
+    gen = tmp_path / "gen"
+    assert cli("compile", *LIBRARY, "-o", gen)[0] == 0
+    code, out, err = cli("check", "--lowered", gen)
+    assert (code, err) == (0, ""), err
+    assert out.startswith(f"{gen / 'lowered.json'}: lowered ok"), out
+    code, out, err = cli("check", gen)  # without --lowered a directory is still no .sched file
+    assert code == 2 and err.startswith(f"error: {gen}: is a directory, not a .sched file"), err
