@@ -130,7 +130,7 @@ def part_heavy(synth_time: float) -> list[tuple[float | None, float]]:
 def part_builtin(iters: int, synth_time: float, cpu_time: bool
                  ) -> list[tuple[float | None, float]]:
     from pipeir.models.refs import resolve_splittable
-    from pipeir.runtime.profile import measure_link, profile_pieces
+    from pipeir.runtime.profile import layer_costs, measure_link, profile_pieces
 
     latency, bandwidth = measure_link()
     # NOTE: on a shared CPU the wall clock counts the time other processes held the core
@@ -143,8 +143,7 @@ def part_builtin(iters: int, synth_time: float, cpu_time: bool
     for ref, ranks in (("transformer", 2), ("transformer", 3), ("heavy-lm", 4)):
         m = 2 * ranks
         pieces = profile_pieces(resolve_splittable(ref), m, 2, iters, clock=clock)
-        layers = [LayerCost(n, t.F, t.B, t.I, t.W, t.activation_bytes, t.memory_bytes,
-                            t.param_bytes, t.input_bytes) for n, t in pieces]
+        layers = layer_costs(pieces)
         profile_table(layers)
         p = plan(layers, ranks, m, Link(latency, bandwidth), synth_time=synth_time)
         out.append(show(f"{ref} P={ranks} M={m}", p))

@@ -256,8 +256,8 @@ class PassManager:
         context = self.context
         if self.verify_each:
             self._phase(f"verifying {len(schedule):,} ops")
-            try:
-                verify(schedule)
+            try:  # (counted with the costs' split, as `check` counts: pipeir.memunit)
+                verify(schedule, sizes=context.costs)
             except VerifyError as e:
                 raise _prefixed(e, "the input schedule is invalid, before any pass ran") from None
         for inst in self.instruments:
@@ -281,13 +281,13 @@ class PassManager:
                 raise VerifyError(Diagnostic(
                     f"pass '{p.name}' returned {type(out).__name__}, not a Schedule", spans[i]),
                     check="pass")
+            context = context.for_stages(schedule.config.stages, out.config.stages)
             if self.verify_each and not isinstance(p, Verify):
                 try:
-                    verify(out)
+                    verify(out, sizes=context.costs)
                 except VerifyError as e:
                     raise self._blame(e, i, during=False) from None
             t2 = time.perf_counter()
-            context = context.for_stages(schedule.config.stages, out.config.stages)
             for inst in self.instruments:
                 inst.planned_under(context)
                 inst.after_pass(i + 1, p, out, t1 - t0, t2 - t1)

@@ -11,6 +11,13 @@ from the input schedule rather than rebuilt from scratch, so any valid input wor
   schedule's peak memory is the input's (the paper's claim: rank 0's 1F1B peak, p); later
   ranks hold more than in 1F1B, which is what pays for the shorter cool-down. On 1F1B with
   F = I = W the idle time per rank drops from (p-1)(F+I+W) to (p-1)(F+I-W).
+  Where the context's costs split memory (`memory_w_bytes`: an I frees what W does not
+  keep, `pipeir.memmodel`), a W waiting after its I holds only that fraction a of an
+  activation, so a rank may lag further within the same budget: each rank's lag is then the
+  largest whose counted peak stays within the schedule's `memory_limit` (without one, the
+  input's peak P), at least `P - peak[r]`; kept only when it simulates faster under the
+  context's costs (on 1F1B a rank i holds p - i + lag a, so with the limit p rank i lags
+  up to floor(i / a)).
 * ``h2`` (ZB-H2) also moves forwards: a list scheduler with unit op costs runs, on each rank,
   the next I when it is ready, else the next F while fewer than `2P - 1` micro-batches are in
   flight, else the oldest pending W. Each rank keeps the input's order of forwards and of
@@ -34,14 +41,15 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from pipeir.diagnostics import UsageError
+from pipeir.memmodel import live_memory
 from pipeir.ops import Op
 from pipeir.passes.base import OptionError, Pass
 from pipeir.passes.context import DEFAULT_CONTEXT, PassContext
 from pipeir.passes.dp_reduce import reject_reductions
 from pipeir.passes.memory import reject_memory_ops
 from pipeir.schedule import Schedule
-from pipeir.sim import simulate  # only this check needs the simulator
-from pipeir.verify import memory_report
+from pipeir.sim import CostModel, simulate  # only the checks need the simulator
+from pipeir.verify import fits_in, memory_report
 
 Mode = Literal["h1", "h2"]
 
@@ -66,6 +74,9 @@ class SplitBackward(Pass):
         plain = split_in_place(schedule)
         if self.mode == "h1":
             built = schedule.with_programs(lagged_w(schedule))
+            deeper = schedule.with_programs(lagged_w(schedule, ctx.costs))
+            if _faster(deeper, built, ctx):
+                built = deeper
         else:
             built = schedule.with_programs(list_schedule(schedule))
         return built if not _slower(built, plain) else plain
@@ -91,27 +102,48 @@ def split_in_place(schedule: Schedule) -> Schedule:
     return schedule.with_programs(progs)
 
 
-def lagged_w(schedule: Schedule) -> list[list[Op]]:
+def lagged_w(schedule: Schedule, sizes: CostModel | None = None) -> list[list[Op]]:
     """ZB-H1: the input's order with B -> I, and W of the i-th backward after the
-    (i + lag)-th one, lag = P - peak[r]; the last `lag` W ops close the program."""
+    (i + lag)-th one, lag = P - peak[r]; the last `lag` W ops close the program. With
+    `sizes` whose memory is split, each rank's lag is the largest that keeps its peak,
+    counted with the split, within the budget (the module docstring)."""
     peaks = memory_report(schedule).peak_activations
     top = max(peaks, default=0)
+    split = sizes is not None and sizes.splits_memory
+    budget = schedule.config.memory_limit if schedule.config.memory_limit is not None else top
     progs = []
     for r, prog in enumerate(schedule.programs):
-        lag = top - peaks[r]
-        out: list[Op] = []
-        pending: deque[Op] = deque()
-        for op in prog:
-            if op.kind == "F":
-                out.append(op)
-            elif op.kind in ("B", "I"):
-                out.append(Op("I", op.stage, op.mb))
-                pending.append(Op("W", op.stage, op.mb))
-                if len(pending) > lag:
-                    out.append(pending.popleft())
-        out.extend(pending)
+        lag = int(top - peaks[r])
+        out = _lagged(prog, lag)
+        while split and sizes is not None and lag < len(prog):
+            more = _lagged(prog, lag + 1)
+            if not fits_in(_peak(more, sizes), budget):
+                break
+            lag, out = lag + 1, more
         progs.append(out)
     return progs
+
+
+def _lagged(prog: tuple[Op, ...], lag: int) -> list[Op]:
+    """One rank's program with B -> I and each W `lag` backwards after its I."""
+    out: list[Op] = []
+    pending: deque[Op] = deque()
+    for op in prog:
+        if op.kind == "F":
+            out.append(op)
+        elif op.kind in ("B", "I"):
+            out.append(Op("I", op.stage, op.mb))
+            pending.append(Op("W", op.stage, op.mb))
+            if len(pending) > lag:
+                out.append(pending.popleft())
+    out.extend(pending)
+    return out
+
+
+def _peak(prog: list[Op], sizes: CostModel) -> float:
+    """A rank's peak of activations along `prog`, counted with the split of `sizes`."""
+    return max((live for _, live in live_memory(prog, lambda op: sizes.counted_memory(op.stage))),
+               default=0.0)
 
 
 def list_schedule(schedule: Schedule) -> list[list[Op]]:
@@ -171,6 +203,14 @@ def list_schedule(schedule: Schedule) -> list[list[Op]]:
         left -= len(ran)
         t += 1
     return out
+
+
+def _faster(candidate: Schedule, baseline: Schedule, ctx: PassContext) -> bool:
+    """Whether `candidate` simulates strictly faster than `baseline` under the context."""
+    if candidate.programs == baseline.programs:
+        return False
+    return (simulate(candidate, ctx.costs, comm=ctx.comm).makespan
+            < simulate(baseline, ctx.costs, comm=ctx.comm).makespan)
 
 
 def _slower(candidate: Schedule, baseline: Schedule) -> bool:

@@ -30,5 +30,5 @@ class Verify(Pass):
                                               f"integer, got {limit!r}")
 
     def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
-        verify(schedule, memory_limit=self.memory_limit)
+        verify(schedule, memory_limit=self.memory_limit, sizes=ctx.costs)
         return schedule

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from pipeir import library
+from pipeir.api import load
 from pipeir.diagnostics import UsageError, VerifyError
 from pipeir.memmodel import WHOLE, StageMemory, live_memory
 from pipeir.ops import Op
@@ -359,3 +360,65 @@ def test_plot_timeline_frees_at_i() -> None:
     i_end = result.end[Op("I", P - 1, 0)]
     at = [x for t, x in timeline[P - 1] if t == i_end]
     assert any(x == pytest.approx(ALPHA * SAVED) for x in at), at
+
+
+LAG_COSTS = """version = 2
+memory_bytes = 10
+memory_w_bytes = {w}
+[stage.0]
+F = 1
+I = 1
+W = 2
+B = 3
+[stage.1]
+F = 2
+I = 2
+W = 1
+B = 3
+[stage.2]
+F = 1
+I = 1
+W = 1
+B = 2
+"""
+
+
+@pytest.mark.parametrize("w, programs, peaks, makespan", [
+    # whole release: ZB-H1's lag P - peak[r] (1 on rank 1, 2 on rank 2), peaks 3 everywhere
+    (10, ["F0 F1 F2 I0 W0 F3 I1 W1 I2 W2 I3 W3", "F0 F1 I0 F2 I1 W0 F3 I2 W1 I3 W2 W3",
+          "F0 I0 F1 I1 F2 I2 W0 F3 I3 W1 W2 W3"], [3, 3, 3], 22),
+    # a = 0.5: a W waiting after its I holds half an activation, so within memory_limit 3
+    # rank 1 (2 forwards not through I + 2 halves after F(1,3)) and rank 2 (at most
+    # 2 + 2 halves before its last I) defer every W to the end
+    (5, ["F0 F1 F2 I0 W0 F3 I1 W1 I2 W2 I3 W3", "F0 F1 I0 F2 I1 F3 I2 I3 W0 W1 W2 W3",
+         "F0 I0 F1 I1 F2 I2 F3 I3 W0 W1 W2 W3"], [3, 3, 2.5], 21),
+])
+def test_zb_h1_defers_w_further_with_the_split(cli, tmp_path: Path, w: int,
+                                               programs: list[str], peaks: list[float],
+                                               makespan: float) -> None:
+    """split-backward{mode=h1} on 1F1B, p = 3, m = 4, memory_limit 3, costs per stage
+    (F, I, W) = (1, 1, 2), (2, 2, 1), (1, 1, 1), free links. The makespans by hand: with
+    the lag of whole release rank 1 waits for rank 2's W(2,0) before its F(1,3) reaches
+    rank 2, and rank 0's I(0,3) starts at 19 and its W(0,3) ends at 22; with every W of
+    ranks 1 and 2 deferred, rank 1's I(1,3) ends at 17 and its four W at 21 (rank 0 at 20)."""
+    costs = tmp_path / "c.toml"
+    costs.write_text(LAG_COSTS.format(w=w))
+    out = tmp_path / "o.sched"
+    code, _, err = cli("opt", "--schedule", "1f1b", "--ranks", 3, "--microbatches", 4,
+                       "--set", "memory_limit=3", "--costs", costs, "--passes",
+                       "split-backward", "-o", out)
+    assert code == 0, err
+    got = library_programs(out)
+    assert got == programs
+    code, text, err = cli("check", out, "--memory-limit", 3)
+    assert code == 0, err
+    assert _peaks(text) == pytest.approx(peaks)
+    code, text, err = cli("simulate", out)
+    assert code == 0, err
+    assert f"makespan {makespan:g};" in text
+
+
+def library_programs(path: Path) -> list[str]:
+    """Each rank's program of a written schedule as `F0 I0 W0 ...` (kinds and micro-batches)."""
+    return [" ".join(f"{op.kind}{op.mb}" for op in prog)
+            for prog in load(path).schedule.programs]

@@ -266,7 +266,11 @@ def test_plan_file_round_trip(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("edit, message", [
     (lambda d: "{", "1:2: error: malformed JSON plan file"),
-    (lambda d: json.dumps({**d, "version": 2}), "plan file version 2"),
+    (lambda d: json.dumps({**d, "version": 3}), "plan file version 3; this pipeir reads "
+     "versions 1, 2"),
+    (lambda d: json.dumps({**d, "costs": {**d["costs"], "layers": [
+        {**d["costs"]["layers"][0], "memory_w_bytes": 2e3}]}}),
+     "piece '': memory_w_bytes 2000 is more than its memory_bytes 1000"),
     (lambda d: json.dumps({**d, "format": "x"}), "not a plan file"),
     (lambda d: json.dumps({k: v for k, v in d.items() if k != "points"}), "has no 'points'"),
     (lambda d: json.dumps({**d, "ranks": "3"}), "expected a positive integer"),
@@ -295,3 +299,61 @@ def test_split_points_are_checked() -> None:
         assert message in e.value.render()
     with pytest.raises(UsageError, match="cannot cut a model of 4 pieces into 5"):
         uniform_points(names, 5)
+
+
+def _two_pieces(kept: float | None) -> list[LayerCost]:
+    """Two pieces (so 2 ranks have one split): the second saves 100 bytes per micro-batch,
+    of which W keeps `kept` after I."""
+    return [LayerCost("", F=1, B=2, I=1, W=1, activation_bytes=10, memory_bytes=50),
+            LayerCost("b", F=1, B=2, I=1, W=1, activation_bytes=10, memory_bytes=100,
+                      memory_w_bytes=kept)]
+
+
+def test_stages_sum_what_w_keeps() -> None:
+    # (module NOTE of pipeir.plan.layers) a later stage sums its pieces' figures, a piece
+    # without one keeping all it saved; the first stage keeps everything for W
+    pieces = [LayerCost("", 1, 2, 1, 1, memory_bytes=7, memory_w_bytes=2),
+              LayerCost("a", 1, 2, 1, 1, memory_bytes=10, memory_w_bytes=3),
+              LayerCost("b", 1, 2, 1, 1, memory_bytes=20),
+              LayerCost("c", 1, 2, 1, 1, memory_bytes=30, memory_w_bytes=4)]
+    first, rest = stages_of(pieces, (2,))
+    assert (first.memory_w_bytes, rest.memory_w_bytes) == (17, 24)
+    settings = cost_settings([first, rest], Link())
+    assert (settings["stage.0.memory_w_bytes"], settings["stage.1.memory_w_bytes"]) == (17, 24)
+    unsplit = [LayerCost(x.name, 1, 2, 1, 1, memory_bytes=x.memory_bytes) for x in pieces]
+    assert all(s.memory_w_bytes is None for s in stages_of(unsplit, (2,)))
+    assert not any("memory_w_bytes" in k for k in cost_settings(stages_of(unsplit, (2,)),
+                                                                 Link()))
+
+
+def test_plan_counts_partial_release_under_a_byte_budget() -> None:
+    """2 ranks, 4 micro-batches, F = I = W = 1 on both stages, 150 bytes per rank. Closed
+    forms (tests/test_memsplit.py's): ZB-H1 holds (p - i) M + i a M on rank i, so
+    [2 x 50, 100 + 20] = [100, 120] when W keeps 20 of the last stage's 100 bytes, and
+    [100, 200] when it keeps all; 1F1B holds [100, 100]. Its step is
+    m (F + I + W) + (p - 1)(F + I - W) = 13 against 1F1B's (m + p - 1)(F + B) = 15."""
+    split = plan(_two_pieces(20.0), 2, 4, memory=150.0, synth_time=0)
+    assert split.planned.step == pytest.approx(13.0)
+    assert split.planned.rank_bytes == pytest.approx((100.0, 120.0))
+    assert split.planned.candidate.costs.settings()["stage.1.memory_w_bytes"] == 20.0
+    whole = plan(_two_pieces(None), 2, 4, memory=150.0, synth_time=0)
+    assert whole.planned.step == pytest.approx(15.0)
+    assert whole.planned.rank_bytes == pytest.approx((100.0, 100.0))
+    # counted: ZB-H1 holds [2, 1.2] activations with the split, [2, 2] without
+    assert plan(_two_pieces(20.0), 2, 4, memory=2, synth_time=0).planned.step == \
+        pytest.approx(13.0)
+
+
+def test_plan_file_keeps_what_w_keeps_and_reads_version_1(tmp_path: Path) -> None:
+    p = plan(_two_pieces(20.0), 2, 4, memory=150.0, synth_time=0)
+    path = tmp_path / "p.json"
+    path.write_text(to_json(p, "m", "pipeline { }\n", "by hand"))
+    data = json.loads(path.read_text())
+    assert data["version"] == 2 and data["memory"]["release"] == "partial"
+    assert [x.memory_w_bytes for x in read(str(path)).layers] == [None, 20.0]
+    # a version 1 file (no memory_w_bytes): every piece holds all it saved until W
+    data["version"] = 1
+    for x in data["costs"]["layers"]:
+        del x["memory_w_bytes"]
+    path.write_text(json.dumps(data))
+    assert [x.memory_w_bytes for x in read(str(path)).layers] == [None, None]

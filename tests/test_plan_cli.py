@@ -45,16 +45,30 @@ def test_plan_profiles_the_transformer_and_replans_from_its_costs(cli: Cli,
                           "--warmup", "0", "--iters", "1", "-o", out, "--schedule-out", sched)
     assert code == 0, err
     data = json.loads(out.read_text())
-    assert data["format"] == "pipeir-plan" and data["version"] == 1
+    assert data["format"] == "pipeir-plan" and data["version"] == 2
     points = data["points"]  # one stage per rank, or v chunks per rank
     assert (len(points) + 1) % 2 == 0 and points == [n for n in NAMES if n in points]
     assert [x["name"] for x in data["costs"]["layers"]] == NAMES
     assert all(x["F"] > 0 and x["param_bytes"] > 0 for x in data["costs"]["layers"])
     assert data["step"] >= data["bound"] >= data["best_bound"] > 0
+    # profiled with the split: after I each block's W keeps some, not all, of what it saved
+    # (the head's weight gradient needs all of its input)
+    pieces = data["costs"]["layers"]
+    assert all(0 < x["memory_w_bytes"] <= x["memory_bytes"] for x in pieces)
+    assert all(x["memory_w_bytes"] < x["memory_bytes"] for x in pieces[1:-1])
+    assert data["memory"]["release"] == "partial"
     assert "lower bound" in text and "uniform split" in text
     elab = load(sched)  # the written schedule parses, verifies and carries its costs
     verify(elab.schedule)
     assert elab.schedule.config.ranks == 2 and "stage.1.F" in elab.costs
+    # ... and what W keeps, each stage the sum of its pieces' (stage 0: all it saved)
+    stages = [NAMES[lo:hi] for lo, hi in
+              zip([0, *map(NAMES.index, points)], [*map(NAMES.index, points), len(NAMES)])]
+    by_name = {x["name"]: x for x in pieces}
+    for k, names in enumerate(stages):
+        key = "memory_bytes" if k == 0 else "memory_w_bytes"
+        assert elab.costs[f"stage.{k}.memory_w_bytes"][0] == pytest.approx(
+            sum(by_name[n][key] for n in names))
     # the same costs, another rank count: no profiling
     again = tmp_path / "p3.json"
     code, text, err = cli("plan", "--model", "transformer", "--ranks", "3", "--microbatches",

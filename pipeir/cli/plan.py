@@ -147,8 +147,7 @@ def _reuse(earlier: PlanFile, names: list[str], mbs: int, args: argparse.Namespa
 
 def _profile(model: Splittable, args: argparse.Namespace, mbs: int,
              progress: Progress) -> list[LayerCost]:
-    from pipeir.plan import LayerCost
-    from pipeir.runtime.profile import profile_pieces
+    from pipeir.runtime.profile import layer_costs, profile_pieces
 
     try:
         pieces = profile_pieces(model, mbs, args.warmup, args.iters, progress)
@@ -157,8 +156,7 @@ def _profile(model: Splittable, args: argparse.Namespace, mbs: int,
     except Exception as e:
         raise UsageError(f"--model {args.model}: running its pieces failed: "
                          f"{type(e).__name__}: {e}") from None
-    return [LayerCost(name, t.F, t.B, t.I, t.W, t.activation_bytes, t.memory_bytes,
-                      t.param_bytes, t.input_bytes) for name, t in pieces]
+    return layer_costs(pieces)
 
 
 def _link(args: argparse.Namespace, progress: Progress, earlier: PlanFile | None) -> Link:
@@ -184,10 +182,12 @@ def _report(result: Plan, names: list[str]) -> str:
     unit = "ms"
     rows = [f"pieces: one micro-batch of {result.microbatches} ({unit}, bytes)",
             f"  {'piece':<12} {'F':>8} {'B':>8} {'I':>8} {'W':>8} {'hand-off':>10} "
-            f"{'saved':>10} {'params':>10}"]
+            f"{'saved':>10} {'W keeps':>10} {'params':>10}"]
     for x in result.layers:
+        kept = "all" if x.memory_w_bytes is None else f"{x.memory_w_bytes:.0f}"
         rows.append(f"  {x.name or '(start)':<12} {x.F:8.3f} {x.B:8.3f} {x.I:8.3f} {x.W:8.3f} "
-                    f"{x.activation_bytes:10.0f} {x.memory_bytes:10.0f} {x.param_bytes:10.0f}")
+                    f"{x.activation_bytes:10.0f} {x.memory_bytes:10.0f} {kept:>10} "
+                    f"{x.param_bytes:10.0f}")
     rows.append(f"link: {result.link.latency:.4g} ms per transfer, "
                 + ("unlimited bandwidth" if result.link.bandwidth is None
                    else f"{result.link.bandwidth:.4g} bytes/ms"))

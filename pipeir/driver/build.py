@@ -58,5 +58,5 @@ def optimize(schedule: Schedule, pipeline: Pipeline, costs: CostModel, *,
 
 def simulate(loaded: Loaded, comm: str = COMM_MODELS[0]) -> SimResult:
     """A loaded schedule, verified and simulated under its costs (simulate, plot, bubble)."""
-    verify(loaded.schedule)
+    verify(loaded.schedule, sizes=loaded.costs)  # counted with the split, as `check` counts
     return simulate_schedule(loaded.schedule, loaded.costs, comm=comm)

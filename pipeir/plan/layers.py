@@ -8,7 +8,9 @@ NOTE (how pieces add up to a stage). Times and sizes of the pieces in a stage ad
 exceptions. (1) The first stage has no input gradient: its I is 0 and its W is its whole
 backward, so on stage 0 every piece's I + W counts as W. (2) What crosses a boundary
 (`activation_bytes`) is the last piece's output, and what a checkpointed forward keeps
-(`input_bytes`) the first piece's input.
+(`input_bytes`) the first piece's input. (3) What W keeps after I (`memory_w_bytes`, the
+Zero Bubble paper's M_W) adds over the pieces of any later stage, a piece without the figure
+keeping all it saved; on the first stage, whose I computes nothing, W keeps everything.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ class LayerCost:
     memory_bytes: float = 0.0  # what autograd keeps from its F until its backward
     param_bytes: float = 0.0
     input_bytes: float = 0.0
+    # of memory_bytes, what W still needs after I (None: not measured, all of it)
+    memory_w_bytes: float | None = None
 
     @property
     def work(self) -> float:
@@ -71,7 +75,16 @@ def stage_cost(layers: Sequence[LayerCost], lo: int, hi: int, first: bool) -> La
                      W=w, activation_bytes=run[-1].activation_bytes,
                      memory_bytes=sum(x.memory_bytes for x in run),
                      param_bytes=sum(x.param_bytes for x in run),
-                     input_bytes=run[0].input_bytes)
+                     input_bytes=run[0].input_bytes, memory_w_bytes=_kept_for_w(run, first))
+
+
+def _kept_for_w(run: Sequence[LayerCost], first: bool) -> float | None:
+    """The stage's `memory_w_bytes` (the module NOTE's (3)); None when no piece gives it."""
+    if all(x.memory_w_bytes is None for x in run):
+        return None
+    if first:
+        return sum(x.memory_bytes for x in run)
+    return sum(x.memory_bytes if x.memory_w_bytes is None else x.memory_w_bytes for x in run)
 
 
 def stages_of(layers: Sequence[LayerCost], cut: Cut) -> list[LayerCost]:
@@ -94,10 +107,14 @@ def cost_settings(stages: Sequence[LayerCost], link: Link, unit: str | None = "m
                     f"stage.{k}.W": s.W, f"stage.{k}.memory_bytes": s.memory_bytes,
                     f"stage.{k}.param_bytes": s.param_bytes,
                     f"stage.{k}.input_bytes": s.input_bytes})
+        if s.memory_w_bytes is not None:
+            out[f"stage.{k}.memory_w_bytes"] = s.memory_w_bytes
         if k < last:
             out[f"stage.{k}.activation_bytes"] = s.activation_bytes
     # the kinds' defaults, for ops the stage tables do not name: the medians' role in a
     # profiled cost file; here simply stage 0's (every stage names its own)
     out.update(F=stages[0].F, B=stages[0].B, I=stages[0].I, W=stages[0].W,
                memory_bytes=stages[0].memory_bytes)
+    if stages[0].memory_w_bytes is not None:
+        out["memory_w_bytes"] = stages[0].memory_w_bytes
     return out

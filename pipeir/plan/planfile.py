@@ -4,7 +4,11 @@ It holds what a run needs (the model reference, the split points, the schedule a
 text with the costs it was planned under) and what a reader needs to trust it: the
 per-piece costs the plan rests on, the link, the memory budget, the predicted step, its
 lower bound and the uniform split's best step. `run` reads only the first group; a newer
-pipeir that adds keys keeps `version` 1 for as long as those keep their meaning.
+pipeir that adds keys keeps its `version` for as long as those keep their meaning.
+
+Versions: 2 adds a piece's `memory_w_bytes` (what W keeps after I; null or absent: all it
+saved, as a version 1 file means), so a pipeir that reads only version 1 says so instead
+of refusing an unknown key. This one reads both and writes 2.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from pipeir.plan.layers import LayerCost, Link, bounds
 from pipeir.plan.search import Choice, Plan
 
 FORMAT = "pipeir-plan"
-VERSION = 1
+VERSION = 2
+#: The versions read (module docstring).
+READS = (1, 2)
 
 
 @dataclass(frozen=True)
@@ -65,7 +71,10 @@ def to_json(plan: Plan, model: str, schedule_text: str, how: str) -> str:
         "memory": {"budget": plan.memory,
                    "unit": None if plan.memory is None else
                    "micro-batches" if isinstance(plan.memory, int) else "bytes",
-                   "weight_copies": plan.weight_copies},
+                   "weight_copies": plan.weight_copies,
+                   # partial: an I frees what W does not keep (the pieces' memory_w_bytes)
+                   "release": "partial" if any(x.memory_w_bytes is not None
+                                               for x in plan.layers) else "whole"},
         "costs": {"unit": "ms", "how": how, "latency": plan.link.latency,
                   "bandwidth": plan.link.bandwidth,
                   "layers": [asdict(x) for x in plan.layers]},
@@ -86,9 +95,9 @@ def read(path: str) -> PlanFile:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise UsageError(f"{path}: not a plan file (no \"format\": \"{FORMAT}\"; write one "
                          "with `pipeirc plan -o`)")
-    if data.get("version") != VERSION:
+    if data.get("version") not in READS:
         raise UsageError(f"{path}: plan file version {data.get('version')!r}; this pipeir "
-                         f"reads version {VERSION}")
+                         f"reads versions {', '.join(map(str, READS))}")
     try:
         sched = data["schedule"]
         out = PlanFile(path=path, model=_str(data["model"]), ranks=_int(data["ranks"]),
@@ -114,9 +123,14 @@ def _layers(raw: Any) -> tuple[LayerCost, ...]:
         if not isinstance(item, dict) or set(item) - names:
             raise ValueError(f"a piece's costs must be an object of {', '.join(sorted(names))}")
         name = _str(item.get("name"))
-        vals = {k: float(v) for k, v in item.items() if k != "name"}
+        vals = {k: float(v) for k, v in item.items()
+                if k != "name" and not (k == "memory_w_bytes" and v is None)}
         if any(not (math.isfinite(v) and v >= 0) for v in vals.values()):
             raise ValueError(f"piece {name!r}: costs must be finite and >= 0")
+        if vals.get("memory_w_bytes", 0.0) > vals.get("memory_bytes", 0.0):
+            raise ValueError(f"piece {name!r}: memory_w_bytes {vals['memory_w_bytes']:g} is "
+                             f"more than its memory_bytes {vals.get('memory_bytes', 0.0):g} "
+                             "(it is the part of them that W keeps)")
         out.append(LayerCost(name, **vals))
     if not out:
         raise ValueError("no pieces")

@@ -67,9 +67,14 @@ def shape_costs(layers: Sequence[LayerCost], cut: Cut, config: PipelineConfig, l
     if min(room) <= 0:
         return None
     for k in range(len(stages)):
-        for size in ("memory_bytes", "input_bytes"):  # (what a checkpointed forward keeps)
-            settings[f"stage.{k}.{size}"] = getattr(stages[k], size) / room[config.placement[k]]
-    settings["memory_bytes"] = settings["stage.0.memory_bytes"]
+        # (input_bytes: what a checkpointed forward keeps; memory_w_bytes: what W keeps)
+        for size in ("memory_bytes", "memory_w_bytes", "input_bytes"):
+            if f"stage.{k}.{size}" in settings:
+                settings[f"stage.{k}.{size}"] = (getattr(stages[k], size)
+                                                 / room[config.placement[k]])
+    for size in ("memory_bytes", "memory_w_bytes"):  # the defaults: stage 0's (cost_settings)
+        if size in settings:
+            settings[size] = settings[f"stage.0.{size}"]
     return CostModel.from_settings(settings), 1.0
 
 

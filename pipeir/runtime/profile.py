@@ -38,6 +38,7 @@ from torch.utils import _pytree as pytree
 
 from pipeir.models.spec import ModelSpec, autocast_dtype, build_stage, call_stage
 from pipeir.models.splittable import Splittable
+from pipeir.plan.layers import LayerCost
 from pipeir.runtime.memory import SavedActivations, input_bytes
 from pipeir.runtime.shapes import grad_leaves, tensor_leaves
 from pipeir.runtime.splitgrad import backward_input_many, backward_weight, weight_nodes
@@ -145,6 +146,13 @@ def profile_pieces(model: Splittable, microbatches: int, warmup: int = 2, iters:
     times = profile_stages(model.at(points), len(points) + 1, microbatches, warmup, iters,
                            progress, clock)
     return list(zip(["", *points], times))
+
+
+def layer_costs(pieces: Sequence[tuple[str, StageTimes]]) -> list[LayerCost]:
+    """`profile_pieces`'s figures as the planner's per-piece costs (`pipeir.plan`), what W
+    keeps after I included: one conversion for `pipeirc plan` and the planning bench."""
+    return [LayerCost(name, t.F, t.B, t.I, t.W, t.activation_bytes, t.memory_bytes,
+                      t.param_bytes, t.input_bytes, t.memory_w_bytes) for name, t in pieces]
 
 
 def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
