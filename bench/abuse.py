@@ -1,7 +1,7 @@
 """Abuse every `pipeirc` command the way a new user would (issue 11), and count what goes wrong.
 
     python bench/abuse.py [--quick] [--jobs 2] [--generated 40] [--seed 11] [--only TEXT]
-                          [--family classic|checkpoints|usercode] [--no-open] [-v]
+                          [--family classic|checkpoints|usercode|lowered] [--no-open] [-v]
 
 Each input runs as its own `pipeirc` subprocess, in its own session and its own scratch
 directory, under a time bound (and, for the cases that used to exhaust memory, an address
@@ -40,13 +40,13 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # abuse_kit, also when imported
-from abuse_kit import checkpoints, classic, usercode
+from abuse_kit import checkpoints, classic, lowered, usercode
 from abuse_kit.classic import runtime_cases
 from abuse_kit.harness import Case, report, run_case
 
 __all__ = ["Case", "all_cases", "main", "run_case", "runtime_cases"]
 
-FAMILIES = ("classic", "checkpoints", "usercode")
+FAMILIES = ("classic", "checkpoints", "usercode", "lowered")
 
 
 def all_cases(generated: int, seed: int, families: tuple[str, ...] = FAMILIES) -> list[Case]:
@@ -59,6 +59,8 @@ def all_cases(generated: int, seed: int, families: tuple[str, ...] = FAMILIES) -
         out += [*checkpoints.hand_cases(), *checkpoints.generated_cases(generated, seed)]
     if "usercode" in families:
         out += [*usercode.hand_cases(), *usercode.generated_cases(generated, seed)]
+    if "lowered" in families:
+        out += lowered.hand_cases()
     return out
 
 
@@ -72,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", metavar="TEXT", help="only cases whose name contains TEXT")
     ap.add_argument("--family", action="append", choices=FAMILIES,
                     help="only these families (repeatable; default all): classic (issue 11), "
-                         "checkpoints and usercode (issue 37)")
+                         "checkpoints and usercode (issue 37), lowered (hand-edited "
+                         "lowered.json, memory flags in bytes, memory_w_bytes, --synth-time)")
     ap.add_argument("--no-open", action="store_true", help="skip the known open cases")
     ap.add_argument("-v", "--verbose", action="store_true", help="list the clean cases too")
     args = ap.parse_args(argv)

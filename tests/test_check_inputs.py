@@ -5,6 +5,7 @@ that a torch schedule CSV or a lowered .json does not take, and cost names in `-
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,20 @@ def _header(**fields: Any) -> Edit:
 
 def _write(tmp_path: Path, data: dict[str, Any], name: str = "lowered.json") -> Path:
     path = tmp_path / name
-    path.write_text(json.dumps(data), encoding="utf-8")
+    path.write_text(json.dumps(data, indent=1), encoding="utf-8")
     return path
+
+
+def _refused_at(cli: Cli, path: Path, at: str) -> str:
+    """Run `check --lowered path`, expect one usage error at `path:line:col:` where the text
+    starts with `at` (a quoted key, or `{` for a whole instruction or the file); its message."""
+    code, out, err = cli("check", "--lowered", path)
+    assert (code, out) == (2, "") and "Traceback" not in err, err
+    found = re.match(rf"{re.escape(str(path))}:(\d+):(\d+): error: (.*)", err)
+    assert found is not None and err.count("error: ") == 1, err
+    line, col = int(found[1]), int(found[2])
+    assert path.read_text(encoding="utf-8").splitlines()[line - 1][col - 1:].startswith(at), err
+    return found[3]
 
 
 def _refused(cli: Cli, *args: Any) -> str:
@@ -103,18 +116,16 @@ def test_a_bad_instruction_field_is_named(cli: Cli, tmp_path: Path, rank: int, m
     data = _lowered()
     pc = _at(data, rank, mnemonic)
     data["programs"][rank][pc].update(fields)
-    path = _write(tmp_path, data)
-    err = _refused(cli, "--lowered", path)
-    assert f"error: {path}: rank {rank}, instruction {pc} ({mnemonic}): {message}" in err, err
+    got = _refused_at(cli, _write(tmp_path, data), json.dumps(next(iter(fields))))
+    assert got.startswith(f"rank {rank}, instruction {pc} ({mnemonic}): {message}"), got
 
 
 def test_an_unknown_instruction_is_named(cli: Cli, tmp_path: Path) -> None:
     data = _lowered()
     pc = _at(data, 0, "forward")
     data["programs"][0][pc]["i"] = "frobnicate"
-    path = _write(tmp_path, data)
-    err = _refused(cli, "--lowered", path)
-    assert f'error: {path}: rank 0, instruction {pc}: unknown instruction "frobnicate"' in err
+    message = _refused_at(cli, _write(tmp_path, data), '"i"')
+    assert message == f'rank 0, instruction {pc}: unknown instruction "frobnicate" (field "i")'
 
 
 def test_a_missing_field_and_a_non_object_instruction_are_named(cli: Cli,
@@ -122,27 +133,28 @@ def test_a_missing_field_and_a_non_object_instruction_are_named(cli: Cli,
     data = _lowered()
     pc = _at(data, 0, "forward")
     del data["programs"][0][pc]["mb"]
-    err = _refused(cli, "--lowered", _write(tmp_path, data))
-    assert f'rank 0, instruction {pc} (forward): missing field "mb"' in err
+    message = _refused_at(cli, _write(tmp_path, data), "{")
+    assert message == f'rank 0, instruction {pc} (forward): missing field "mb"'
     data = _lowered()
     data["programs"][1].insert(2, [1])
-    err = _refused(cli, "--lowered", _write(tmp_path, data))
-    assert 'rank 1, instruction 2: expected an instruction object {"i": ...}, got [1]' in err
+    message = _refused_at(cli, _write(tmp_path, data), "[")
+    assert message == 'rank 1, instruction 2: expected an instruction object {"i": ...}, got [1]'
 
 
 def test_a_batch_holds_only_isend_and_irecv(cli: Cli, tmp_path: Path) -> None:
     data = _lowered()
     data["programs"][0].insert(1, {"i": "batch", "posts": [{"i": "forward", "stage": 0,
                                                             "mb": 0}]})
-    err = _refused(cli, "--lowered", _write(tmp_path, data))
-    assert ("rank 0, instruction 1 (batch), post 0 (forward): a batch holds only isend and "
-            "irecv posts") in err
+    message = _refused_at(cli, _write(tmp_path, data), "{")
+    assert message == ("rank 0, instruction 1 (batch), post 0 (forward): a batch holds only "
+                       "isend and irecv posts")
     data["programs"][0][1]["posts"] = []
-    err = _refused(cli, "--lowered", _write(tmp_path, data))
-    assert '(batch): "posts" must be a non-empty list of isend and irecv objects, got []' in err
+    message = _refused_at(cli, _write(tmp_path, data), '"posts"')
+    assert message.endswith('(batch): "posts" must be a non-empty list of isend and irecv '
+                            'objects, got []')
 
 
-BAD_HEADERS: list[tuple[str, Edit, str]] = [
+BAD_HEADERS: list[tuple[str, Edit, str]] = [  # the fault is at "at" below
     ("more-ranks-than-programs", _header(ranks=3),
      '"ranks" is 3, but there are 2 programs (one per rank)'),
     ("fewer-ranks-than-programs", _header(ranks=1),
@@ -179,30 +191,50 @@ BAD_HEADERS: list[tuple[str, Edit, str]] = [
 ]
 
 
-@pytest.mark.parametrize(("edit", "message"), [(e, m) for _, e, m in BAD_HEADERS],
+#: Where each bad header's error points: the member's key, or the file's start.
+HEADER_AT = {"more-ranks-than-programs": '"ranks"', "fewer-ranks-than-programs": '"ranks"',
+             "microbatches-negative": '"microbatches"', "microbatches-zero": '"microbatches"',
+             "stages-string": '"stages"', "accumulate-float": '"accumulate"',
+             "placement-length": '"placement"', "placement-rank": "5",
+             "idle-rank": '"placement"', "programs-not-a-list": '"programs"', "name": '"name"',
+             "overlap": '"overlap"', "version": '"version"', "missing": "{",
+             "missing-version": "{", "unknown-field": '"dp"',
+             "more-than-the-programs-hold": '"microbatches"',
+             "rounds-past-the-programs": '"microbatches"'}
+
+
+@pytest.mark.parametrize(("edit", "message", "at"),
+                         [(e, m, HEADER_AT[n]) for n, e, m in BAD_HEADERS],
                          ids=[n for n, _, _ in BAD_HEADERS])
-def test_a_bad_header_is_named(cli: Cli, tmp_path: Path, edit: Edit, message: str) -> None:
+def test_a_bad_header_is_named(cli: Cli, tmp_path: Path, edit: Edit, message: str,
+                               at: str) -> None:
     data = _lowered()
     edit(data)
-    path = _write(tmp_path, data)
-    err = _refused(cli, "--lowered", path)
-    assert f"error: {path}: {message}" in err, err
+    assert _refused_at(cli, _write(tmp_path, data), at).startswith(message)
 
 
 @pytest.mark.parametrize(("text", "message"), [
     ('{"format": "pipeir-lowered", "ranks": ' + "1" * 5000 + "}",
      "malformed lowered-program JSON file: a number has too many digits to read"),
     ("[" * 100_000, "malformed lowered-program JSON file: nested too deeply"),
-    ('{"format": "pipeir-lowered", "version": 1, "name": "x", "ranks": 1, "stages": 1, '
-     '"microbatches": 1, "accumulate": 1, "placement": [0], "programs": [[{"i": "loss", '
-     '"stage": 0, "mb": 0, "scale": NaN}, {"i": "backward", "stage": 0, "mb": 0}]]}',
-     'rank 0, instruction 0 (loss): "scale" must be a finite number, got NaN'),
-], ids=["huge-integer", "deep", "nan"])
+], ids=["huge-integer", "deep"])
 def test_unreadable_json_is_one_line(cli: Cli, tmp_path: Path, text: str, message: str) -> None:
     path = tmp_path / "odd.json"
     path.write_text(text, encoding="utf-8")
     err = _refused(cli, "--lowered", path)
     assert f"error: {path}: {message}" in err, err
+
+
+def test_a_nan_points_at_its_field(cli: Cli, tmp_path: Path) -> None:
+    path = tmp_path / "odd.json"
+    path.write_text('{"format": "pipeir-lowered", "version": 1, "name": "x", "ranks": 1, '
+                    '"stages": 1, "microbatches": 1, "accumulate": 1, "placement": [0],\n'
+                    ' "programs": [[{"i": "loss", "stage": 0, "mb": 0, "scale": NaN},\n'
+                    '   {"i": "backward", "stage": 0, "mb": 0}]]}', encoding="utf-8")
+    code, out, err = cli("check", "--lowered", path)
+    assert (code, out) == (2, "") and "Traceback" not in err
+    assert err.startswith(f'{path}:2:51: error: rank 0, instruction 0 (loss): "scale" must be '
+                          "a finite number, got NaN"), err
 
 
 @pytest.mark.parametrize(("text", "where", "message"), [
@@ -342,3 +374,15 @@ def test_bad_cost_settings_are_one_line(cli: Cli, flags: tuple[str, ...], messag
     assert message in err, err
     if "unknown" in message:
         assert "or a cost: F, B" in err
+
+
+def test_lowered_takes_the_directory_compile_wrote(cli: Cli, tmp_path: Path) -> None:
+    """`check --lowered DIR` with DIR from `compile -o DIR` checks DIR/lowered.json: it said
+    "DIR: is a directory, not a .sched file"."""
+    gen = tmp_path / "gen"
+    assert cli("compile", *LIBRARY, "-o", gen)[0] == 0
+    code, out, err = cli("check", "--lowered", gen)
+    assert (code, err) == (0, ""), err
+    assert out.startswith(f"{gen / 'lowered.json'}: lowered ok"), out
+    code, out, err = cli("check", gen)  # without --lowered a directory is still no .sched file
+    assert code == 2 and err.startswith(f"error: {gen}: is a directory, not a .sched file"), err

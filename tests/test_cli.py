@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -186,3 +187,12 @@ def test_abs_takes_decimals_and_booleans_do_not_equal_numbers(tmp_path: Path) ->
                                                 r"\(false != 0\)"):
         pipeir.parse("pipeline { ranks = 1  microbatches = 1 }\n"
                      "schedule s { require false != 0\n rank r { F(0, 0)  B(0, 0) } }")
+
+
+def test_check_help_names_its_files_in_plain_english(cli: Callable[..., tuple[int, str, str]]
+                                                    ) -> None:
+    """The positional help of a command taking several files read "a .sched files"."""
+    code, out, _ = cli("check", "--help")
+    assert code == 0
+    assert re.search(r"^  FILE\s+\.sched files$", out, re.M), out
+    assert "a .sched files" not in out

@@ -6,6 +6,8 @@ single-process training."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -183,3 +185,15 @@ def test_run_plan_trains_like_one_process(cli: Cli, tmp_path: Path) -> None:
     code, out, err = cli("run", "--plan", path, "--steps", "2", "--check", "--timeout", "120")
     assert code == 0, err
     assert "all stages within 1e-05 of single-process training" in out
+
+
+def test_plan_refuses_a_bad_number_before_loading_torch() -> None:
+    """A bad --synth-time (or --ranks) is refused before the planner and torch are imported:
+    they were imported first, seconds of waiting for a one-line usage error."""
+    code = ("import sys\nfrom pipeir.cli import main\n"
+            "rc = main(['plan', '--model', 'transformer', '--ranks', '2', '--synth-time', "
+            "'nan'])\nprint(rc, 'torch' in sys.modules, 'pipeir.plan.search' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=300)
+    assert r.stdout.split() == ["2", "False", "False"], (r.stdout, r.stderr)
+    assert "--synth-time nan: need a finite number" in r.stderr

@@ -458,6 +458,67 @@ def test_generated_program_runs_only_what_check_lowered_verified(
                           "to (one of them was edited after `pipeirc compile`)"), err
 
 
+@pytest.mark.parametrize(("text", "message"), [
+    ("[" * 100_000, "malformed lowered-program JSON file: nested too deeply"),
+    ('{"format": "pipeir-lowered", "version": 1, "version": 1}',
+     "field 'version' is given twice in one object (JSON would keep the last without a word)"),
+    ('{"format": "pipeir-lowered", "version": 1, "name": "x", "ranks": "2"}',
+     'missing field "stages"'),
+], ids=["deep", "duplicate-key", "missing-field"])
+def test_generated_program_reads_lowered_json_as_check_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        text: str, message: str) -> None:
+    """main.py refuses a lowered.json `check --lowered` refuses, with the same one line: it
+    read the file with `json.loads`, so a deep one was a RecursionError traceback and a key
+    given twice ran the last one's value."""
+    from pipeir.cli import main
+    from pipeir.runtime.torchrun import main as torchrun_main
+
+    gen = tmp_path / "gen"
+    assert main(["compile", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                 "-o", str(gen)]) == 0
+    (gen / "lowered.json").write_text(text)
+    capsys.readouterr()
+    assert main(["check", "--lowered", str(gen / "lowered.json")]) == 2
+    checked = capsys.readouterr().err
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert torchrun_main(gen, ["--steps", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"main.py: {checked.splitlines()[0]}"), (err, checked)
+    assert message in err and "Traceback" not in err, err
+
+
+def test_generated_program_refuses_a_lowered_json_that_would_deadlock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The rank files interpret lowered.json's table, so an edit of a tag or a peer leaves them
+    as they were: main.py ran a program `check --lowered` refuses and hung in gloo until the
+    timeout. It proves lowered.json first and reports the finding as check does."""
+    import json
+
+    from pipeir.cli import main
+    from pipeir.runtime.torchrun import main as torchrun_main
+
+    gen = tmp_path / "gen"
+    assert main(["compile", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                 "-o", str(gen)]) == 0
+    lowered = json.loads((gen / "lowered.json").read_text())
+    send = next(i for i in lowered["programs"][0] if i["i"] == "send")
+    send["tag"] += 5
+    (gen / "lowered.json").write_text(json.dumps(lowered))
+    capsys.readouterr()
+    assert main(["check", "--lowered", str(gen / "lowered.json")]) == 1
+    checked = capsys.readouterr().err.splitlines()[0]
+    assert f"but rank 0 sends it with tag {send['tag']}" in checked, checked
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert torchrun_main(gen, ["--steps", "1"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f"main.py: {checked}\n"), (err, checked)
+    assert "rank 0/2" not in err and "Traceback" not in err
+
+
 def test_metrics_file_is_opened_at_the_first_step(tmp_path: Path) -> None:
     """A run that fails before its first step leaves an existing --metrics file alone."""
     from pipeir.runtime.metrics import MetricsFile

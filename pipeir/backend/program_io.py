@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, fields
 from typing import Any, get_args, get_type_hints
 
-from pipeir import limits
+from pipeir import jsonread, limits
 from pipeir.backend.instructions import (
     BY_MNEMONIC,
     MNEMONICS,
@@ -22,7 +22,7 @@ from pipeir.backend.instructions import (
     ISend,
     Lowered,
 )
-from pipeir.diagnostics import UsageError
+from pipeir.diagnostics import Source, Span, UsageError
 
 
 def format_lowered(lowered: Lowered) -> str:
@@ -76,7 +76,17 @@ def to_json(lowered: Lowered) -> dict[str, Any]:
 # are 64-bit and non-negative (bool, a subclass of int, is refused), the header's sizes are
 # positive and agree with the placement and the number of programs. Ranges against the header
 # (a micro-batch past the count, a peer that runs no such stage) are findings of the checks,
-# which name the instruction in their own words.
+# which name the instruction in their own words. A fault is raised as `_Fault` with the JSON
+# path of the value it is about; `from_json` turns it into a UsageError at that value's line
+# and column when it has the file's text (a hand-edited file is edited in an editor).
+
+
+class _Fault(Exception):
+    """A malformed lowered JSON value: the message and the path of the value."""
+
+    def __init__(self, path: jsonread.Path, message: str) -> None:
+        super().__init__(message)
+        self.path, self.message = path, message
 
 #: Per instruction class, its fields: (name, type, required), from the dataclass itself so
 #: that a new instruction or field is read without touching the reader.
@@ -112,115 +122,144 @@ def _wanted(value: object, hint: Any) -> str | None:
     return "one of " + ", ".join(json.dumps(c) for c in choices)
 
 
-def _instr_from(d: object, where: str, in_batch: bool = False) -> Instr:
-    """One instruction object; `where` names it ("FILE: rank 0, instruction 3")."""
+def _instr_from(d: object, where: str, path: jsonread.Path, in_batch: bool = False) -> Instr:
+    """One instruction object at `path`; `where` names it ("rank 0, instruction 3")."""
     if type(d) is not dict:
-        raise UsageError(f"{where}: expected an instruction object {{\"i\": ...}}, got "
+        raise _Fault(path, f"{where}: expected an instruction object {{\"i\": ...}}, got "
                          f"{_shown(d)}")
     name = d.get("i")
     cls = BY_MNEMONIC.get(name) if type(name) is str else None
     if cls is None:
-        raise UsageError(f"{where}: unknown instruction {_shown(name)} (field \"i\")")
+        raise _Fault((*path, "i"), f"{where}: unknown instruction {_shown(name)} "
+                     "(field \"i\")")
     where = f"{where} ({name})"
     if in_batch and cls not in (ISend, IRecv):
-        raise UsageError(f"{where}: a batch holds only isend and irecv posts")
+        raise _Fault(path, f"{where}: a batch holds only isend and irecv posts")
     known = {n for n, _, _ in _FIELDS[cls]}
     extra = [k for k in d if k != "i" and k not in known]
     if extra:
-        raise UsageError(f"{where}: unknown field {_shown(extra[0])} (a {name} has "
+        raise _Fault((*path, extra[0]), f"{where}: unknown field {_shown(extra[0])} (a {name} has "
                          f"{', '.join(sorted(known))})")
     kw: dict[str, Any] = {}
     for field_name, hint, required in _FIELDS[cls]:
         if field_name not in d:
             if required:
-                raise UsageError(f"{where}: missing field \"{field_name}\"")
+                raise _Fault(path, f"{where}: missing field \"{field_name}\"")
             continue
         value = d[field_name]
         if field_name == "posts":
             if type(value) is not list or not value:
-                raise UsageError(f"{where}: \"posts\" must be a non-empty list of isend and "
-                                 f"irecv objects, got {_shown(value)}")
-            kw["posts"] = tuple(_instr_from(p, f"{where}, post {j}", in_batch=True)
+                raise _Fault((*path, "posts"), f"{where}: \"posts\" must be a non-empty list "
+                             f"of isend and irecv objects, got {_shown(value)}")
+            kw["posts"] = tuple(_instr_from(p, f"{where}, post {j}", (*path, "posts", j),
+                                            in_batch=True)
                                 for j, p in enumerate(value))
             continue
         want = _wanted(value, hint)
         if want is not None:
-            raise UsageError(f"{where}: \"{field_name}\" must be {want}, got {_shown(value)}")
+            raise _Fault((*path, field_name),
+                         f"{where}: \"{field_name}\" must be {want}, got {_shown(value)}")
         kw[field_name] = value
     return cls(**kw)  # type: ignore[no-any-return]
 
 
-def _header(data: object, where: str) -> dict[str, Any]:
+def _header(data: object) -> dict[str, Any]:
     """The checked top-level object (module NOTE on reading lowered JSON)."""
     if type(data) is not dict or data.get("format") != "pipeir-lowered":
-        raise UsageError(f"{where}: not a pipeir lowered-program JSON file "
+        raise _Fault((), "not a pipeir lowered-program JSON file "
                          "(format != pipeir-lowered)")
     if "version" not in data:
-        raise UsageError(f"{where}: missing field \"version\"")
+        raise _Fault((), "missing field \"version\"")
     if data["version"] != 1 or type(data["version"]) is not int:
-        raise UsageError(f"{where}: \"version\" {_shown(data['version'])} is not one this "
+        raise _Fault(("version",), f"\"version\" {_shown(data['version'])} is not one this "
                          "pipeir reads (1)")
     for key in ("name", *_SIZES, "placement", "programs"):
         if key not in data:
-            raise UsageError(f"{where}: missing field \"{key}\"")
+            raise _Fault((), f"missing field \"{key}\"")
     known = ("format", "version", *(f.name for f in fields(Lowered)))
     extra = [k for k in data if k not in known]
     if extra:  # a "dp": 2 here reads as if it meant something; nothing reads it
-        raise UsageError(f"{where}: unknown field {_shown(extra[0])} (the header has "
+        raise _Fault((extra[0],), f"unknown field {_shown(extra[0])} (the header has "
                          f"{', '.join(known)})")
     for key, hint in (("name", str), ("overlap", bool)):
         want = _wanted(data[key], hint) if key in data else None
         if want is not None:
-            raise UsageError(f"{where}: \"{key}\" must be {want}, got {_shown(data[key])}")
+            raise _Fault((key,), f"\"{key}\" must be {want}, got {_shown(data[key])}")
     for key in _SIZES:
         value = data[key]
         if type(value) is not int or not 1 <= value <= limits.MAX_INT:
-            raise UsageError(f"{where}: \"{key}\" must be a positive integer (64-bit), got "
+            raise _Fault((key,), f"\"{key}\" must be a positive integer (64-bit), got "
                              f"{_shown(value)}")
     ranks, stages = data["ranks"], data["stages"]
     placement, programs = data["placement"], data["programs"]
     if type(programs) is not list:
-        raise UsageError(f"{where}: \"programs\" must be a list of programs (one per rank), "
+        raise _Fault(("programs",), f"\"programs\" must be a list of programs (one per rank), "
                          f"got {_shown(programs)}")
     if len(programs) != ranks:
-        raise UsageError(f"{where}: \"ranks\" is {ranks}, but there are {len(programs)} "
+        raise _Fault(("ranks",), f"\"ranks\" is {ranks}, but there are {len(programs)} "
                          "programs (one per rank)")
     if type(placement) is not list or len(placement) != stages:
-        raise UsageError(f"{where}: \"placement\" must be a list of {stages} ranks (one per "
+        raise _Fault(("placement",), f"\"placement\" must be a list of {stages} ranks (one per "
                          f"stage, \"stages\": {stages}), got {_shown(placement)}")
     for s, r in enumerate(placement):
         if type(r) is not int or not 0 <= r < ranks:
-            raise UsageError(f"{where}: placement of stage {s} must be a rank 0 to {ranks - 1} "
-                             f"(\"ranks\": {ranks}), got {_shown(r)}")
+            raise _Fault(("placement", s), f"placement of stage {s} must be a rank 0 to "
+                         f"{ranks - 1} (\"ranks\": {ranks}), got {_shown(r)}")
     owners = set(placement)
     idle = next((r for r in range(ranks) if r not in owners), None)
     if idle is not None:  # as PipelineConfig: a rank that owns no stage is a wrong "ranks"
-        raise UsageError(f"{where}: rank {idle} owns no stage ({stages} stages on {ranks} "
+        raise _Fault(("placement",), f"rank {idle} owns no stage ({stages} stages on {ranks} "
                          f"ranks, \"placement\": {_shown(placement)})")
     for r, prog in enumerate(programs):
         if type(prog) is not list:
-            raise UsageError(f"{where}: the program of rank {r} must be a list of "
+            raise _Fault(("programs", r), f"the program of rank {r} must be a list of "
                              f"instructions, got {_shown(prog)}")
     # NOTE: the checks run over every (stage, micro-batch): a header that claims far more
     # than its programs hold would make them loop for hours over what cannot be there
     mbs, have = data["microbatches"] * data["accumulate"], sum(map(len, programs))
     if 2 * stages * mbs > have:
-        raise UsageError(f"{where}: \"stages\" {stages} x \"microbatches\" "
+        raise _Fault(("microbatches",), f"\"stages\" {stages} x \"microbatches\" "
                          f"{data['microbatches']} x \"accumulate\" {data['accumulate']} need "
                          f"{2 * stages * mbs:,} computes at least (a forward and a backward "
                          f"each), but the programs hold {have:,} instructions in all")
     return data
 
 
-def from_json(data: object, where: str = "lowered JSON") -> Lowered:
-    """Read what `to_json` wrote; malformed input is a UsageError naming `where` (the file),
-    the rank, the instruction and the field."""
-    d = _header(data, where)
-    programs = tuple(tuple(_instr_from(ins, f"{where}: rank {r}, instruction {pc}")
-                           for pc, ins in enumerate(prog))
-                     for r, prog in enumerate(d["programs"]))
+def from_json(data: object, where: str = "lowered JSON", source: Source | None = None) -> Lowered:
+    """Read what `to_json` wrote; malformed input is a UsageError naming the rank, the
+    instruction and the field, at its line and column in `source` (the file's text) when
+    given, else prefixed with `where` (the file)."""
+    try:
+        d = _header(data)
+        programs = tuple(tuple(_instr_from(ins, f"rank {r}, instruction {pc}",
+                                           ("programs", r, pc))
+                               for pc, ins in enumerate(prog))
+                         for r, prog in enumerate(d["programs"]))
+    except _Fault as e:
+        span = _span_at(source, e.path) if source is not None else None
+        raise UsageError(e.message if span is not None else f"{where}: {e.message}",
+                         span) from None
     return Lowered(d["name"], d["ranks"], d["stages"], d["microbatches"], d["accumulate"],
                    tuple(d["placement"]), programs, d.get("overlap", False))
+
+
+def _span_at(source: Source, path: jsonread.Path) -> Span:
+    """Where the value at `path` (or the nearest enclosing one) is written: its key for an
+    object member, the element for an array element, the file's start for the top level."""
+    places = jsonread.positions(source)
+    for k in range(len(path), 0, -1):
+        place = places.get(path[:k])
+        if place is not None:
+            return place.key or place.whole
+    return Span(source, 1, 1, 1, 2)
+
+
+def load(path: str) -> tuple[Lowered, Source]:
+    """The lowered programs in the file `path` (`pipeirc check --lowered`, a compiled
+    directory's main.py) and its text; every malformed input is one UsageError at the fault."""
+    source = limits.read_input(path, "lowered-program JSON", limits.BYTES_PER_JSON_BYTE)
+    return from_json(jsonread.loads(source, "lowered-program JSON file", "field"), path,
+                     source), source
 
 
 def dumps(lowered: Lowered) -> str:

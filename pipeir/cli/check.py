@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import replace
+from pathlib import Path
 
 from pipeir import driver, memunit
 from pipeir.cli.common import (
@@ -35,7 +36,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="print only errors")
     p.add_argument("--lowered", action="store_true",
                    help="also lower each schedule and prove its communication deadlock-free "
-                        "(rendezvous, per-peer FIFO); FILE may also be a lowered .json")
+                        "(rendezvous, per-peer FIFO); FILE may also be a lowered .json, or "
+                        "the directory `compile -o DIR` wrote (its lowered.json)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -57,6 +59,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _check_one(args: argparse.Namespace, f: str | None) -> list[str]:
+    if args.lowered and f is not None and Path(f, "lowered.json").is_file():
+        f = str(Path(f, "lowered.json"))  # the directory `compile -o DIR` wrote
     kind = f.lower() if f is not None else ""
     if kind.endswith(".json"):  # `compile -o DIR` writes DIR/lowered.json
         if not args.lowered:

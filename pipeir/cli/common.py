@@ -21,7 +21,7 @@ from pipeir.frontend.elaborate import Elaborated, Value
 def add_schedule_args(p: argparse.ArgumentParser, *, many: bool = False) -> None:
     """FILE (or FILE... when `many`), or a library schedule by name, plus --set."""
     p.add_argument("files", nargs="*" if many else "?", metavar="FILE",
-                   help="a .sched file" + ("s" if many else ""))
+                   help=".sched files" if many else "a .sched file")
     lib = p.add_argument_group("library schedule (instead of FILE)")
     lib.add_argument("--schedule", metavar="NAME", help="library schedule, e.g. 1f1b")
     lib.add_argument("--ranks", type=int, metavar="P")

@@ -64,13 +64,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    _check_numbers(args)  # first: the planner's imports take seconds
     from pipeir.models.refs import resolve_splittable
     from pipeir.plan import planfile as pf
     from pipeir.plan.search import plan
     from pipeir.printer import print_schedule
     from pipeir.verify import verify
 
-    _check_numbers(args)
     mbs = args.microbatches if args.microbatches is not None else 2 * args.ranks
     if "@" in args.model:
         raise UsageError(f"--model {args.model}: name the model without split points; "

@@ -39,7 +39,8 @@ from typing import Any
 
 from pipeir.argtypes import positive_int, timeout_seconds
 from pipeir.backend.codegen import rank_source
-from pipeir.backend.program_io import from_json
+from pipeir.backend.commcheck import JsonLocator, check_comm
+from pipeir.backend.program_io import load
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.models.refs import resolve
 from pipeir.runtime.mesh import MeshShape, check_world
@@ -61,7 +62,10 @@ def main(directory: Path, argv: list[str]) -> int:
         return 2
     try:  # once, before the process group: a bad --model is one line for the whole world
         resolve(args.model)
-        lowered = from_json(_read_json(directory / "lowered.json"), str(directory / "lowered.json"))
+        lowered, source = load(str(directory / "lowered.json"))
+        # the rank files interpret lowered.json's table: an edited tag or peer leaves them as
+        # they were, and the program would hang in gloo; prove what runs, as check does
+        check_comm(lowered, JsonLocator(source))
         sources = tuple(_read(directory / f"rank{r}.py") for r in range(lowered.ranks))
         for r, text in enumerate(sources):  # what `check --lowered` verified is what runs
             if text != rank_source(lowered, r):
@@ -75,7 +79,7 @@ def main(directory: Path, argv: list[str]) -> int:
             sys.stderr.write("(every rank stops; torchrun reports their exit codes below)\n")
         else:  # torchrun stops the others at the first exit: let rank 0 say why first
             time.sleep(1.0)
-        return 2
+        return e.exit_code
     job = Job(lowered, sources, args.model, args.steps)
     return run_env(job, args.timeout, args.dp)
 
@@ -102,13 +106,6 @@ def _read(path: Path) -> str:
     except (OSError, UnicodeDecodeError) as e:
         raise UsageError(f"{path}: cannot read it ({e.__class__.__name__}: {e}); compile "
                          "again with `pipeirc compile -o DIR`") from None
-
-
-def _read_json(path: Path) -> object:
-    try:
-        return json.loads(_read(path))
-    except json.JSONDecodeError as e:
-        raise UsageError(f"{path}:{e.lineno}:{e.colno}: not JSON ({e.msg})") from None
 
 
 def run_env(job: Job, timeout_s: float, dp: int | None) -> int:

@@ -50,7 +50,7 @@ import itertools
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from pipeir import jsonread, limits
+from pipeir import jsonread
 from pipeir.backend.commcheck.findings import (
     Channel,
     Finding,
@@ -67,14 +67,15 @@ from pipeir.backend.commcheck.order import Order
 from pipeir.backend.commcheck.progress import explain, run
 from pipeir.backend.instructions import Lowered
 from pipeir.backend.lower import lower
-from pipeir.backend.program_io import from_json
+from pipeir.backend.program_io import load
 from pipeir.diagnostics import Diagnostic, Note, Source, Span, VerifyError
 
 if TYPE_CHECKING:
     from pipeir.schedule import Schedule
 
-__all__ = ["CommReport", "Key", "Locator", "PlainLocator", "Site", "check_comm", "check_json",
-           "check_schedule", "describe", "instruction_spans", "schedule_locator", "summary", "what"]
+__all__ = ["CommReport", "JsonLocator", "Key", "Locator", "PlainLocator", "Site", "check_comm",
+           "check_json", "check_schedule", "describe", "instruction_spans", "schedule_locator",
+           "summary", "what"]
 
 
 @dataclass(frozen=True)
@@ -151,8 +152,7 @@ def check_json(path: str) -> str:
     """Prove the lowered programs in a `lowered.json` file; `path: summary`. A file that is
     not lowered programs (bad JSON, or a field of the wrong shape or type) is a UsageError
     naming the field (`from_json`), never a traceback from the rules."""
-    source = limits.read_input(path, "lowered-program JSON", limits.BYTES_PER_JSON_BYTE)
-    lowered = from_json(jsonread.loads(source, "lowered-program JSON file", "field"), path)
+    lowered, source = load(path)
     return f"{path}: {summary(lowered, check_comm(lowered, JsonLocator(source)))}"
 
 
