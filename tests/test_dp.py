@@ -550,7 +550,7 @@ def test_main_py_refuses_a_bad_environment_before_any_rendezvous(
         (gen / "lowered.json").write_text('{"format":')
         p = subprocess.run([sys.executable, str(gen / "main.py")], capture_output=True,
                            text=True, env={**e, "RANK": "0", "WORLD_SIZE": "2"}, timeout=60)
-        assert p.returncode == 2 and "lowered.json:1:11: not JSON" in p.stderr
+        assert p.returncode == 2 and "lowered.json:1:11: error: malformed" in p.stderr
 
 
 def test_compile_takes_its_replicas_from_the_costs_dp(cli, tmp_path: Path) -> None:

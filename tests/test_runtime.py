@@ -436,8 +436,9 @@ def test_generated_program_with_a_bad_model_says_so_once(tmp_path: Path) -> None
 def test_generated_program_runs_only_what_check_lowered_verified(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """`check --lowered` proves lowered.json; main.py runs the rank files. Edited apart, the
-    proof would be about another program: main.py refuses before any process group."""
+    """`check --lowered` proves lowered.json and the rank files interpret its table: main.py
+    refuses, before any process group, a lowered.json that check refuses (with check's own
+    line and exit code) and a rank file edited apart from it."""
     import json
 
     from pipeir.cli import main
@@ -446,16 +447,27 @@ def test_generated_program_runs_only_what_check_lowered_verified(
     gen = tmp_path / "gen"
     assert main(["compile", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
                  "-o", str(gen)]) == 0
-    lowered = json.loads((gen / "lowered.json").read_text())
-    lowered["programs"][1] = [i for i in lowered["programs"][1] if i["i"] != "zero-grad"]
-    (gen / "lowered.json").write_text(json.dumps(lowered))
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
+    rank1 = gen / "rank1.py"
+    rank1.write_text(rank1.read_text() + "# edited\n")
     capsys.readouterr()
     assert torchrun_main(gen, ["--steps", "1"]) == 2
     err = capsys.readouterr().err
-    assert err.startswith(f"main.py: error: {gen / 'rank1.py'}: not what lowered.json lowers "
+    assert err.startswith(f"main.py: error: {rank1}: not what lowered.json lowers "
                           "to (one of them was edited after `pipeirc compile`)"), err
+
+    assert main(["compile", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                 "-o", str(gen)]) == 0
+    lowered = json.loads((gen / "lowered.json").read_text())
+    lowered["programs"][1] = [i for i in lowered["programs"][1] if i["i"] != "zero-grad"]
+    (gen / "lowered.json").write_text(json.dumps(lowered))
+    capsys.readouterr()
+    assert main(["check", "--lowered", str(gen / "lowered.json")]) == 1
+    want = capsys.readouterr().err.splitlines()[0]
+    assert "rank 1's program has no `zero-grad`" in want
+    assert torchrun_main(gen, ["--steps", "1"]) == 1
+    assert capsys.readouterr().err.splitlines()[0] == f"main.py: {want}"
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -630,7 +642,8 @@ def test_run_check_and_metrics(cli, tmp_path: Path) -> None:
                          f"{ZOO}:nan_grads_when_pipelined", "--steps", "1", "--check")
     assert code == 1, out + err
     assert ("--check: stage 0 differs from single-process training by inf (a NaN or an "
-            "infinity, or a tensor on one side only) in '") in err
+            "infinity single-process training does not have, or a tensor on one side only) "
+            "in '") in err
     for bad in ("nan", "inf", "-1"):
         code, _, err = cli("run", EXAMPLES / "1f1b.sched", "--check", "--tolerance", bad)
         assert code == 2 and f"--tolerance: expected a positive number, got {bad}" in err
