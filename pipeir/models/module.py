@@ -30,9 +30,11 @@ buffer such as a rotary table) is copied from a real build instead.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import operator
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import warnings
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -239,7 +241,7 @@ class ModuleSpec:
         if _abstract():  # meta or fake: the structure only
             return _skeleton(self._pieces(points, real=False)[s])
         if self.weights is None:
-            return copy.deepcopy(self._pieces(points, real=True)[s])
+            return _deepcopy(self._pieces(points, real=True)[s])
         stage = _skeleton(self._pieces(points, real=False)[s], torch.device("cpu"))
         missing = load_into(stage, self._weights())
         if missing:  # not in the file (non-persistent buffers): from a real build
@@ -365,8 +367,9 @@ def _trace(root: nn.Module, points: tuple[str, ...], example: Any) -> list[nn.Mo
     """torch's tracer, each stage rewired to take the previous stage's outputs (`_chain`)."""
     args = tuple(example) if isinstance(example, tuple | list) else (example,)
     try:
-        pipe = pipeline(root, mb_args=args,
-                        split_spec={p: SplitPoint.BEGINNING for p in points})
+        with _quiet_torch():
+            pipe = pipeline(root, mb_args=args,
+                            split_spec={p: SplitPoint.BEGINNING for p in points})
     except Exception as e:
         raise UsageError(f"torch's tracer cannot capture the module ({type(e).__name__}: "
                          f"{str(e).splitlines()[0] if str(e) else ''}); leave `example` out "
@@ -517,7 +520,7 @@ def _prune(root: nn.Module, units: list[str], points: tuple[str, ...]) -> list[n
     out = []
     for k in range(len(points) + 1):
         mine = set(units[starts[k]:starts[k + 1]])
-        stage = copy.deepcopy(root)
+        stage = _deepcopy(root)
         for u in units:
             if u in mine:
                 continue
@@ -538,7 +541,7 @@ def _skeleton(src: nn.Module, device: torch.device | None = None) -> nn.Module:
     # the deep copy copies no data: each tensor is replaced below
     memo: dict[int, Any] = {id(t): None for _, t in tensors}
     with _unfaked():
-        stage = copy.deepcopy(src, memo)
+        stage = _deepcopy(src, memo)
     made: dict[int, torch.Tensor] = {}
     for name, t in tensors:
         if id(t) not in made:
@@ -557,3 +560,19 @@ def _abstract() -> bool:
 def _unfaked() -> Any:
     """Build real tensors even inside a `FakeTensorMode` (the shape plan's)."""
     return unset_fake_temporarily()
+
+
+@contextlib.contextmanager
+def _quiet_torch() -> Iterator[None]:
+    """Copying a traced graph module reconstructs torch's own pytree specs, and torch warns
+    about its own deprecated `LeafSpec` check there on every copy: noise for the user, who
+    can do nothing about it."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=FutureWarning,
+                                message=r"`isinstance\(treespec, LeafSpec\)` is deprecated")
+        yield
+
+
+def _deepcopy(module: nn.Module, memo: dict[int, Any] | None = None) -> nn.Module:
+    with _quiet_torch():
+        return copy.deepcopy(module, memo)
