@@ -95,6 +95,21 @@ def test_steady_bound_is_the_busiest_rank() -> None:
     assert got.step == 24.0 and got.optimal
 
 
+@pytest.mark.solver
+def test_default_shapes_keep_the_zero_bubble_start_of_one_stage_per_rank() -> None:
+    """The paper's ZB-2p setting at p = 8 (T_F = T_B = T_W, m = 3p, twice 1F1B's memory): its
+    bubble is 0, a steady step of m (F + I + W) = 72 (the authors' closed form). With the
+    default shapes, tune's best by makespan has many chunks (thousands of ops, whose list
+    scheduler could take the warm-start time) while one stage per rank has 1F1B split h2
+    (ZB-H2) among its library starts; synth must not lose it to the clock."""
+    costs = CostModel(F=1.0, I=1.0, W=1.0, memory_bytes=1.0)
+    got = synth(costs, 8, 24, memory_bytes=16.0, time_limit=10, workers=1, objective="steady")
+    assert steady_state(got.schedule, got.problem.costs).step == pytest.approx(72.0)
+    assert got.step == pytest.approx(72.0) and got.optimal
+    assert got.problem.fits(got.schedule)
+    verify(got.schedule)
+
+
 #: HETERO with activation sizes, of which W keeps a quarter after I (the paper's M_W = M_B / 3)
 SPLIT_MEMORY = CostModel.from_settings({**HETERO.settings(), "memory_bytes": 1000.0,
                                         "memory_w_bytes": 250.0})

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -33,7 +33,15 @@ from pipeir.search.synth.decompose import extend, short_problem
 from pipeir.search.synth.lns import improve
 from pipeir.search.synth.model import Progress, Solved, probe, settings_error, solve
 from pipeir.search.synth.problem import OBJECTIVES, Objective, Problem
-from pipeir.search.synth.warmstart import EXACT_OPS, MAX_OPS, Start, library, starts
+from pipeir.search.synth.warmstart import (
+    EXACT_OPS,
+    MAX_OPS,
+    Start,
+    library,
+    list_starts,
+    quick_starts,
+    starts,
+)
 from pipeir.search.tune import MAX_V
 from pipeir.sim import CostModel
 from pipeir.sim.chunks import rescale
@@ -206,9 +214,9 @@ def _list_deadline(problem: Problem, deadline: float, work_limit: float | None
 def prepare(problem: Problem, candidates: Sequence[Candidate] = (),
             given: Schedule | None = None, deadline: float | None = None) -> Start:
     """Check the budget and choose the warm start (the fastest candidate that fits; see
-    `starts` for the `deadline`)."""
+    `starts` for the `deadline`; the list scheduler stops at the problem's bound)."""
     check_budget(problem)
-    return starts(problem, candidates, given, deadline)[0]
+    return starts(problem, candidates, given, deadline, problem.lower_bound())[0]
 
 
 def check_budget(problem: Problem) -> None:
@@ -344,20 +352,9 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
         bounds.append(problem.lower_bound())
         if problem.split:
             split_bounds[key] = bounds[-1]
-    # warm starts by increasing bound: a shape whose bound is no better than a warm start
-    # already found can neither give the best warm start nor be searched, so it gets none
-    warms: dict[int, Start] = {}
-    # tune's shape first (its warm start is tune's answer, which synth must not lose to the
-    # clock), then by increasing bound, the smaller first where bounds tie (back to back every
-    # shape has the busiest rank's bound, and a small shape's warm starts cost least)
-    for i in sorted(range(len(problems)), key=lambda i: (*_tunes_first(problems[i]),
-                                                         bounds[i], len(problems[i].ops))):
-        if warms and time.perf_counter() - t0 > max(time_limit * LIST_SHARE, FLOOR):
-            break  # (the search needs the rest; the shapes left keep their bounds)
-        if not warms or bounds[i] < min(w.step for w in warms.values()) * (1 - 1e-9):
-            warms[i] = prepare(problems[i], candidates,
-                               deadline=_list_deadline(problems[i], t0 + time_limit * LIST_SHARE,
-                                                        work_limit))
+    warms = _warm_starts(problems, bounds, candidates, _tunes_first,
+                         t0 + max(time_limit * LIST_SHARE, FLOOR), t0 + time_limit * LIST_SHARE,
+                         work_limit)
     first = min(warms.values(), key=lambda w: w.step)
     # the fastest warm start's shape is searched even when that start meets its own bound
     # (closed at once), or a shape with a lower bound but a slower start could be returned
@@ -418,6 +415,56 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     return SynthResult(best.problem, best.schedule, best.step, best.step if optimal else bound,
                        first, method, optimal, time.perf_counter() - t0,
                        tuple(map(_shape, problems)), tuple(map(_shape, unsearched)))
+
+
+def _warm_starts(problems: Sequence[Problem], bounds: Sequence[float],
+                 candidates: Sequence[Candidate],
+                 first: Callable[[Problem], tuple[bool, bool]], end: float, list_end: float,
+                 work_limit: float | None) -> dict[int, Start]:
+    """Each shape's warm start (by index into `problems`): the cheap ones while before `end`,
+    the list scheduler's until `list_end`.
+
+    NOTE: two passes, so that no shape's cheap starts wait on another's list scheduler. The
+    first gives every shape the starts that cost one simulation each (`quick_starts`: tune's
+    candidates of that shape, the Zero Bubble greedy scheduler, one micro-batch at a time);
+    the second runs the list scheduler shape by shape, each taking an equal part of the time
+    left to `list_end` (a small shape that is done early leaves its time to the others). Both
+    go `first`'s shapes first (tune's), then by increasing bound, the smaller first where
+    bounds tie (back to back every shape has the busiest rank's bound, and a small shape's
+    starts cost least); a shape whose bound is no better than the fastest start found by then
+    gets none (it can neither give the best start nor be searched), and the search ends once a
+    start meets every shape's bound. With one pass, tune's eight-chunk shape at p = 8, m = 24
+    (4,608 ops) ran its list scheduler to the end of the warm starts' time, and one stage per
+    rank, whose library start (1F1B split h2, the paper's ZB-H2) meets the bound, never had
+    its turn."""
+    order = sorted(range(len(problems)),
+                   key=lambda i: (*first(problems[i]), bounds[i], len(problems[i].ops)))
+    floor = min(bounds)
+    warms: dict[int, Start] = {}
+
+    def fastest() -> float:
+        return min((w.step for w in warms.values()), default=math.inf)
+
+    def wanted(i: int) -> bool:  # (not yet met by a start found)
+        return fastest() > floor * (1 + 1e-9) and bounds[i] < fastest() * (1 - 1e-9)
+
+    for i in order:
+        if warms and time.perf_counter() > end:
+            break  # (the search needs the rest; the shapes left keep their bounds)
+        if not warms or wanted(i):
+            check_budget(problems[i])
+            warms[i] = quick_starts(problems[i], candidates)[0]
+    listed = [i for i in order if i in warms]
+    for n, i in enumerate(listed):
+        if not wanted(i) or (len(problems[i].ops) > EXACT_OPS and
+                             time.perf_counter() > list_end):
+            continue
+        share = (list_end - time.perf_counter()) / (len(listed) - n)
+        more = list_starts(problems[i], _list_deadline(problems[i], time.perf_counter() + share,
+                                                        work_limit), bounds[i])
+        if more and more[0].step < warms[i].step:
+            warms[i] = more[0]
+    return warms
 
 
 def _split_covers(whole: Problem) -> bool:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
@@ -54,20 +54,27 @@ def greedy(problem: Problem, seed: int = 0, work: int = 400_000,
     restart; cheap next to the solver, and the solver starts from whichever is fastest).
     With a `deadline` (a `time.perf_counter()` value), the variants that start before it, in
     that order, and at least until one is valid (0.5 s each at 8,192 ops)."""
+    return list(each_greedy(problem, seed, work, deadline))
+
+
+def each_greedy(problem: Problem, seed: int = 0, work: int = 400_000,
+                deadline: float | None = None) -> Iterator[Schedule]:
+    """`greedy`'s schedules one at a time, as each variant finishes (a caller that has what
+    it needs stops running the rest)."""
     if not problem.mb_uniform:
-        return []
+        return
     graph = _Graph(problem)
-    out: list[Schedule] = []
+    found = False
     for prio, caps, jitter in variants(problem, seed, work):
-        if out and deadline is not None and time.perf_counter() > deadline:
-            break
+        if found and deadline is not None and time.perf_counter() > deadline:
+            return
         progs = _run(problem, graph, prio, caps, jitter)
         if progs is None:
             continue
         s = problem.build(progs, f"greedy_{prio.lower()}{'_random' if jitter else ''}")
         if Timing(s, problem.costs, problem.comm).complete and problem.fits(s):
-            out.append(s)
-    return out
+            found = True
+            yield s
 
 
 def variants(problem: Problem, seed: int = 0, work: int = 400_000

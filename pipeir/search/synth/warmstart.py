@@ -29,7 +29,7 @@ from pipeir.passes.merge_backward import MergeBackward
 from pipeir.passes.split_backward import split_in_place
 from pipeir.schedule import Schedule
 from pipeir.search import tune
-from pipeir.search.synth.greedy import greedy
+from pipeir.search.synth.greedy import each_greedy
 from pipeir.search.synth.problem import Problem
 from pipeir.search.synth.zb_greedy import zb_greedy
 from pipeir.sim import CostModel
@@ -120,11 +120,24 @@ def library_starts(problem: Problem, candidates: Sequence[Candidate]) -> list[St
 
 
 def starts(problem: Problem, candidates: Sequence[Candidate] = (),
-           given: Schedule | None = None, deadline: float | None = None) -> list[Start]:
+           given: Schedule | None = None, deadline: float | None = None,
+           target: float | None = None) -> list[Start]:
     """Every warm start within the budget, fastest first (never empty when the budget is at
-    least `problem.least_memory`). `candidates`: tune's (see `library`). The list
-    scheduler's variants run until a `deadline` (with none, all of them); above `EXACT_OPS`
-    it runs only when it is not yet past."""
+    least `problem.least_memory`): `quick_starts`, then the list scheduler's (`list_starts`)
+    unless one of those already meets `target`."""
+    out = quick_starts(problem, candidates, given)
+    if target is None or min(st.step for st in out) > target * (1 + 1e-9):
+        out += list_starts(problem, deadline, target)
+    out.sort(key=lambda st: st.step)
+    return out
+
+
+def quick_starts(problem: Problem, candidates: Sequence[Candidate] = (),
+                 given: Schedule | None = None) -> list[Start]:
+    """The warm starts that cost one simulation each, fastest first: tune's `candidates` (see
+    `library`) of the problem's shape, the Zero Bubble greedy scheduler, the `given` schedule
+    and one micro-batch at a time (never empty when the budget is at least
+    `problem.least_memory`)."""
     out = library_starts(problem, candidates)
     zb = zb_greedy(problem)
     if zb is not None and problem.fits(zb):
@@ -133,15 +146,27 @@ def starts(problem: Problem, candidates: Sequence[Candidate] = (),
         s = conform(problem, given)
         if s is not None and problem.fits(s):
             out.append(Start(f"input {given.name}", s, problem.step_time(s)))
-    small = len(problem.ops) <= EXACT_OPS
-    if small or (deadline is not None and time.perf_counter() < deadline):
-        # NOTE: a small problem gets the first variant even past the deadline (milliseconds
-        # there), every variant with none: what a reproducible run (`--work-limit`) asks for
-        for g in greedy(problem, deadline=deadline):
-            name = g.name[7:].upper().replace("_RANDOM", ", randomised")
-            out.append(Start(f"list scheduler ({name})", g, problem.step_time(g)))
     seq = sequential(problem)
     if problem.fits(seq):
         out.append(Start("one micro-batch at a time", seq, problem.step_time(seq)))
+    out.sort(key=lambda st: st.step)
+    return out
+
+
+def list_starts(problem: Problem, deadline: float | None = None,
+                target: float | None = None) -> list[Start]:
+    """The list scheduler's warm starts (`greedy`), fastest first: its variants run until a
+    `deadline` (with none, all of them), or until one meets `target` (nothing is faster than
+    the problem's bound); above `EXACT_OPS` they run only when it is not yet past."""
+    out: list[Start] = []
+    if len(problem.ops) > EXACT_OPS and (deadline is None or time.perf_counter() >= deadline):
+        return out
+    # NOTE: a small problem gets the first variant even past the deadline (milliseconds
+    # there), every variant with none: what a reproducible run (`--work-limit`) asks for
+    for g in each_greedy(problem, deadline=deadline):
+        name = g.name[7:].upper().replace("_RANDOM", ", randomised")
+        out.append(Start(f"list scheduler ({name})", g, problem.step_time(g)))
+        if target is not None and out[-1].step <= target * (1 + 1e-9):
+            break
     out.sort(key=lambda st: st.step)
     return out
