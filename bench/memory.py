@@ -16,8 +16,8 @@ time, simulated and measured (median over the steps after the first, over altern
 rounds), by how much the pass is faster, and each rank's peak saved-activation bytes,
 measured and simulated.
 
-The split part profiles the built-in transformer (`pipeir.runtime.profile`: per stage the
-bytes a forward saves and what W still needs after I, `memory_w_bytes`), runs ZB-H1 on it
+The split part profiles the built-in transformer (`pipeirc profile`, to a cost file: per stage
+the bytes a forward saves and what W still needs after I, `memory_w_bytes`), runs ZB-H1 on it
 (the runtime's I frees what W does not need), and prints each rank's peak saved-activation
 bytes: measured (median over the steps of each step's peak), simulated from the profiled
 cost file with the split, and simulated with everything held until W, each with its error.
@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -41,7 +43,6 @@ from pipeir.runtime.launch import launch
 from pipeir.runtime.profile import cost_settings, profile_stages
 from pipeir.runtime.worker import Job
 from pipeir.sim import CostModel, simulate
-from pipeir.sim.cost_files import flat_settings
 from pipeir.verify import verify
 
 HERE = Path(__file__).resolve()
@@ -103,10 +104,12 @@ def split(p: int, m: int, steps: int) -> bool:
     costs' prediction with and without partial release; True when every rank is within 10 %
     with the split."""
     model = "transformer"
-    measured = flat_settings(cost_settings(profile_stages(resolve(model), p, m, 0, 1), None,
-                                           {}))
-    costs = CostModel.from_settings(measured)
-    whole = CostModel.from_settings({k: v for k, v in measured.items()
+    with tempfile.TemporaryDirectory() as tmp:  # what a user runs: profile, then its file
+        path = Path(tmp) / f"{model}.json"
+        subprocess.run([sys.executable, "-m", "pipeir", "profile", "--model", model, "--nproc",
+                        str(p), "--microbatches", str(m), "-o", str(path)], check=True)
+        costs = CostModel.load(path)
+    whole = CostModel.from_settings({k: v for k, v in costs.settings().items()
                                      if not k.endswith("memory_w_bytes")})
     s = pipeir.library.get("zb-h1", p, m)
     low = pipeir.compile(s).lowered
