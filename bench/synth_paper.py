@@ -2,6 +2,7 @@
 bubble rates reproduced, then synth's steady-state bubble at the paper's memory budgets.
 
     python bench/synth_paper.py [--full] [--repeat 3] [--workers 2] [--costs FILE:P:M ...]
+                                [--part paper|costs|all] [--sizes 16,32]
 
 What is sourced, and what is not. The paper's table of profiled T_F, T_B, T_W and T_comm per
 model size could not be found in the reference corpora available here (only its abstract and
@@ -26,7 +27,15 @@ steady` with one stage per rank
 (v=1, I + W) and with its default shapes (more chunks per rank): its steady bubble both ways
 (over the steady step, and over the longest rank span, the paper's figure), the proven gap and
 the wall time, medians over --repeat seeds. Rates are bubble time over work, as the paper
-gives them; the last line says which targets are missed.
+gives them.
+
+--part costs (or all) runs synth with default flags (makespan, its default objective)
+against tune on every cost file in examples/costs/ at the same sizes (m = 3P, or the file's
+own micro-batch count where it gives per-micro-batch lengths) and counted memory (K = P and
+2P activations per rank, as both count them): tune's best step (`tune.search`, overlapped
+communication), synth's step and its wall time (median over --repeat seeds). The last line
+says which targets are missed (synth above the paper's rate or tune's step; a wall time over
+the limit by more than 5 %).
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ import statistics
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from pipeir import library
 from pipeir.search.synth import synth
@@ -47,6 +57,8 @@ from pipeir.verify import verify
 #: T_F = T_B = T_W, no links; one unit of activation memory per stage and micro-batch, so a
 #: budget in bytes means the same memory at every number of chunks per rank (1p = P)
 UNIFORM = CostModel(F=1.0, I=1.0, W=1.0, memory_bytes=1.0)
+
+COSTS = Path(__file__).resolve().parent.parent / "examples" / "costs"
 
 
 @dataclass(frozen=True)
@@ -84,22 +96,10 @@ def _tunes_best(costs: CostModel, p: int, m: int, k: float):  # type: ignore[no-
     return min(fits, key=lambda c: c.sort_key())
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--full", action="store_true",
-                    help="P = 4, 8, 16, 32 with 60 s per synth run (default: P = 4, 8, 10 s)")
-    ap.add_argument("--repeat", type=int, default=1, help="seeds per synth run (medians)")
-    ap.add_argument("--workers", type=int, default=2)
-    ap.add_argument("--costs", action="append", default=[], metavar="FILE:P:M",
-                    help="also a profiled cost file at P ranks and M micro-batches")
-    args = ap.parse_args(argv)
-    sizes = (4, 8, 16, 32) if args.full else (4, 8)
-    limit = 60.0 if args.full else 10.0
-    settings = [Setting(f"uniform p={p}", UNIFORM, p, 3 * p, True) for p in sizes]
-    for spec in args.costs:
-        path, p, m = spec.rsplit(":", 2)
-        settings.append(Setting(path, CostModel.load(path), int(p), int(m), False))
-    missed: list[str] = []
+def paper(settings: list[Setting], limit: float, repeat: int, workers: int,
+          missed: list[str]) -> None:
+    """The library's rates against the closed forms, then synth at the paper's budgets (see
+    the module docstring); appends the targets missed to `missed`."""
     print("library schedules: bubble over work on the longest rank span (the paper's rate)")
     print(f"{'setting':<22} {'M':>4} {'schedule':<8} {'pipeir':>8} {'paper':>8}  match")
     for s in settings:
@@ -131,11 +131,11 @@ def main(argv: list[str] | None = None) -> int:
             label = f"{tuned.family} v={tuned.v} {tuned.passes}".strip()
             for shapes, v in (("v=1", 1), ("default", None)):
                 runs = []
-                for seed in range(args.repeat):
+                for seed in range(repeat):
                     t0 = time.perf_counter()
                     r = synth(s.costs, p, m, v=v, split=True if v == 1 else None,
                               memory_bytes=k * _stage_bytes(s.costs), time_limit=limit,
-                              workers=args.workers, seed=seed, objective="steady")
+                              workers=workers, seed=seed, objective="steady")
                     wall = time.perf_counter() - t0
                     verify(r.schedule)
                     assert r.problem.fits(r.schedule)
@@ -160,6 +160,75 @@ def main(argv: list[str] | None = None) -> int:
                 if wall > limit * 1.05:
                     missed.append(f"{s.name} K={k} {shapes}: {wall:.1f} s for a {limit:g} s "
                                   "limit (over 5 %)")
+
+
+def versus_tune(sizes: tuple[int, ...], limit: float, repeat: int, workers: int,
+                missed: list[str]) -> None:
+    """synth with default flags against tune's best on every example cost file (see the
+    module docstring); appends the targets missed to `missed`."""
+    print()
+    print("synth (default flags) against tune on examples/costs/, counted memory K per rank")
+    head = (f"{'cost file':<20} {'P':>3} {'M':>4} {'K':>3} {'tune best':<34} {'tune':>9} "
+            f"{'synth':>9} {'vs tune':>8} {'time s':>6}")
+    print(head)
+    print("-" * len(head))
+    for path in sorted(COSTS.iterdir()):
+        if path.suffix not in (".toml", ".json"):
+            continue
+        costs = CostModel.load(path)
+        for p in sizes:
+            if costs.stage and max(costs.stage) >= p:
+                continue  # (the file describes more stages than ranks)
+            m = len(costs.mb) if costs.mb else 3 * p
+            for k in (p, 2 * p):
+                tuned = search(costs, p, [m], memory_limit=float(k), comms=("overlapped",)).best
+                label = f"{tuned.family} v={tuned.v} {tuned.passes}".strip()
+                runs = []
+                for seed in range(repeat):
+                    t0 = time.perf_counter()
+                    r = synth(costs, p, m, memory_limit=float(k), time_limit=limit,
+                              workers=workers, seed=seed)
+                    runs.append((r.step, time.perf_counter() - t0))
+                    verify(r.schedule)
+                    assert r.problem.fits(r.schedule)
+                step = statistics.median(st for st, _ in runs)
+                wall = statistics.median(w for _, w in runs)
+                print(f"{path.name:<20} {p:>3} {m:>4} {k:>3} {label[:34]:<34} "
+                      f"{tuned.step_time:>9.4g} {step:>9.4g} "
+                      f"{tuned.step_time / step - 1:>+8.2%} {wall:>6.1f}", flush=True)
+                if step > tuned.step_time * (1 + 1e-9):
+                    missed.append(f"{path.name} P={p} K={k}: synth {step:.4g} slower than "
+                                  f"tune's {tuned.step_time:.4g}")
+                if wall > limit * 1.05:
+                    missed.append(f"{path.name} P={p} K={k}: {wall:.1f} s for a {limit:g} s "
+                                  "limit (over 5 %)")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--full", action="store_true",
+                    help="P = 4, 8, 16, 32 with 60 s per synth run (default: P = 4, 8, 10 s)")
+    ap.add_argument("--repeat", type=int, default=1, help="seeds per synth run (medians)")
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--costs", action="append", default=[], metavar="FILE:P:M",
+                    help="also a profiled cost file at P ranks and M micro-batches")
+    ap.add_argument("--part", choices=("paper", "costs", "all"), default="paper",
+                    help="the paper's settings (default), synth with default flags against "
+                         "tune on examples/costs/, or both")
+    ap.add_argument("--sizes", type=lambda t: tuple(int(p) for p in t.split(",")),
+                    help="the numbers of ranks, comma-separated (default: as --full says)")
+    args = ap.parse_args(argv)
+    sizes = args.sizes or ((4, 8, 16, 32) if args.full else (4, 8))
+    limit = 60.0 if args.full else 10.0
+    missed: list[str] = []
+    if args.part != "costs":
+        settings = [Setting(f"uniform p={p}", UNIFORM, p, 3 * p, True) for p in sizes]
+        for spec in args.costs:
+            path, p, m = spec.rsplit(":", 2)
+            settings.append(Setting(path, CostModel.load(path), int(p), int(m), False))
+        paper(settings, limit, args.repeat, args.workers, missed)
+    if args.part != "paper":
+        versus_tune(sizes, limit, args.repeat, args.workers, missed)
     print()
     print("targets: " + ("all met" if not missed else "MISSED: " + "; ".join(missed)))
     return 0
