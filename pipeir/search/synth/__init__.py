@@ -129,8 +129,10 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
     `given` is one more warm start; `warm` the warm start already chosen (see `prepare`);
     `decompose=False` goes straight to the full model even for large problems; the full
     model gets `full_share` of the time (at most `LARGE_SHARE` above `FULL_OPS` ops), the
-    window search (`lns`) the rest; `bound`, one already proven (by an earlier turn of the
-    solver), lets the search stop there."""
+    window search (`lns`) the rest; `bound`, one already proven for the problem (by an
+    earlier turn of the solver, or synth's over its shapes), lets the search stop there, and
+    the problem is not bounded again (on thousands of ops that takes seconds: a time limit of
+    0 once took 8.7 s)."""
     t0 = time.perf_counter()
     check_settings(seed, workers)
     deadline = t0 + max(time_limit * LIBRARY_SHARE, FLOOR)
@@ -139,7 +141,7 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
                 _list_deadline(problem, t0 + time_limit * LIST_SHARE, work_limit))
     left = time_limit - (time.perf_counter() - t0)
     best, optimal, method = warm.schedule, False, "the warm start"
-    bound = max(problem.lower_bound(), bound if bound is not None else -math.inf)
+    bound = problem.lower_bound() if bound is None else bound
     step = warm.step
     hint = warm
     if decompose and left > 0 and len(problem.ops) > EXACT_OPS and problem.mb_uniform \
@@ -162,8 +164,8 @@ def synthesize(problem: Problem, *, tune_costs: CostModel | None = None,
         # NOTE: a model is worth building only with time to solve it once built: building
         # costs about as much again as the bound (`Problem.bound_seconds`; 6.7 s on 1,536
         # ops of h100-llama, which a 0.3 s turn once overran by as much)
-        if share > 0 and left * share < max(BUILD_FACTOR * problem.bound_seconds,
-                                            BUILD_PER_OP * n):
+        if share > 0 and (left * share < BUILD_PER_OP * n or  # (without bounding it first)
+                          left * share < BUILD_FACTOR * problem.bound_seconds):
             share = 0.0
         if share > 0 and n <= EXACT_OPS and step <= bound * (1 + PROBE_GAP) \
                 and problem.objective == "makespan":  # (the probe asks for a makespan)
@@ -330,10 +332,10 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     # tune's best shape first: its warm start is tune's answer, which synth must not lose
     tunes = _tunes_shape(within, memory_limit if memory_bytes is None else None)
     tunes_split = _tunes_split(within, memory_limit if memory_bytes is None else None)
-    def _tunes_first(p: Problem) -> tuple[bool, bool]:
-        """Sorts tune's shape first, in tune's backwards first."""
-        return (p.config.stages // ranks, p.config.placement_name) != tunes, \
-            p.split != tunes_split
+    def _tunes_first(p: Problem) -> bool:
+        """Sorts tune's shape, in tune's backwards, first."""
+        return (p.config.stages // ranks, p.config.placement_name, p.split) != \
+            (*tunes, tunes_split) if tunes is not None else True
 
     problems.sort(key=lambda p: ((p.config.stages // ranks, p.config.placement_name) != tunes,
                                  not p.split))
@@ -373,9 +375,11 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
         if results and bounds[i] >= min(r.step for r in results.values()) * (1 - 1e-9):
             continue
         share = (round_end - time.perf_counter()) / (len(live) - n)
+        if results and share <= 0:
+            continue  # (no time left to search it: it keeps its bound, and its start lost)
         results[i] = synthesize(problems[i], tune_costs=costs, warm=warms[i],
                                 time_limit=max(share, 0.0), workers=workers, seed=seed,
-                                work_limit=work_limit, progress=progress)
+                                work_limit=work_limit, progress=progress, bound=bounds[i])
         if results[i].step <= min(bounds) * (1 + 1e-9):
             break  # no shape can beat it: each shape's bound is at least min(bounds)
     # the second round: the fastest shape whose own bound leaves room below the best step
@@ -419,7 +423,7 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
 
 def _warm_starts(problems: Sequence[Problem], bounds: Sequence[float],
                  candidates: Sequence[Candidate],
-                 first: Callable[[Problem], tuple[bool, bool]], end: float, list_end: float,
+                 first: Callable[[Problem], bool], end: float, list_end: float,
                  work_limit: float | None) -> dict[int, Start]:
     """Each shape's warm start (by index into `problems`): the cheap ones while before `end`,
     the list scheduler's until `list_end`.
@@ -429,16 +433,17 @@ def _warm_starts(problems: Sequence[Problem], bounds: Sequence[float],
     candidates of that shape, the Zero Bubble greedy scheduler, one micro-batch at a time);
     the second runs the list scheduler shape by shape, each taking an equal part of the time
     left to `list_end` (a small shape that is done early leaves its time to the others). Both
-    go `first`'s shapes first (tune's), then by increasing bound, the smaller first where
-    bounds tie (back to back every shape has the busiest rank's bound, and a small shape's
-    starts cost least); a shape whose bound is no better than the fastest start found by then
-    gets none (it can neither give the best start nor be searched), and the search ends once a
-    start meets every shape's bound. With one pass, tune's eight-chunk shape at p = 8, m = 24
-    (4,608 ops) ran its list scheduler to the end of the warm starts' time, and one stage per
-    rank, whose library start (1F1B split h2, the paper's ZB-H2) meets the bound, never had
-    its turn."""
+    go tune's shape in tune's backwards first (`first` sorts it first), then by increasing
+    bound, the smaller first where bounds tie (back to back every shape has the busiest rank's
+    bound, and a small shape's starts cost least: at p = 16, m = 48, tune's eight chunks took
+    11 s to conform and time, and 7 s more with backwards merged); a shape whose bound is no
+    better than the fastest start found by then gets none (it can neither give the best start
+    nor be searched), and the search ends once a start meets every shape's bound. With one
+    pass, tune's eight-chunk shape at p = 8, m = 24 (4,608 ops) ran its list scheduler to the
+    end of the warm starts' time, and one stage per rank, whose library start (1F1B split h2,
+    the paper's ZB-H2) meets the bound, never had its turn."""
     order = sorted(range(len(problems)),
-                   key=lambda i: (*first(problems[i]), bounds[i], len(problems[i].ops)))
+                   key=lambda i: (first(problems[i]), bounds[i], len(problems[i].ops)))
     floor = min(bounds)
     warms: dict[int, Start] = {}
 
