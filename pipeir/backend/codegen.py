@@ -196,13 +196,14 @@ if __name__ == "__main__":
 '''
 
 
-def generate(lowered: Lowered) -> dict[str, str]:
-    """Every file of the generated program, by name."""
+def generate(lowered: Lowered, proof: str | None = None) -> dict[str, str]:
+    """Every file of the generated program, by name; `proof`: the programs were proved under
+    the rules it names, and lowered.json records it (`program_io.dumps`)."""
     out = {f"rank{r}.py": rank_source(lowered, r) for r in range(lowered.ranks)}
     p = lowered.ranks
     # with gradient reductions any number of replicas D runs it: P x D processes
     world, nproc = ((f"{p} x D (D data-parallel replicas)", f"{p}*D")
                     if lowered.reduced_stages() else (str(p), str(p)))
     out["main.py"] = MAIN.format(header=HEADER, name=lowered.name, world=world, nproc=nproc)
-    out["lowered.json"] = dumps(lowered)
+    out["lowered.json"] = dumps(lowered, proof)
     return out
