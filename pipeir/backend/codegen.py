@@ -26,6 +26,7 @@ import keyword
 import re
 from dataclasses import fields
 
+from pipeir._gc import paused_gc
 from pipeir.backend.instructions import (
     Batch,
     Comm,
@@ -196,6 +197,7 @@ if __name__ == "__main__":
 '''
 
 
+@paused_gc()  # (pipeir._gc: the JSON objects of every instruction, no cycles)
 def generate(lowered: Lowered, proof: str | None = None) -> dict[str, str]:
     """Every file of the generated program, by name; `proof`: the programs were proved under
     the rules it names, and lowered.json records it (`program_io.dumps`)."""

@@ -15,6 +15,7 @@ from dataclasses import MISSING, fields
 from typing import Any, get_args, get_type_hints
 
 from pipeir import jsonread, limits
+from pipeir._gc import paused_gc
 from pipeir.backend.instructions import (
     BY_MNEMONIC,
     MNEMONICS,
@@ -227,6 +228,7 @@ def _header(data: object) -> dict[str, Any]:
     return data
 
 
+@paused_gc()  # (pipeir._gc: an instruction object per JSON object, no cycles)
 def from_json(data: object, where: str = "lowered JSON", source: Source | None = None) -> Lowered:
     """Read what `to_json` wrote; malformed input is a UsageError naming the rank, the
     instruction and the field, at its line and column in `source` (the file's text) when

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeir import jsonread
+from pipeir._gc import paused_gc
 from pipeir.backend import instructions, program_io
 from pipeir.backend.commcheck.findings import (
     Channel,
@@ -106,6 +107,7 @@ def _diagnostic(f: Finding, loc: Locator) -> Diagnostic:
 MAX_FINDINGS = 50
 
 
+@paused_gc()  # (pipeir._gc: a few objects per instruction, no cycles)
 def check_comm(lowered: Lowered, locator: Locator | None = None) -> CommReport:
     """Prove that `lowered` obeys the communication rules (module NOTE) and cannot deadlock;
     raise VerifyError(check="comm") with one diagnostic per finding of the first rule that
