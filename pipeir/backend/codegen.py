@@ -24,10 +24,12 @@ from __future__ import annotations
 import builtins
 import keyword
 import re
+from collections import Counter
 from dataclasses import fields
 
 from pipeir._gc import paused_gc
 from pipeir.backend.instructions import (
+    MNEMONICS,
     Batch,
     Comm,
     Instr,
@@ -83,10 +85,8 @@ def _docstring(lowered: Lowered, rank: int) -> str:
 def rank_source(lowered: Lowered, rank: int) -> str:
     """The Python source of rank `rank`'s file: a summary and the table interpreter (module
     docstring). It depends on the program only through the summary's counts."""
-    counts: dict[str, int] = {}
-    for ins in lowered.program(rank):
-        counts[ins.mnemonic] = counts.get(ins.mnemonic, 0) + 1
-    summary = ", ".join(f"{n} {m}" for m, n in counts.items())
+    counts = Counter(map(type, lowered.program(rank)))  # by class: cheaper than by mnemonic
+    summary = ", ".join(f"{n} {MNEMONICS[t]}" for t, n in counts.items())
     calls = "".join(f"\n        ctx.{name}," for name in CALLS)
     return INTERPRETER.format(
         header=HEADER, doc=_docstring(lowered, rank), rank=rank,

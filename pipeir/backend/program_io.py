@@ -285,11 +285,13 @@ def dumps(lowered: Lowered, proof: str | None = None) -> str:
         parts.append(("\n  " if r == 0 else ",\n  ")
                      + body.replace('}, {"i": ', '},\n   {"i": '))
     parts.append(f'\n ],\n "overlap": {json.dumps(lowered.overlap)}\n}}\n')
-    text = "".join(parts)
-    if proof is not None:
-        blank = f'"{PROVED}": "{_UNSIGNED}"'  # (a string's own quotes are escaped: only the field)
-        text = text.replace(blank, f'"{PROVED}": "{_DIGEST_PREFIX}{_digest(text, proof)}"', 1)
-    return text
+    if proof is not None:  # the digest is hashed part by part: no second copy of the text
+        h = _hasher(proof)
+        for part in parts:
+            h.update(part.encode())
+        blank = f'"{PROVED}": "{_UNSIGNED}"'  # (quotes in a string are escaped: the field)
+        parts[0] = parts[0].replace(blank, f'"{PROVED}": "{_DIGEST_PREFIX}{h.hexdigest()}"', 1)
+    return "".join(parts)
 
 
 # NOTE (the recorded proof): the ranks of a compiled program interpret lowered.json, so
@@ -304,23 +306,26 @@ def dumps(lowered: Lowered, proof: str | None = None) -> str:
 PROVED = "proved"
 _DIGEST_PREFIX = "sha256:"
 _UNSIGNED = _DIGEST_PREFIX + "0" * 64
-_RECORDED = re.compile(r'"proved": "(sha256:[0-9a-f]{64})"')
+_RECORDED = re.compile(rb'"proved": "(sha256:[0-9a-f]{64})"')
 
 
-def _digest(text: str, proof: str) -> str:
-    """The digest of `text` (a lowered.json with its digest blanked) proved under `proof`."""
-    h = hashlib.sha256(f"{proof}\n".encode())
-    h.update(text.encode())
-    return h.hexdigest()
+def _hasher(proof: str) -> hashlib._Hash:
+    """The digest of a lowered.json's text (its digest blanked) proved under `proof`, to be
+    fed the text."""
+    return hashlib.sha256(f"{proof}\n".encode())
 
 
 def is_proved(text: str, proof: str) -> bool:
     """Whether `text`, a lowered.json, is exactly what `dumps` wrote of programs proved under
     `proof` (the NOTE above): its recorded digest is the one of its text."""
-    first = text[:text.find("\n")]  # the header line: the digest is written there
-    found = _RECORDED.search(first)
+    data = text.encode()
+    found = _RECORDED.search(data, 0, data.find(b"\n"))  # the header line holds the digest
     if found is None:
         return False
     start, end = found.span(1)
-    return _digest(text[:start] + _UNSIGNED + text[end:], proof) == \
-        found.group(1)[len(_DIGEST_PREFIX):]
+    view = memoryview(data)
+    h = _hasher(proof)
+    h.update(view[:start])
+    h.update(_UNSIGNED.encode())
+    h.update(view[end:])
+    return h.hexdigest().encode() == found.group(1)[len(_DIGEST_PREFIX):]
