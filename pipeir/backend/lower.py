@@ -30,7 +30,7 @@ the pair's first carry `paired` so that later passes put nothing in between.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -103,16 +103,21 @@ def _post_early(prog: list[Instr]) -> list[Instr]:
     when its receiver has not yet consumed the previous message from that sender. Posting
     earlier never makes a rank block longer, keeps each peer's posting order, and holds at
     most one receive buffer per peer."""
-    key: list[tuple[int, int, int]] = []
+    # NOTE: the sort key (place, receives first, index) packed into one int: sorting ints
+    # is several times cheaper than sorting tuples, and holds no tuple per instruction
+    n = len(prog)
+    key: list[int] = []
     after_wait: dict[int, int] = {}  # peer -> index after its last wait-recv so far
     for i, ins in enumerate(prog):
-        if isinstance(ins, IRecv):
-            key.append((min(i, after_wait.get(ins.peer, 1)), 0, i))
+        t = type(ins)
+        if t is IRecv:
+            key.append(2 * min(i, after_wait.get(ins.peer, 1)) * n + i)  # type: ignore[attr-defined]
         else:
-            key.append((i, 1, i))
-            if isinstance(ins, WaitRecv):
-                after_wait[ins.peer] = i + 1
-    return [prog[k[2]] for k in sorted(key)]
+            key.append((2 * i + 1) * n + i)
+            if t is WaitRecv:
+                after_wait[ins.peer] = i + 1  # type: ignore[attr-defined]
+    key.sort()
+    return [prog[k % n] for k in key]
 
 
 def _times(schedule: Schedule, costs: CostModel
@@ -218,8 +223,9 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
     scale = 1.0 / (cfg.microbatches * cfg.accumulate)
     busy = [sorted(times[op] for op in prog if op.kind != "R") for prog in schedule.programs]
     final = rnd == cfg.accumulate - 1  # reductions run once per step, after the last round
-    # (sort key, the op whose receives are waited for first, or None; the instructions)
-    events: list[tuple[tuple[Any, ...], Op | None, list[tuple[int, Instr]]]] = []
+    # (sort key, the op whose receives are waited for first, or None; the rank and its
+    # instructions)
+    events: list[tuple[tuple[Any, ...], Op | None, int, Sequence[Instr]]] = []
     waits: dict[Op, list[Instr]] = {}
     origin, placement, stages = ops.origin, cfg.placement, cfg.stages
 
@@ -229,8 +235,8 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
                 continue  # lowered with the first op of its pair
             if op.kind == "R":
                 if final:
-                    events.append(((times[op][0], 0, topo[op], 0, rank, pos), None,
-                                   [(rank, ReduceGrad(op.stage, **origin(op)))]))
+                    events.append(((times[op][0], 0, topo[op], 0, rank, pos), None, rank,
+                                   (ReduceGrad(op.stage, **origin(op)),)))
                 continue
             unit = ops.unit(op)
             start, end = times[op][0], times[unit[-1]][1]
@@ -249,29 +255,27 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
                     consumer = ops.consumer(tensor, dst, o.mb)
                     co = origin(consumer)
                     post = _in_progress(busy[peer], end)
-                    events.append(((end, 0, topo[op], 1, rank, pos, k, dst), None, [
-                        (rank, Send(tensor, s, mb, peer, tag, **oo))]))
-                    events.append(((post, -1, end, rank, pos, k, dst), None, [
-                        (peer, IRecv(tensor, s, mb, rank, tag, **co))]))
+                    events.append(((end, 0, topo[op], 1, rank, pos, k, dst), None, rank,
+                                   (Send(tensor, s, mb, peer, tag, **oo),)))
+                    events.append(((post, -1, end, rank, pos, k, dst), None, peer,
+                                   (IRecv(tensor, s, mb, rank, tag, **co),)))
                     waits.setdefault(ops.first_of(consumer), []).append(
                         WaitRecv(tensor, s, mb, rank, tag, **co))
             if len(unit) > 1:  # a pair: nothing may come between its instructions
                 body = body[:1] + [replace(b, paired=True) for b in body[1:]]
-            events.append(((start, 0, topo[op], 0, rank, pos), op, [(rank, b) for b in body]))
+            events.append(((start, 0, topo[op], 0, rank, pos), op, rank, body))
             if after:
-                events.append(((end, 0, topo[op], 1, rank, pos, -1), None,
-                               [(rank, b) for b in after]))
+                events.append(((end, 0, topo[op], 1, rank, pos, -1), None, rank, after))
     out: list[list[Instr]] = [[] for _ in range(cfg.ranks)]
     events.sort(key=_event_key)
-    for _, computed, items in events:
+    for _, computed, r, instrs in events:
         if computed is not None:  # compute: its waits first (in the order their sends happen)
-            out[items[0][0]].extend(waits.pop(computed, []))
-        for r, ins in items:
-            out[r].append(ins)
+            out[r].extend(waits.pop(computed, []))
+        out[r].extend(instrs)
     return out
 
 
-def _event_key(event: tuple[tuple[Any, ...], Op | None, list[tuple[int, Instr]]]
+def _event_key(event: tuple[tuple[Any, ...], Op | None, int, Sequence[Instr]]
                ) -> tuple[Any, ...]:
     return event[0]
 
