@@ -121,8 +121,14 @@ def lower_bound(layers: Sequence[LayerCost], cut: Cut, microbatches: int, link: 
 def universal_bound(layers: Sequence[LayerCost], ranks: int, microbatches: int) -> float:
     """No split and no schedule beats this: M times the larger of a perfectly balanced
     rank's work and the heaviest piece's (a piece is never cut)."""
-    works = [x.F + _backward(x) for x in layers]
+    works = [least_work(x) for x in layers]
     return microbatches * max(sum(works) / ranks, max(works))
+
+
+def least_work(x: LayerCost) -> float:
+    """A piece's least work for one micro-batch on its rank: its forward and its backward
+    (`_backward`), whatever the schedule."""
+    return x.F + _backward(x)
 
 
 def _backward(s: LayerCost) -> float:
@@ -151,5 +157,5 @@ def _prefix(xs: Sequence[float]) -> list[float]:
     return out
 
 
-__all__ = ["StageScore", "best_splits", "bound_score", "bounds", "lower_bound", "uniform_cut",
-           "universal_bound", "work_score"]
+__all__ = ["StageScore", "best_splits", "bound_score", "bounds", "least_work", "lower_bound",
+           "uniform_cut", "universal_bound", "work_score"]

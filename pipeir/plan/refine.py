@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from pipeir.config import PipelineConfig
-from pipeir.memunit import limit_for
+from pipeir.memunit import MemoryLimit, limit_for
 from pipeir.plan.layers import Cut, LayerCost, Link, cost_settings, stages_of
 from pipeir.schedule import Schedule
 from pipeir.search.synth import synthesize
@@ -37,9 +37,9 @@ from pipeir.search.synth.problem import Problem
 from pipeir.search.tune import Candidate, evaluate
 from pipeir.sim import CostModel
 
-#: A budget: a count of micro-batch activations (int) or bytes per rank (float), as
-#: `pipeir.cli.common.memory_limit` reads `--memory`.
-Budget = int | float
+#: A budget per rank: a count of activations (`pipeir.memunit`'s unit) or bytes, as
+#: `pipeir.cli.common.activations_or_bytes` reads `--memory` (and tune's `--memory-limit`).
+Budget = MemoryLimit
 
 
 def static_bytes(stage: LayerCost, weight_copies: float) -> float:
@@ -58,10 +58,10 @@ def shape_costs(layers: Sequence[LayerCost], cut: Cut, config: PipelineConfig, l
     settings: dict[str, Any] = cost_settings(stages, link)
     if memory is None:
         return CostModel.from_settings(settings), None
-    if isinstance(memory, int):
+    if memory.bytes is None:
         return (CostModel.from_settings(settings),
-                limit_for(memory, config.ranks, config.stages // config.ranks))
-    room = [float(memory)] * config.ranks
+                limit_for(memory.value, config.ranks, config.stages // config.ranks))
+    room = [memory.bytes] * config.ranks
     for k, stage in enumerate(stages):
         room[config.placement[k]] -= static_bytes(stage, weight_copies)
     if min(room) <= 0:
@@ -81,7 +81,7 @@ def shape_costs(layers: Sequence[LayerCost], cut: Cut, config: PipelineConfig, l
 def _problem(config: PipelineConfig, costs: CostModel, limit: float | None, split: bool,
              comm: str, memory: Budget | None) -> Problem:
     return Problem(config, costs, split, "blocking" if comm == "blocking" else "overlapped",
-                   limit, memory_bytes=memory is not None and not isinstance(memory, int))
+                   limit, memory_bytes=memory is not None and memory.in_bytes)
 
 
 def shape_bound(layers: Sequence[LayerCost], cut: Cut, config: PipelineConfig, link: Link,
