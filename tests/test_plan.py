@@ -25,12 +25,16 @@ from pipeir.plan.layers import Cut, bounds, cost_settings, stages_of
 from pipeir.plan.partition import (
     best_splits,
     bound_score,
+    chunkings,
+    count_chunkings,
     lower_bound,
     uniform_cut,
+    universal_bound,
     work_score,
 )
 from pipeir.plan.planfile import read, to_json
-from pipeir.plan.refine import shape_bound
+from pipeir.plan.refine import least_bound, shape_bound
+from pipeir.plan.search import _chunked
 from pipeir.search.tune import search
 from pipeir.sim import CostModel, simulate
 from pipeir.verify import verify
@@ -430,3 +434,45 @@ def test_byte_room_sharpens_the_bound_of_the_heavy_v_split() -> None:
                         ["overlapped", "blocking"])
     assert closed == pytest.approx(706.40, abs=0.01)
     assert sharp == pytest.approx(155.33 + 692.69 - 116.92, abs=0.02)
+
+
+def test_chunkings_are_every_split_and_placement_once() -> None:
+    """Against enumeration of every cut set and every rank list: each (split, placement)
+    with neighbouring chunks apart, up to relabelling the ranks, comes exactly once."""
+    for pieces, ranks in ((4, 2), (5, 3), (6, 2)):
+        want = set()
+        for k in range(1, pieces + 1):
+            for cut in itertools.combinations(range(1, pieces), k - 1):
+                for place in itertools.product(range(ranks), repeat=k):
+                    if all(a != b for a, b in itertools.pairwise(place)):
+                        first: dict[int, int] = {}
+                        for r in place:
+                            first.setdefault(r, len(first))
+                        want.add((cut, tuple(first[r] for r in place)))
+        got = [(cut, tuple(place)) for cut, place in chunkings(pieces, ranks)]
+        assert len(got) == len(set(got)) == count_chunkings(pieces, ranks)
+        assert set(got) == want
+
+
+def test_least_bound_holds_for_every_split_and_schedule_tried() -> None:
+    """The oracle is the simulator: no schedule tune finds on any split into 2 or 4 chunks
+    (one stage per rank, interleaved, V-shaped), nor synth's on the planned split, is faster
+    than what `least_bound` says no split and schedule beats; and it is no weaker than the
+    universal bound."""
+    layers = heavy_ends(blocks=3, head=2.0)
+    link = Link(0.05, 1e6)
+    least = least_bound(layers, 2, 4, link, None, 2.0, [None, "h1", "h2"],
+                        ["overlapped", "blocking"])
+    assert least is not None and least >= universal_bound(layers, 2, 4)
+    steps = []
+    for chunks in (2, 4):
+        for cut in all_cuts(len(layers), chunks):
+            costs = CostModel.from_settings(cost_settings(stages_of(layers, cut), link))
+            if chunks == 2:
+                steps += [c.step_time for c in search(costs, 2, [4], max_v=1).ranked]
+            else:
+                steps += [c.step_time for c in _chunked(costs, 2, 4, 2, [None, "h1", "h2"],
+                                                        ["overlapped", "blocking"])]
+    steps.append(plan(layers, 2, 4, link, synth_time=2.0).planned.step)
+    assert min(steps) >= least - 1e-9
+    assert least > universal_bound(layers, 2, 4) + 0.1  # (it counts the fill)

@@ -31,6 +31,7 @@ from typing import Any
 from pipeir.config import PipelineConfig
 from pipeir.memunit import MemoryLimit, limit_for
 from pipeir.plan.layers import Cut, LayerCost, Link, cost_settings, stages_of
+from pipeir.plan.partition import chunkings, count_chunkings, lower_bound
 from pipeir.schedule import Schedule
 from pipeir.search.synth import synthesize
 from pipeir.search.synth.problem import Problem
@@ -101,6 +102,27 @@ def shape_bound(layers: Sequence[LayerCost], cut: Cut, config: PipelineConfig, l
     return min(math.inf if p.least_memory > p.budget else p.lower_bound() for p in problems)
 
 
+def least_bound(layers: Sequence[LayerCost], ranks: int, microbatches: int, link: Link,
+                memory: Budget | None, weight_copies: float, splits: Sequence[str | None],
+                comms: Sequence[str], limit: int = 2000) -> float | None:
+    """What no split and no schedule on `ranks` ranks beats under the budget, by trying every
+    split and placement (`partition.chunkings`): the least over them of the larger of the
+    closed form (`partition.lower_bound`) and `shape_bound`, each a bound for every schedule
+    of its split and placement. None when there are more than `limit` to try."""
+    if count_chunkings(len(layers), ranks) > limit:
+        return None
+    best = math.inf
+    for cut, place in chunkings(len(layers), ranks):
+        closed = lower_bound(layers, cut, microbatches, link, place)
+        if closed >= best:  # (the sharper bound only raises it)
+            continue
+        config = PipelineConfig.make(max(place) + 1, microbatches, stages=len(place),
+                                     placement=place)
+        best = min(best, max(closed, shape_bound(layers, cut, config, link, memory,
+                                                 weight_copies, splits, comms)))
+    return best
+
+
 def synthesized(layers: Sequence[LayerCost], cut: Cut, chosen: Candidate, link: Link,
                 memory: Budget | None, weight_copies: float, time_limit: float
                 ) -> Candidate | None:
@@ -128,4 +150,4 @@ def _candidate(schedule: Schedule, chosen: Candidate) -> Candidate:
                     chosen.comm)
 
 
-__all__ = ["Budget", "shape_bound", "shape_costs", "static_bytes", "synthesized"]
+__all__ = ["Budget", "least_bound", "shape_bound", "shape_costs", "static_bytes", "synthesized"]
