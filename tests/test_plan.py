@@ -35,6 +35,7 @@ from pipeir.plan.partition import (
 from pipeir.plan.planfile import read, to_json
 from pipeir.plan.refine import least_bound, shape_bound
 from pipeir.plan.search import _chunked
+from pipeir.printer import print_schedule
 from pipeir.search.tune import search
 from pipeir.sim import CostModel, simulate
 from pipeir.verify import verify
@@ -292,7 +293,7 @@ def test_plan_file_round_trip(tmp_path: Path) -> None:
     (lambda d: json.dumps({k: v for k, v in d.items() if k != "points"}), "has no 'points'"),
     (lambda d: json.dumps({**d, "ranks": "3"}), "expected a positive integer"),
     (lambda d: json.dumps({**d, "points": ["blocks.0"]}),
-     "1 split points make 2 stages, not a multiple of its 3 ranks"),
+     "1 split points make 2 stages, fewer than its 3 ranks"),
     (lambda d: json.dumps({**d, "costs": {**d["costs"], "latency": -1}}), "latency"),
 ])
 def test_bad_plan_files(tmp_path: Path, edit, message: str) -> None:  # type: ignore[no-untyped-def]
@@ -476,3 +477,38 @@ def test_least_bound_holds_for_every_split_and_schedule_tried() -> None:
     steps.append(plan(layers, 2, 4, link, synth_time=2.0).planned.step)
     assert min(steps) >= least - 1e-9
     assert least > universal_bound(layers, 2, 4) + 0.1  # (it counts the fill)
+
+
+def test_three_chunks_on_two_ranks_beat_every_loop_and_v(tmp_path: Path) -> None:
+    """The built-in transformer as profiled on a busy CPU (a gloo link of 1.56 ms, the
+    blocks' times as uneven as the machine's noise made them): every loop and V (P x v
+    chunks) tune has stays within a few % of the uniform split's best.
+    Rank 0 holding the embedding with the first block and the last block with the head,
+    rank 1 the two middle blocks (three chunks on two ranks: no library schedule has that
+    shape) is the least bound of every split and placement (`refine.shapes`), and synth
+    meets it there: 15 % faster than the uniform split's best. The plan file keeps the three
+    stages on two ranks."""
+    rows = [("", 0.108, 0.000, 0.130, 0.135, 8.0),  # name, F, I, W, B, hand-off KiB
+            ("blocks.0", 1.100, 2.036, 1.812, 1.871, 8.0),
+            ("blocks.1", 1.472, 1.654, 1.597, 1.345, 8.0),
+            ("blocks.2", 1.048, 1.744, 1.806, 1.744, 8.0),
+            ("blocks.3", 0.787, 1.992, 1.004, 1.344, 8.0),
+            ("norm", 0.154, 0.324, 0.278, 0.422, 0.0)]
+    layers = [LayerCost(n, f, b, i, w, kib * 1024) for n, f, i, w, b, kib in rows]
+    link = Link(1.557)
+    p = plan(layers, 2, 4, link, synth_time=4.0)
+    config = p.planned.candidate.schedule.config
+    assert (p.planned.cut, config.placement) == ((2, 4), (0, 1, 0))
+    assert p.planned.step == pytest.approx(p.bound, abs=1e-9)
+    assert p.planned.step == pytest.approx(least_bound(layers, 2, 4, link, None, 2.0,
+                                                       [None, "h1", "h2"],
+                                                       ["overlapped", "blocking"]))
+    assert p.gain is not None and p.gain >= 0.15
+    tuned = plan(layers, 2, 4, link, synth_time=0)  # tune's loops and Vs alone
+    assert tuned.planned.step > p.planned.step * 1.05
+    path = tmp_path / "p.json"
+    cand = p.planned.candidate
+    path.write_text(to_json(p, "transformer", print_schedule(cand.schedule,
+                                                             cand.costs.settings()), "by hand"))
+    got = read(str(path))
+    assert (got.points, got.ranks) == (("blocks.1", "blocks.3"), 2)

@@ -110,9 +110,9 @@ def read(path: str) -> PlanFile:
         raise UsageError(f"{path}: the plan file has no {e}") from None
     except (TypeError, ValueError) as e:
         raise UsageError(f"{path}: malformed plan file: {e}") from None
-    if (len(out.points) + 1) % out.ranks:
+    if len(out.points) + 1 < out.ranks:
         raise UsageError(f"{path}: {len(out.points)} split points make {len(out.points) + 1} "
-                         f"stages, not a multiple of its {out.ranks} ranks")
+                         f"stages, fewer than its {out.ranks} ranks")
     return out
 
 

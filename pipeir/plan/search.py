@@ -18,6 +18,12 @@ uniform split into that many) are simulated on interleaved 1F1B, and for v = 2 o
 V-shaped schedules, with each chunk's own costs. The uniform baseline is the uniform split
 at the best v under the same budget: what a user gets from tune without planning.
 
+NOTE (other shapes). Tune's schedules put P * v chunks on P ranks in a loop or a V. Where the
+splits and placements of every kind are few enough to bound one by one (`refine.shapes`: a
+few pieces on a few ranks, such as the built-in transformer's six on two or three), the ones
+whose bound is below the planned step are given to synth from scratch, least bound first:
+three chunks on two ranks, the embedding's and the head's on one, can beat every loop and V.
+
 NOTE (rounding). Where the plan meets its bound, the step (the simulator's sums along the
 schedule) and the bound (the closed form's sums per rank, or synth's over heads and tails) are
 the same number added up in different orders, and the float bound can pass the step by an ulp
@@ -55,7 +61,7 @@ from pipeir.plan.partition import (
     universal_bound,
     work_score,
 )
-from pipeir.plan.refine import Budget, shape_bound, static_bytes, synthesized
+from pipeir.plan.refine import Budget, fresh, shape_bound, shapes, static_bytes, synthesized
 from pipeir.search.tune import PRESPLIT, SPLITS, Candidate, evaluate, search, variants
 from pipeir.sim import CostModel, simulate
 
@@ -140,6 +146,8 @@ def plan(layers: Sequence[LayerCost], ranks: int, microbatches: int, link: Link 
     planned = min(chosen, key=_order)
     if synth_time > 0:
         planned = _resynthesized(layers, planned, link, memory, weight_copies, synth_time)
+        planned = _other_shapes(layers, planned, ranks, microbatches, link, memory,
+                                weight_copies, splits, comms, synth_time)
     config = planned.candidate.schedule.config
     bound = max(lower_bound(layers, planned.cut, microbatches, link,
                             [config.placement[s] for s in range(config.stages)]),
@@ -171,6 +179,39 @@ def _resynthesized(layers: Sequence[LayerCost], planned: Choice, link: Link,
         return Choice(planned.cut, found, None)
     held = _rank_bytes(found, stages_of(layers, planned.cut), weight_copies)
     return Choice(planned.cut, found, held) if max(held) <= memory.bytes else planned
+
+
+#: The most splits and placements `_other_shapes` gives synth, and the most it bounds (each
+#: a few tens of ms: the built-in transformer's 6 pieces make 32 on 2 ranks, 122 on 3).
+OTHER_SHAPES, SHAPES = 2, 200
+
+
+def _other_shapes(layers: Sequence[LayerCost], planned: Choice, ranks: int, microbatches: int,
+                  link: Link, memory: Budget | None, weight_copies: float,
+                  splits: Sequence[str | None], comms: Sequence[str], time_limit: float
+                  ) -> Choice:
+    """The planned choice, or a faster schedule synth finds from scratch on another split
+    and placement (module NOTE): where all of them are few enough to bound
+    (`refine.shapes`), the `OTHER_SHAPES` with the least bounds below the planned step, each
+    given `time_limit` seconds."""
+    found = shapes(layers, ranks, microbatches, link, memory, weight_copies, splits, comms,
+                   SHAPES)
+    if found is None:
+        return planned
+    mine = (planned.cut, planned.candidate.schedule.config.placement)
+    others = [x for x in found if x.config.ranks == ranks and (x.cut, x.config.placement)
+              != mine and x.bound < planned.step * (1 - 1e-9)][:OTHER_SHAPES]
+    for shape in others:
+        cand = fresh(layers, shape, link, memory, weight_copies, splits, comms, time_limit)
+        if cand is None or cand.step_time >= planned.step * (1 - 1e-9):
+            continue
+        if memory is None or memory.bytes is None:
+            planned = Choice(shape.cut, cand, None)
+            continue
+        held = _rank_bytes(cand, stages_of(layers, shape.cut), weight_copies)
+        if max(held) <= memory.bytes:
+            planned = Choice(shape.cut, cand, held)
+    return planned
 
 
 def _check(layers: Sequence[LayerCost], ranks: int, microbatches: int,
