@@ -46,8 +46,8 @@ def test_plan_profiles_the_transformer_and_replans_from_its_costs(cli: Cli,
     assert code == 0, err
     data = json.loads(out.read_text())
     assert data["format"] == "pipeir-plan" and data["version"] == 2
-    points = data["points"]  # one stage per rank, or v chunks per rank
-    assert (len(points) + 1) % 2 == 0 and points == [n for n in NAMES if n in points]
+    points = data["points"]  # at least one stage per rank (v chunks, or three on two ranks)
+    assert len(points) + 1 >= 2 and points == [n for n in NAMES if n in points]
     assert [x["name"] for x in data["costs"]["layers"]] == NAMES
     assert all(x["F"] > 0 and x["param_bytes"] > 0 for x in data["costs"]["layers"])
     assert data["step"] >= data["bound"] >= data["best_bound"] > 0
@@ -74,7 +74,7 @@ def test_plan_profiles_the_transformer_and_replans_from_its_costs(cli: Cli,
     code, text, err = cli("plan", "--model", "transformer", "--ranks", "3", "--microbatches",
                           "4", "--layer-costs", out, "-o", again)
     assert code == 0, err
-    assert (len(json.loads(again.read_text())["points"]) + 1) % 3 == 0
+    assert len(json.loads(again.read_text())["points"]) + 1 >= 3
 
 
 def test_builtin_splittables_keep_weights_and_names_under_every_cut() -> None:
