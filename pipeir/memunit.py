@@ -16,6 +16,7 @@ activation sizes make exact.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Final, Literal
 
 #: How the unit counts, as messages say it.
@@ -53,3 +54,25 @@ def describe(budget: Budget) -> str:
     if budget == ONE_F_ONE_B:
         return "--memory-limit P x V (1F1B's memory)"
     return f"--memory-limit {budget:g}"
+
+
+@dataclass(frozen=True)
+class MemoryLimit:
+    """A budget per rank as a user gives it (`--memory-limit`, `plan --memory`): activations
+    counted in this module's unit (fractional where W keeps part of an activation after I),
+    or bytes (`in_bytes`)."""
+
+    value: float
+    in_bytes: bool
+    text: str = field(default="", compare=False)  # as given on the command line
+
+    @property
+    def count(self) -> float | None:
+        return None if self.in_bytes else self.value
+
+    @property
+    def bytes(self) -> float | None:
+        return self.value if self.in_bytes else None
+
+    def __str__(self) -> str:
+        return self.text or (f"{self.value:g}B" if self.in_bytes else f"{self.value:g}")

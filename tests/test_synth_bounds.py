@@ -13,6 +13,7 @@ from synth_fixtures import REPO, brute_force, fixture_step, random_costs, timed_
 
 from pipeir.search.synth import make_problem
 from pipeir.search.synth.problem import (
+    Room,
     chain_work,
     jackson,
     longest_paths,
@@ -114,20 +115,29 @@ def test_chain_work_is_the_best_choice_of_chain_prefixes(data: st.DataObject) ->
 
 
 @pytest.mark.slow
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(data=st.data())
 def test_work_before_bounds_what_every_schedule_does(data: st.DataObject) -> None:
     """What the memory idle stands on: in random schedules (that keep the implied order and
     the budget; two to four chunks per rank in a loop or a V, so a micro-batch's forwards
     chain on every rank), simulated, a rank that has started c forwards by a time t has done
-    no more work by t than `work_before(t, ..., c)` allows."""
+    no more work by t than `work_before(t, ..., c)` allows. Under a byte budget, where a
+    rank's chunks hold activations of different sizes, the forwards started by t also hold
+    at most the budget plus what the rank's releases that ended before t freed, and the work
+    is within `work_before` with that room too (alone, the count left open, and with it)."""
     v = data.draw(st.integers(2, 4), "chunks")
     m = data.draw(st.integers(2, 4), "microbatches")
     split = data.draw(st.booleans(), "split")
     costs = random_costs(data, 2, m, every_stage=True)
     shape = data.draw(st.sampled_from(["loop", "vshape"]), "shape")
-    problem = make_problem(costs, 2, m, v, shape, split,  # type: ignore[arg-type]
-                           memory_limit=data.draw(st.sampled_from([None, 1, 2]), "budget"))
+    if data.draw(st.booleans(), "in bytes"):
+        least = make_problem(costs, 2, m, v, shape, split, memory_bytes=1.0).least_memory
+        budget = least * data.draw(st.sampled_from([1.0, 1.3, 2.0]), "room")
+        problem = make_problem(costs, 2, m, v, shape, split,  # type: ignore[arg-type]
+                               memory_bytes=budget)
+    else:
+        problem = make_problem(costs, 2, m, v, shape, split,  # type: ignore[arg-type]
+                               memory_limit=data.draw(st.sampled_from([None, 1, 2]), "budget"))
     head, _ = problem.heads_tails
     occ = problem.occupation
     ranked = {r: sorted(((op, op.kind == "F") for op in problem.ops if problem.rank(op) == r),
@@ -138,6 +148,13 @@ def test_work_before_bounds_what_every_schedule_does(data: st.DataObject) -> Non
                 done = sum(min(occ[op], max(0.0, t - start[op])) for op in prog)
                 fs = sum(op.kind == "F" and start[op] < t for op in prog)
                 assert done <= work_before(t, ranked[r], head, occ, fs) + 1e-9, (r, t)
+                if not problem.memory_bytes:
+                    continue
+                freed = sum(problem.freed(op) for op in prog if start[op] + occ[op] < t)
+                room = Room(problem.budget + freed, problem.weight)
+                for cap in (len(prog), fs):
+                    assert done <= work_before(t, ranked[r], head, occ, cap, room) + 1e-9, \
+                        (r, t, cap)
 
 
 def test_chains_raise_the_bound_on_heavy_ends_four_chunk_v() -> None:

@@ -8,7 +8,6 @@ from pathlib import Path
 
 from pipeir import driver, memunit
 from pipeir.cli.common import (
-    MemoryLimit,
     activations_or_bytes,
     add_schedule_args,
     overrides,
@@ -79,7 +78,7 @@ def _check_one(args: argparse.Namespace, f: str | None) -> list[str]:
     ref = replace(schedule_ref(args), files=(f,) if f is not None else ())
     sets = overrides(args)
     where = f if f is not None else f"--schedule {args.schedule}"
-    limit: MemoryLimit | None = args.memory_limit
+    limit: memunit.MemoryLimit | None = args.memory_limit
     in_bytes = limit is not None and limit.in_bytes
     sizes: CostModel | None = None
     # a cost in --set (F=1.5, stage.0.memory_bytes=...) is read as simulate reads it

@@ -8,7 +8,6 @@ import math
 import shlex
 import sys
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from pipeir import driver, limits
 from pipeir.argtypes import positive_float, positive_int
@@ -16,6 +15,7 @@ from pipeir.diagnostics import Diagnostic, UsageError
 from pipeir.driver import ScheduleRef
 from pipeir.files import write_atomic
 from pipeir.frontend.elaborate import Elaborated, Value
+from pipeir.memunit import MemoryLimit
 
 
 def add_schedule_args(p: argparse.ArgumentParser, *, many: bool = False) -> None:
@@ -32,35 +32,9 @@ def add_schedule_args(p: argparse.ArgumentParser, *, many: bool = False) -> None
                    dest="overrides", help="override a pipeline setting or schedule parameter")
 
 
-def memory_limit(text: str) -> int | float:
-    """argparse type: a positive count of activations (int), or bytes written with a unit
-    (`8GB`, `512MiB`, `3e8B`: a float)."""
-    num, unit = limits.split_unit(text)
-    if not unit:
-        return positive_int(text)
-    return _bytes(text, num, unit)
-
-
-@dataclass(frozen=True)
-class MemoryLimit:
-    """`check`'s `--memory-limit`: activations (`pipeir.memunit`; fractional where W keeps
-    part of an activation after I), or bytes."""
-
-    value: float
-    in_bytes: bool
-    text: str = field(default="", compare=False)  # as given on the command line
-
-    @property
-    def count(self) -> float | None:
-        return None if self.in_bytes else self.value
-
-    @property
-    def bytes(self) -> float | None:
-        return self.value if self.in_bytes else None
-
-
 def activations_or_bytes(text: str) -> MemoryLimit:
-    """argparse type: a positive number of activations (`4`, `3.5`), or bytes with a unit."""
+    """argparse type: a positive number of activations (`4`, `3.5`), or bytes with a unit
+    (`8GB`, `512MiB`, `3e8B`): every command's memory budget (`check`, `tune`, `plan`)."""
     num, unit = limits.split_unit(text)
     if unit:
         return MemoryLimit(_bytes(text, num, unit), True, text)

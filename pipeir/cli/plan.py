@@ -8,7 +8,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from pipeir.argtypes import positive_float, timeout_seconds
-from pipeir.cli.common import memory_limit
+from pipeir.cli.common import activations_or_bytes
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.files import resolve_output, write_atomic
 from pipeir.progress import Progress
@@ -31,10 +31,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=int, required=True, metavar="P", help="pipeline ranks")
     p.add_argument("--microbatches", type=int, metavar="M",
                    help="micro-batches a step's batch is split into (default 2P)")
-    p.add_argument("--memory", type=memory_limit, metavar="BYTES|K",
-                   help="memory per rank: bytes with a unit (40GB, 512MiB: saved activations "
-                        "plus --weight-copies times the weights) or K, micro-batches of "
-                        "activations a rank may hold (1F1B needs P)")
+    p.add_argument("--memory", type=activations_or_bytes, metavar="BYTES|K",
+                   help="memory per rank, as tune's --memory-limit reads it: bytes with a "
+                        "unit (40GB, 512MiB: saved activations plus --weight-copies times "
+                        "the weights) or K activations a rank may hold, one per stage, or "
+                        "chunk, and micro-batch (1F1B needs P; fractional where W keeps part "
+                        "of one)")
     p.add_argument("--weight-copies", type=float, default=2.0, metavar="N",
                    help="bytes held per parameter byte besides activations (default 2: "
                         "weights and gradients; Adam's two states make 4)")
@@ -233,6 +235,6 @@ def _choice(what: str, result: Plan, c: Choice, names: list[str]) -> list[str]:
 
 def _budget(result: Plan) -> str:
     m = result.memory
-    if isinstance(m, int):
-        return f"{m} micro-batches of activations"
-    return f"{float(m or 0) / 2**20:.4g} MiB (activations + {result.weight_copies:g} x weights)"
+    if m is None or m.bytes is None:
+        return f"{m} activations"
+    return f"{m.bytes / 2**20:.4g} MiB (activations + {result.weight_copies:g} x weights)"

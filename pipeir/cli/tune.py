@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from pipeir import driver, memunit
-from pipeir.cli.common import MemoryLimit, activations_or_bytes, positive_ints, show
+from pipeir.cli.common import activations_or_bytes, positive_ints, show
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
 from pipeir.progress import Progress
@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         check_count(spec, m)
         driver.check_mb_costs(costs, m)
     comms = ("overlapped", "blocking") if args.comm == "both" else (args.comm,)
-    limit: MemoryLimit | None = args.memory_limit
+    limit: memunit.MemoryLimit | None = args.memory_limit
     with Progress("tune") as progress:
         result = search(costs, ranks, mbs, memory_limit=None if limit is None else limit.count,
                         max_v=args.max_v, comms=comms, dp=args.dp, progress=progress,

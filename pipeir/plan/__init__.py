@@ -2,7 +2,8 @@
 (`pipeirc plan`). Pure functions of the costs; the profiling that measures them lives in
 `pipeir.runtime.profile`, the plan file in `pipeir.plan.planfile`."""
 
+from pipeir.memunit import MemoryLimit
 from pipeir.plan.layers import LayerCost, Link
 from pipeir.plan.search import Choice, Plan, plan
 
-__all__ = ["Choice", "LayerCost", "Link", "Plan", "plan"]
+__all__ = ["Choice", "LayerCost", "Link", "MemoryLimit", "Plan", "plan"]

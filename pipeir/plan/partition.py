@@ -36,7 +36,8 @@ rank; interleaving shortens the fill, so what bounds every split and schedule is
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Sequence
+import math
+from collections.abc import Callable, Iterator, Sequence
 
 from pipeir.plan.layers import Cut, LayerCost, Link, bounds, stage_cost, stages_of
 
@@ -121,8 +122,53 @@ def lower_bound(layers: Sequence[LayerCost], cut: Cut, microbatches: int, link: 
 def universal_bound(layers: Sequence[LayerCost], ranks: int, microbatches: int) -> float:
     """No split and no schedule beats this: M times the larger of a perfectly balanced
     rank's work and the heaviest piece's (a piece is never cut)."""
-    works = [x.F + _backward(x) for x in layers]
+    works = [least_work(x) for x in layers]
     return microbatches * max(sum(works) / ranks, max(works))
+
+
+def count_chunkings(pieces: int, ranks: int) -> int:
+    """How many (split, placement) pairs `chunkings` yields: per chunk count k, the splits
+    C(pieces - 1, k - 1) times the placements of a path of k chunks on named-in-order ranks
+    with neighbours apart."""
+    total = 0
+    for k in range(1, pieces + 1):
+        # colourings of a k-path with neighbours apart, first use in order, <= ranks colours
+        ways = [0, 1] + [0] * (ranks - 1)  # ways[u]: of those using u ranks
+        for _ in range(k - 1):
+            ways = [(ways[u] * (u - 1) if u else 0) + (ways[u - 1] if u else 0)
+                    for u in range(ranks + 1)]
+        total += math.comb(pieces - 1, k - 1) * sum(ways)
+    return total
+
+
+def chunkings(pieces: int, ranks: int) -> Iterator[tuple[Cut, list[int]]]:
+    """Every split of `pieces` into contiguous chunks with every placement of the chunks on
+    up to `ranks` ranks (one stage per rank, interleaved, V-shaped or any other order), up to
+    what cannot change a step: neighbouring chunks on one rank are one chunk (the hand-off
+    between them is free), and ranks are named in the order they are first used (a
+    relabelling). Their number grows as ranks ** pieces (`count_chunkings`)."""
+    def grow(start: int, cut: list[int], place: list[int], used: int
+             ) -> Iterator[tuple[Cut, list[int]]]:
+        for end in range(start + 1, pieces + 1):
+            for rank in range(min(used + 1, ranks)):
+                if place and rank == place[-1]:
+                    continue
+                place.append(rank)
+                if end == pieces:
+                    yield tuple(cut), list(place)
+                else:
+                    cut.append(end)
+                    yield from grow(end, cut, place, max(used, rank + 1))
+                    cut.pop()
+                place.pop()
+
+    yield from grow(0, [], [], 0)
+
+
+def least_work(x: LayerCost) -> float:
+    """A piece's least work for one micro-batch on its rank: its forward and its backward
+    (`_backward`), whatever the schedule."""
+    return x.F + _backward(x)
 
 
 def _backward(s: LayerCost) -> float:
@@ -151,5 +197,5 @@ def _prefix(xs: Sequence[float]) -> list[float]:
     return out
 
 
-__all__ = ["StageScore", "best_splits", "bound_score", "bounds", "lower_bound", "uniform_cut",
-           "universal_bound", "work_score"]
+__all__ = ["StageScore", "best_splits", "bound_score", "bounds", "chunkings", "count_chunkings",
+           "least_work", "lower_bound", "uniform_cut", "universal_bound", "work_score"]

@@ -68,9 +68,9 @@ def to_json(plan: Plan, model: str, schedule_text: str, how: str) -> str:
         "sched": schedule_text,
         "bound": plan.bound, "best_bound": plan.best_bound,
         "uniform": None if plan.uniform is None else choice(plan.uniform),
-        "memory": {"budget": plan.memory,
+        "memory": {"budget": None if plan.memory is None else plan.memory.value,
                    "unit": None if plan.memory is None else
-                   "micro-batches" if isinstance(plan.memory, int) else "bytes",
+                   "bytes" if plan.memory.in_bytes else "activations",
                    "weight_copies": plan.weight_copies,
                    # partial: an I frees what W does not keep (the pieces' memory_w_bytes)
                    "release": "partial" if any(x.memory_w_bytes is not None
@@ -110,9 +110,9 @@ def read(path: str) -> PlanFile:
         raise UsageError(f"{path}: the plan file has no {e}") from None
     except (TypeError, ValueError) as e:
         raise UsageError(f"{path}: malformed plan file: {e}") from None
-    if (len(out.points) + 1) % out.ranks:
+    if len(out.points) + 1 < out.ranks:
         raise UsageError(f"{path}: {len(out.points)} split points make {len(out.points) + 1} "
-                         f"stages, not a multiple of its {out.ranks} ranks")
+                         f"stages, fewer than its {out.ranks} ranks")
     return out
 
 

@@ -26,20 +26,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pipeir.config import PipelineConfig
-from pipeir.memunit import limit_for
+from pipeir.memunit import MemoryLimit, limit_for
 from pipeir.plan.layers import Cut, LayerCost, Link, cost_settings, stages_of
+from pipeir.plan.partition import chunkings, count_chunkings, lower_bound
 from pipeir.schedule import Schedule
 from pipeir.search.synth import synthesize
 from pipeir.search.synth.problem import Problem
 from pipeir.search.tune import Candidate, evaluate
 from pipeir.sim import CostModel
 
-#: A budget: a count of micro-batch activations (int) or bytes per rank (float), as
-#: `pipeir.cli.common.memory_limit` reads `--memory`.
-Budget = int | float
+#: A budget per rank: a count of activations (`pipeir.memunit`'s unit) or bytes, as
+#: `pipeir.cli.common.activations_or_bytes` reads `--memory` (and tune's `--memory-limit`).
+Budget = MemoryLimit
 
 
 def static_bytes(stage: LayerCost, weight_copies: float) -> float:
@@ -58,10 +60,10 @@ def shape_costs(layers: Sequence[LayerCost], cut: Cut, config: PipelineConfig, l
     settings: dict[str, Any] = cost_settings(stages, link)
     if memory is None:
         return CostModel.from_settings(settings), None
-    if isinstance(memory, int):
+    if memory.bytes is None:
         return (CostModel.from_settings(settings),
-                limit_for(memory, config.ranks, config.stages // config.ranks))
-    room = [float(memory)] * config.ranks
+                limit_for(memory.value, config.ranks, config.stages // config.ranks))
+    room = [memory.bytes] * config.ranks
     for k, stage in enumerate(stages):
         room[config.placement[k]] -= static_bytes(stage, weight_copies)
     if min(room) <= 0:
@@ -81,7 +83,7 @@ def shape_costs(layers: Sequence[LayerCost], cut: Cut, config: PipelineConfig, l
 def _problem(config: PipelineConfig, costs: CostModel, limit: float | None, split: bool,
              comm: str, memory: Budget | None) -> Problem:
     return Problem(config, costs, split, "blocking" if comm == "blocking" else "overlapped",
-                   limit, memory_bytes=memory is not None and not isinstance(memory, int))
+                   limit, memory_bytes=memory is not None and memory.in_bytes)
 
 
 def shape_bound(layers: Sequence[LayerCost], cut: Cut, config: PipelineConfig, link: Link,
@@ -99,6 +101,73 @@ def shape_bound(layers: Sequence[LayerCost], cut: Cut, config: PipelineConfig, l
                 for split in modes for comm in comms]
     # (one micro-batch's activations over a rank's room: no schedule fits)
     return min(math.inf if p.least_memory > p.budget else p.lower_bound() for p in problems)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """A split and placement with the bound every schedule of it has under the budget: the
+    larger of the closed form (`partition.lower_bound`) and `shape_bound`."""
+
+    bound: float
+    cut: Cut
+    config: PipelineConfig
+
+
+def shapes(layers: Sequence[LayerCost], ranks: int, microbatches: int, link: Link,
+           memory: Budget | None, weight_copies: float, splits: Sequence[str | None],
+           comms: Sequence[str], limit: int = 2000) -> list[Shape] | None:
+    """Every split and placement on up to `ranks` ranks (`partition.chunkings`) with its
+    bound, least first; None when there are more than `limit`."""
+    if count_chunkings(len(layers), ranks) > limit:
+        return None
+    out = []
+    for cut, place in chunkings(len(layers), ranks):
+        config = PipelineConfig.make(max(place) + 1, microbatches, stages=len(place),
+                                     placement=place)
+        out.append(Shape(max(lower_bound(layers, cut, microbatches, link, place),
+                             shape_bound(layers, cut, config, link, memory, weight_copies,
+                                         splits, comms)), cut, config))
+    return sorted(out, key=lambda x: (x.bound, x.cut, x.config.placement))
+
+
+def least_bound(layers: Sequence[LayerCost], ranks: int, microbatches: int, link: Link,
+                memory: Budget | None, weight_copies: float, splits: Sequence[str | None],
+                comms: Sequence[str], limit: int = 2000) -> float | None:
+    """What no split and no schedule on `ranks` ranks beats under the budget: the least
+    bound of every split and placement (`shapes`), each a bound for every schedule of its
+    split and placement. None when there are more than `limit` to try."""
+    found = shapes(layers, ranks, microbatches, link, memory, weight_copies, splits, comms,
+                   limit)
+    return None if found is None else found[0].bound
+
+
+def fresh(layers: Sequence[LayerCost], shape: Shape, link: Link, memory: Budget | None,
+          weight_copies: float, splits: Sequence[str | None], comms: Sequence[str],
+          time_limit: float) -> Candidate | None:
+    """The fastest schedule synth finds from scratch for a split and placement that no
+    library schedule has (three chunks on two ranks, say), over the backward modes and comm
+    models whose bound is below the shape's best found so far, `time_limit` seconds in all;
+    None if none fits."""
+    shaped = shape_costs(layers, shape.cut, shape.config, link, memory, weight_copies)
+    if shaped is None:
+        return None
+    costs, limit = shaped
+    real = CostModel.from_settings(cost_settings(stages_of(layers, shape.cut), link))
+    problems = sorted(((_problem(shape.config, costs, limit, split, comm, memory), comm)
+                       for split in sorted({s is not None for s in splits}) for comm in comms),
+                      key=lambda pc: pc[0].lower_bound())
+    problems = [(p, c) for p, c in problems if p.least_memory <= p.budget]
+    best: Candidate | None = None
+    chunks = max(len(shape.config.stages_of(r)) for r in range(shape.config.ranks))
+    for problem, comm in problems:
+        if best is not None and problem.lower_bound() >= best.step_time:
+            break
+        found = synthesize(problem, time_limit=time_limit / len(problems), seed=0)
+        cand = evaluate(found.schedule, real, "synth", chunks, shape.config.microbatches, None,
+                        comm)
+        if best is None or cand.step_time < best.step_time:
+            best = cand
+    return best
 
 
 def synthesized(layers: Sequence[LayerCost], cut: Cut, chosen: Candidate, link: Link,
@@ -128,4 +197,5 @@ def _candidate(schedule: Schedule, chosen: Candidate) -> Candidate:
                     chosen.comm)
 
 
-__all__ = ["Budget", "shape_bound", "shape_costs", "static_bytes", "synthesized"]
+__all__ = ["Budget", "Shape", "fresh", "least_bound", "shape_bound", "shape_costs", "shapes",
+           "static_bytes", "synthesized"]

@@ -2,14 +2,14 @@
 program (`pipeir.plan.partition`), each refined by tune's search of schedules in the
 simulator, under a memory budget; beside them the uniform split with tune's best.
 
-NOTE (memory). A budget is either a count, the unit `check` and tune count
-(`pipeir.memunit`: activations a rank may hold, one per stage, or chunk, and micro-batch;
-1F1B needs P), or bytes per rank: the simulated peak of saved activations on the
-rank plus `weight_copies` times the parameter bytes it holds (2: weights and gradients; an
-optimizer with state adds its copies, Adam 2 more). The dynamic program already drops stages
-that cannot fit 1F1B's in-flight micro-batches (min(P - k, M) on stage k); each schedule tune
-finds is then checked against the budget with its own simulated peak, and the fastest that
-fits is kept.
+NOTE (memory). A budget (`pipeir.memunit.MemoryLimit`) is either a count, the unit `check`
+and tune count (`pipeir.memunit`: activations a rank may hold, one per stage, or chunk, and
+micro-batch; 1F1B needs P; fractional where W keeps part of one), or bytes per rank: the
+simulated peak of saved activations on the rank plus `weight_copies` times the parameter bytes
+it holds (2: weights and gradients; an optimizer with state adds its copies, Adam 2 more).
+The dynamic program already drops stages that cannot fit 1F1B's in-flight micro-batches
+(min(P - k, M) on stage k); each schedule tune finds is then checked against the budget with
+its own simulated peak, and the fastest that fits is kept.
 
 NOTE (chunks). Tune interleaves by cutting each stage into v equal chunks, which a real
 model's stages are not (a head is one piece). Here a rank's v chunks are real ranges of
@@ -17,6 +17,19 @@ pieces: splits into `ranks * v` chunks (the dynamic program's best by chunk work
 uniform split into that many) are simulated on interleaved 1F1B, and for v = 2 on the
 V-shaped schedules, with each chunk's own costs. The uniform baseline is the uniform split
 at the best v under the same budget: what a user gets from tune without planning.
+
+NOTE (other shapes). Tune's schedules put P * v chunks on P ranks in a loop or a V. Where the
+splits and placements of every kind are few enough to bound one by one (`refine.shapes`: a
+few pieces on a few ranks, such as the built-in transformer's six on two or three), the ones
+whose bound is below the planned step are given to synth from scratch, least bound first:
+three chunks on two ranks, the embedding's and the head's on one, can beat every loop and V.
+
+NOTE (rounding). Where the plan meets its bound, the step (the simulator's sums along the
+schedule) and the bound (the closed form's sums per rank, or synth's over heads and tails) are
+the same number added up in different orders, and the float bound can pass the step by an ulp
+or two (7e-15 on 47 ms). The exact bound is no more than the exact step, so a bound within
+`ROUNDING` above the step is reported as the step; anything further above is left as it is,
+for the tests to catch as the bug it would be.
 
 NOTE (refinement). With a time for it, synth then looks for a faster schedule on the chosen
 split alone, and synth's bound for that split's shape sharpens the reported one
@@ -30,6 +43,7 @@ from dataclasses import dataclass
 
 from pipeir import library
 from pipeir.diagnostics import PipeirError, UsageError
+from pipeir.memunit import COUNTING
 from pipeir.plan.layers import (
     Cut,
     LayerCost,
@@ -47,7 +61,7 @@ from pipeir.plan.partition import (
     universal_bound,
     work_score,
 )
-from pipeir.plan.refine import Budget, shape_bound, static_bytes, synthesized
+from pipeir.plan.refine import Budget, fresh, shape_bound, shapes, static_bytes, synthesized
 from pipeir.search.tune import PRESPLIT, SPLITS, Candidate, evaluate, search, variants
 from pipeir.sim import CostModel, simulate
 
@@ -132,14 +146,25 @@ def plan(layers: Sequence[LayerCost], ranks: int, microbatches: int, link: Link 
     planned = min(chosen, key=_order)
     if synth_time > 0:
         planned = _resynthesized(layers, planned, link, memory, weight_copies, synth_time)
+        planned = _other_shapes(layers, planned, ranks, microbatches, link, memory,
+                                weight_copies, splits, comms, synth_time)
     config = planned.candidate.schedule.config
     bound = max(lower_bound(layers, planned.cut, microbatches, link,
                             [config.placement[s] for s in range(config.stages)]),
                 shape_bound(layers, planned.cut, config, link, memory, weight_copies, splits,
                             comms))
     return Plan(layers, ranks, microbatches, link, memory, weight_copies, planned,
-                min(uniform, key=_order) if uniform else None, bound,
+                min(uniform, key=_order) if uniform else None, _at_most(bound, planned.step),
                 universal_bound(layers, ranks, microbatches), len(cuts) + 1 + len(chunks))
+
+
+#: How far (relative) a bound's float sum may pass the step it bounds (module NOTE).
+ROUNDING = 1e-12
+
+
+def _at_most(bound: float, step: float) -> float:
+    """`bound`, or `step` where the bound passes it by rounding alone (module NOTE)."""
+    return step if step < bound <= step * (1 + ROUNDING) else bound
 
 
 def _resynthesized(layers: Sequence[LayerCost], planned: Choice, link: Link,
@@ -150,10 +175,43 @@ def _resynthesized(layers: Sequence[LayerCost], planned: Choice, link: Link,
                         time_limit)
     if found is None:
         return planned
-    if memory is None or isinstance(memory, int):
+    if memory is None or memory.bytes is None:
         return Choice(planned.cut, found, None)
     held = _rank_bytes(found, stages_of(layers, planned.cut), weight_copies)
-    return Choice(planned.cut, found, held) if max(held) <= float(memory) else planned
+    return Choice(planned.cut, found, held) if max(held) <= memory.bytes else planned
+
+
+#: The most splits and placements `_other_shapes` gives synth, and the most it bounds (each
+#: a few tens of ms: the built-in transformer's 6 pieces make 32 on 2 ranks, 122 on 3).
+OTHER_SHAPES, SHAPES = 2, 200
+
+
+def _other_shapes(layers: Sequence[LayerCost], planned: Choice, ranks: int, microbatches: int,
+                  link: Link, memory: Budget | None, weight_copies: float,
+                  splits: Sequence[str | None], comms: Sequence[str], time_limit: float
+                  ) -> Choice:
+    """The planned choice, or a faster schedule synth finds from scratch on another split
+    and placement (module NOTE): where all of them are few enough to bound
+    (`refine.shapes`), the `OTHER_SHAPES` with the least bounds below the planned step, each
+    given `time_limit` seconds."""
+    found = shapes(layers, ranks, microbatches, link, memory, weight_copies, splits, comms,
+                   SHAPES)
+    if found is None:
+        return planned
+    mine = (planned.cut, planned.candidate.schedule.config.placement)
+    others = [x for x in found if x.config.ranks == ranks and (x.cut, x.config.placement)
+              != mine and x.bound < planned.step * (1 - 1e-9)][:OTHER_SHAPES]
+    for shape in others:
+        cand = fresh(layers, shape, link, memory, weight_copies, splits, comms, time_limit)
+        if cand is None or cand.step_time >= planned.step * (1 - 1e-9):
+            continue
+        if memory is None or memory.bytes is None:
+            planned = Choice(shape.cut, cand, None)
+            continue
+        held = _rank_bytes(cand, stages_of(layers, shape.cut), weight_copies)
+        if max(held) <= memory.bytes:
+            planned = Choice(shape.cut, cand, held)
+    return planned
 
 
 def _check(layers: Sequence[LayerCost], ranks: int, microbatches: int,
@@ -177,9 +235,9 @@ def _fits_1f1b(layers: Sequence[LayerCost], ranks: int, microbatches: int,
                memory: Budget | None, weight_copies: float) -> StageScore | None:
     """Whether a stage can hold 1F1B's in-flight micro-batches within a byte budget (the
     dynamic program's filter; see the module NOTE), or None without a byte budget."""
-    if memory is None or isinstance(memory, int):
+    if memory is None or memory.bytes is None:
         return None
-    budget = float(memory)
+    budget = memory.bytes
 
     def fits(lo: int, hi: int, k: int) -> float | None:
         s = stage_cost(layers, lo, hi, k == 0)
@@ -207,7 +265,7 @@ def _refine(layers: Sequence[LayerCost], cut: Cut, ranks: int, microbatches: int
     with these chunks' own costs for more."""
     stages = stages_of(layers, cut)
     costs = CostModel.from_settings(cost_settings(stages, link))
-    count = memory if isinstance(memory, int) else None
+    count = None if memory is None else memory.count
     if v == 1:
         try:
             ranked = search(costs, ranks, [microbatches], memory_limit=count, max_v=1,
@@ -219,10 +277,10 @@ def _refine(layers: Sequence[LayerCost], cut: Cut, ranks: int, microbatches: int
                          if c.fits(count)),
                         key=Candidate.sort_key)
     for cand in ranked:
-        if memory is None or count is not None:
+        if memory is None or memory.bytes is None:
             return Choice(cut, cand, None)
         held = _rank_bytes(cand, stages, weight_copies)
-        if max(held) <= float(memory):
+        if max(held) <= memory.bytes:
             return Choice(cut, cand, held)
     return None
 
@@ -257,13 +315,14 @@ def _rank_bytes(cand: Candidate, stages: Sequence[LayerCost], weight_copies: flo
 
 def _nothing_fits(layers: Sequence[LayerCost], ranks: int, microbatches: int,
                   memory: Budget | None, weight_copies: float) -> str:
-    if isinstance(memory, int):
-        return (f"no split and schedule fits --memory {memory} (micro-batches of activations "
-                f"per rank; 1F1B needs {ranks})")
+    if memory is None:
+        return "no schedule found"
+    if memory.bytes is None:
+        return (f"no split and schedule fits --memory {memory} (activations per rank, "
+                f"counting {COUNTING}; 1F1B needs {ranks})")
     least = min(static_bytes(x, weight_copies) + x.memory_bytes for x in layers)
-    return (f"no split and schedule fits --memory {_size(float(memory or 0))} per rank "
-            f"(the lightest piece alone needs {_size(least)} with one micro-batch in flight)"
-            if memory is not None else "no schedule found")
+    return (f"no split and schedule fits --memory {_size(memory.bytes)} per rank "
+            f"(the lightest piece alone needs {_size(least)} with one micro-batch in flight)")
 
 
 def _size(b: float) -> str:

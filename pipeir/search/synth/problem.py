@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Literal, TypeVar
@@ -437,17 +437,20 @@ def memory_idle(problem: Problem, mine: list[Op], head: Mapping[Op, T], occ: Map
     (backwards) are not ready yet, so a rank whose heads leave it nothing else to do waits.
 
     For a time T, the live memory at T is the Fs started by then less the releases ended by
-    then, so at most `cap(T)` Fs (the limit plus what the releases that can end before T free,
-    over the least positive activation size) start before T. The work the rank can do before
-    T (`work_before`) is then bounded, and what is left runs after T: the step is at least
-    T + load - work before T + the least tail. Tried at the release times, where cap grows."""
+    then, so the Fs started before T hold at most the room R(T): the limit plus what the
+    releases that can end before T free. That caps their number (`cap(T)`: R(T) over the
+    least positive activation size) and their sizes' sum (R(T) itself, which binds where
+    stages' activations differ: a chunk of two layers holds twice a chunk of one). The work
+    the rank can do before T (`work_before`) is then bounded, and what is left runs after
+    T: the step is at least T + load - work before T + the least tail. Tried at the release
+    times, where the room grows."""
     zero = occ[mine[0]] * 0
     limit = problem.memory_limit
     opens = [op.kind == "F" and problem.weight(op.stage) > 0 for op in mine]
     sizes = [problem.weight(op.stage) for op, o in zip(mine, opens) if o]
     if limit is None or not sizes or sum(sizes) <= problem.budget:
         return zero
-    least = min(sizes)
+    least, total = min(sizes), sum(sizes)
     frees = sorted((head[op] + occ[op], x) for op in mine
                    if (x := problem.freed(op)) > 0)
     load = sum((occ[op] for op in mine), zero)
@@ -458,19 +461,41 @@ def memory_idle(problem: Problem, mine: list[Op], head: Mapping[Op, T], occ: Map
         while done < len(frees) and frees[done][0] < t:  # ended strictly before t
             freed += frees[done][1]
             done += 1
-        cap = math.floor((limit + freed) / least + 1e-9)
-        if cap >= len(sizes):
+        if problem.budget + freed >= total:  # every F fits: neither cap binds any more
             break
-        best = max(best, t + load - work_before(t, ranked, head, occ, cap) + last)
+        cap = math.floor((limit + freed) / least + 1e-9)
+        room = Room(problem.budget + freed, problem.weight)
+        best = max(best, t + load - work_before(t, ranked, head, occ, cap, room) + last)
     return best
 
 
+@dataclass(frozen=True)
+class Room:
+    """What the forwards a rank has started may hold at once (`capacity`, in the problem's
+    memory unit) and what each holds (`size` of its stage)."""
+
+    capacity: float
+    size: Callable[[int], float]
+
+    def most_work(self, fs: Sequence[tuple[float, float]]) -> float:
+        """The most work of forwards, given as (work, size) with size > 0, whose sizes sum
+        to at most `capacity`: the fractional knapsack (largest work per size first, the
+        last one in part), which is no less than any whole choice."""
+        left, out = self.capacity, 0.0
+        for work, size in sorted(fs, key=lambda ws: ws[0] / ws[1], reverse=True):
+            if size >= left:
+                return out + work * max(left, 0.0) / size
+            left, out = left - size, out + work
+        return out
+
+
 def work_before(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
-                 occ: Mapping[Op, T], cap: int) -> T:
+                 occ: Mapping[Op, T], cap: int, room: Room | None = None) -> T:
     """The most work one rank can do before `t` when at most `cap` of its F ops (flagged in
-    `ranked`, which is sorted by head) start by then. For any tau, the ops whose head is
-    before tau do at most their (capped) work, and the rest at most t - tau; the least of
-    these over tau is the bound.
+    `ranked`, which is sorted by head) start by then, and (with `room`) the activations of
+    those that start hold at most its capacity. For any tau, the ops whose head is before
+    tau do at most their (capped) work, and the rest at most t - tau; the least of these over
+    tau is the bound.
 
     NOTE (chains). A micro-batch's forwards run through the stages in order, so on a rank
     with several chunks the F ops of one micro-batch that start by `t` are a prefix of that
@@ -486,16 +511,19 @@ def work_before(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
     with tau, so the last one solved bounds it from below."""
     best = max(t * 0, t - head[ranked[0][0]]) if ranked else t * 0
     for chained in (False, True):
-        best = _work_pass(t, ranked, head, occ, cap, best, chained)
+        best = _work_pass(t, ranked, head, occ, cap, best, chained, room)
     return best
 
 
 def _work_pass(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
-               occ: Mapping[Op, T], cap: int, best: T, chained: bool) -> T:
-    """One pass of `work_before` over tau, lowering `best`: with the `cap` largest forwards,
-    or (`chained`) the best prefixes of their chains where that could lower it."""
+               occ: Mapping[Op, T], cap: int, best: T, chained: bool, room: Room | None
+               ) -> T:
+    """One pass of `work_before` over tau, lowering `best`: with the `cap` largest forwards
+    or the most whose sizes fit the room, or (`chained`) the best prefixes of their chains
+    where that could lower it."""
     zero = t * 0
     other, fs, least = zero, zero, zero
+    sized: list[tuple[float, float]] = []  # (work, size) of the forwards so far, for `room`
     chosen: list[T] = []  # a min-heap of the cap largest F works
     chains: dict[int, list[tuple[int, T]]] = {}  # per micro-batch: (stage, work) of its Fs
     counted, longest = 0, 0
@@ -508,7 +536,10 @@ def _work_pass(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
             i += 1
             if not is_f:
                 other += x
-            elif chained:
+                continue
+            if room is not None and not chained:
+                sized.append((float(x), room.size(op.stage)))
+            if chained:
                 chain = chains.setdefault(op.mb, [])
                 chain.append((op.stage, x))
                 counted, longest = counted + 1, max(longest, len(chain))
@@ -519,11 +550,20 @@ def _work_pass(t: T, ranked: Sequence[tuple[Op, bool]], head: Mapping[Op, T],
                 fs += x - heapq.heapreplace(chosen, x)
         tau = head[ranked[i][0]] if i < n and head[ranked[i][0]] < t else t
         if not chained:
-            best = min(best, other + fs + t - tau)
+            capped = fs
+            if room is not None and other + t - tau < best:  # (only where it could tell)
+                capped = min(fs, _floor_like(zero, room.most_work(sized)))
+            best = min(best, other + capped + t - tau)
         elif counted > cap and longest > 1 and other + least + t - tau < best:
             least = chain_work(chains.values(), cap, zero)
             best = min(best, other + least + t - tau)
     return best
+
+
+def _floor_like(zero: T, x: float) -> T:
+    """`x`, an upper bound of a sum of `zero`'s type, in that type: floored for integers
+    (the sum is a whole number no more than x; the margin absorbs x's own rounding)."""
+    return type(zero)(math.floor(x + 1e-6)) if isinstance(zero, int) else type(zero)(x)
 
 
 def chain_work(chains: Iterable[list[tuple[int, T]]], cap: int, zero: T) -> T:
