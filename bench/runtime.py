@@ -10,7 +10,8 @@ real: the same model, the same data and the same schedule on gloo ranks, pipeir 
 torch's own schedule class: 1F1B with one stage per rank (`Schedule1F1B`), interleaved 1F1B
 with v=2 (`ScheduleInterleaved1F1B`) and ZB-V, two stages per rank in a V
 (`ScheduleZBVZeroBubble`); for the bench's MLP (below: wider than the built-in) and the
-built-in transformer, at each of --ranks. Runs alternate A/B (pipeir, pipeir+overlap, torch,
+built-in transformer (at one sequence length: torch's stages fix their shapes at the
+first step), at each of --ranks. Runs alternate A/B (pipeir, pipeir+overlap, torch,
 then again), and each system's median over all measured steps (first steps of a run dropped
 as warm-up) is compared. A step's wall time runs from the previous step's end to its own end
 (latest rank), the same for both systems; its CPU time is the CPU time of every rank process
@@ -127,6 +128,17 @@ def noop_spec() -> ModelSpec:
                      optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01))
 
 
+def transformer_spec() -> ModelSpec:
+    """The built-in transformer at one sequence length (its even steps' batches): torch's
+    PipelineStage fixes its shapes at the first step, the built-in alternates two lengths."""
+    from dataclasses import replace
+
+    from pipeir.models import resolve
+
+    base = resolve("transformer")
+    return replace(base, batch=lambda step: base.batch(2 * step))
+
+
 def sleep_spec() -> ModelSpec:
     return ModelSpec(stage=lambda s, n: SleepStage(), loss=lambda y, t: ((y - t) ** 2).mean(),
                      batch=lambda step: (torch.zeros(16, 8), torch.zeros(16, 8)))
@@ -138,7 +150,7 @@ KINDS = {"1f1b": ("1f1b", 1, "Schedule1F1B"),
          "interleaved": ("interleaved-1f1b", 2, "ScheduleInterleaved1F1B"),
          "zbv": ("zb-v", 2, "ScheduleZBVZeroBubble")}
 #: the models compared: the bench's MLP (this file) and the built-in transformer
-MODELS = {"mlp": f"{HERE}:spec", "transformer": "transformer"}
+MODELS = {"mlp": f"{HERE}:spec", "transformer": f"{HERE}:transformer_spec"}
 
 
 def _torch_worker(rank: int, world: int, port: int, kind: str, m: int, steps: int,
