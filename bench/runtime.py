@@ -1,14 +1,22 @@
 """Runtime benchmark: pipeir's generated programs against torch.distributed.pipelining.
 
-    python bench/runtime.py                 # both modes
-    python bench/runtime.py --mode real     # MLP, 4 gloo ranks: pipeir vs torch step times
+    python bench/runtime.py                 # real and sleep modes
+    python bench/runtime.py --mode real     # pipeir vs torch step times (wall and CPU)
+    python bench/runtime.py --mode real --ranks 4 --models transformer --kinds zbv
+    python bench/runtime.py --mode noop     # pipeir's added cost per instruction
     python bench/runtime.py --mode sleep    # synthetic compute: measured vs simulated bubble
 
-real: the same MLP (bench's own, wider than the built-in), the same data and the same
-schedule (1F1B with one stage per rank; interleaved 1F1B with v=2) on 4 gloo ranks. Runs
-alternate A/B (pipeir, pipeir+overlap, torch, then again), and each system's median step time
-over all measured steps (first steps of a run dropped as warm-up) is compared. A step's time
-runs from the previous step's end to its own end (latest rank), the same for both systems.
+real: the same model, the same data and the same schedule on gloo ranks, pipeir against
+torch's own schedule class: 1F1B with one stage per rank (`Schedule1F1B`), interleaved 1F1B
+with v=2 (`ScheduleInterleaved1F1B`) and ZB-V, two stages per rank in a V
+(`ScheduleZBVZeroBubble`); for the bench's MLP (below: wider than the built-in) and the
+built-in transformer (at one sequence length: torch's stages fix their shapes at the
+first step), at each of --ranks. Runs alternate A/B (pipeir, pipeir+overlap, torch,
+then again), and each system's median over all measured steps (first steps of a run dropped
+as warm-up) is compared. A step's wall time runs from the previous step's end to its own end
+(latest rank), the same for both systems; its CPU time is the CPU time of every rank process
+(all threads) over the same interval, summed over the ranks: on a machine that others load,
+the work done is read from CPU time, the waiting from wall time.
 
 ops: per built-in model and stage (4 stages), median times of F, B, I and W as the runtime
 runs them (I and W split as in `pipeir.runtime.splitgrad`), and of the previous W that took
@@ -22,7 +30,8 @@ input (requiring grad from stage 1 on, as a hand-off makes it), the loss scaled 
 one `torch.autograd.backward` per stage from its output with the gradient of the next stage's
 input (the runtime's B); then one optimizer step per batch. The two alternate, one rank
 process per round against the loop in this process; medians of every step after warm-up.
-(pipeir median step - plain median step) / instructions per step is the added cost.
+(pipeir median step - plain median step) / instructions per step is the added cost, printed
+for CPU time (the rank process's, every thread; the loop's, this process's) and wall time.
 
 sleep: every forward sleeps F ms and every backward B ms instead of computing, so four ranks do
 not fight over two cores; the measured bubble (pipeir's instruction timestamps) is compared
@@ -32,6 +41,8 @@ with the simulator's prediction for the same costs.
 from __future__ import annotations
 
 import argparse
+import os
+import queue
 import statistics
 import sys
 import time
@@ -117,49 +128,65 @@ def noop_spec() -> ModelSpec:
                      optimizer=lambda ps: torch.optim.SGD(ps, lr=0.01))
 
 
+def transformer_spec() -> ModelSpec:
+    """The built-in transformer at one sequence length (its even steps' batches): torch's
+    PipelineStage fixes its shapes at the first step, the built-in alternates two lengths."""
+    from dataclasses import replace
+
+    from pipeir.models import resolve
+
+    base = resolve("transformer")
+    return replace(base, batch=lambda step: base.batch(2 * step))
+
+
 def sleep_spec() -> ModelSpec:
     return ModelSpec(stage=lambda s, n: SleepStage(), loss=lambda y, t: ((y - t) ** 2).mean(),
                      batch=lambda step: (torch.zeros(16, 8), torch.zeros(16, 8)))
 
 
 # ---- torch.distributed.pipelining ---------------------------------------------------------------
-def _torch_worker(rank: int, world: int, port: int, kind: str, m: int, steps: int,
-                  out: object) -> None:
-    import torch.distributed as dist
-    from torch.distributed.pipelining import (
-        PipelineStage,
-        Schedule1F1B,
-        ScheduleInterleaved1F1B,
-    )
+#: the schedules compared: pipeir's library name, v (stages per rank), torch's class name
+KINDS = {"1f1b": ("1f1b", 1, "Schedule1F1B"),
+         "interleaved": ("interleaved-1f1b", 2, "ScheduleInterleaved1F1B"),
+         "zbv": ("zb-v", 2, "ScheduleZBVZeroBubble")}
+#: the models compared: the bench's MLP (this file) and the built-in transformer
+MODELS = {"mlp": f"{HERE}:spec", "transformer": f"{HERE}:transformer_spec"}
 
+
+def _torch_worker(rank: int, world: int, port: int, kind: str, m: int, steps: int,
+                  model: str, out: object) -> None:
+    import torch.distributed as dist
+    from torch.distributed import pipelining
+
+    from pipeir.models import resolve
     from pipeir.models.spec import build_stage
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
-    sp = spec()
-    v = 2 if kind == "interleaved" else 1
+    _, v, cls = KINDS[kind]
+    sp = resolve(model)
     n = world * v
-    stage_ids = [rank + k * world for k in range(v)]
+    # the stages pipeir's schedule places on this rank (the V of ZBV: r and 2p-1-r)
+    stage_ids = sorted(_schedule(kind, world, m).config.stages_of(rank))
     mods = {s: build_stage(sp, s, n) for s in stage_ids}
-    stages = [PipelineStage(mods[s], s, n, torch.device("cpu")) for s in stage_ids]
-    loss = sp.loss
-    sched = (ScheduleInterleaved1F1B(stages, m, loss_fn=loss) if v > 1
-             else Schedule1F1B(stages[0], m, loss_fn=loss))
-    opt = torch.optim.SGD([p for mod in mods.values() for p in mod.parameters()], lr=0.05)
+    stages = [pipelining.PipelineStage(mods[s], s, n, torch.device("cpu")) for s in stage_ids]
+    sched_cls = getattr(pipelining, cls)
+    sched = sched_cls(stages if v > 1 else stages[0], m, loss_fn=sp.loss)
+    opt = sp.optimizer([p for mod in mods.values() for p in mod.parameters()])
     times = []
+    cpu = time.process_time()
     for step in range(steps):
         x, y = sp.batch(step)
         opt.zero_grad()
         t0 = time.perf_counter()
-        if rank == 0:
-            sched.step(x, target=y if world == 1 else None)
-        elif rank == world - 1:
-            sched.step(target=y, losses=[])
-        else:
-            sched.step()
+        args = (x,) if 0 in stage_ids else ()
+        kwargs = {"target": y, "losses": []} if n - 1 in stage_ids else {}
+        sched.step(*args, **kwargs)
         opt.step()
-        times.append((t0, time.perf_counter()))
+        now = time.process_time()
+        times.append((t0, time.perf_counter(), now - cpu))
+        cpu = now
     gathered: list[object] = [None] * world
     dist.all_gather_object(gathered, times)
     if rank == 0:
@@ -167,33 +194,48 @@ def _torch_worker(rank: int, world: int, port: int, kind: str, m: int, steps: in
     dist.destroy_process_group()
 
 
-def run_torch(kind: str, world: int, m: int, steps: int) -> list[float]:
+def run_torch(kind: str, world: int, m: int, steps: int, model: str = MODELS["mlp"]
+              ) -> tuple[list[float], list[float]]:
+    """torch's step times (the same definition as StepReport.time) and CPU times (summed
+    over the ranks, as StepReport.cpu)."""
     import multiprocessing as mp
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     port = free_port()
-    procs = [ctx.Process(target=_torch_worker, args=(r, world, port, kind, m, steps, q))
+    procs = [ctx.Process(target=_torch_worker, args=(r, world, port, kind, m, steps, model, q))
              for r in range(world)]
     for p in procs:
         p.start()
-    gathered = q.get(timeout=600)
+    deadline = time.monotonic() + 600
+    while True:  # a rank that fails ends the run now, not at the deadline
+        try:
+            gathered = q.get(timeout=1)
+            break
+        except queue.Empty:
+            failed = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                why = f"rank {failed[0]} failed" if failed else "timed out"
+                raise RuntimeError(f"torch {kind} on {world} ranks ({model}): {why}") from None
     for p in procs:
         p.join(60)
     ends = [max(g[s][1] for g in gathered) for s in range(steps)]  # type: ignore[index]
     start = min(g[0][0] for g in gathered)  # type: ignore[index]
-    return [e - p for e, p in zip(ends, [start, *ends])]  # same definition as StepReport.time
+    cpus = [sum(g[s][2] for g in gathered) for s in range(steps)]  # type: ignore[index]
+    return [e - p for e, p in zip(ends, [start, *ends])], cpus
 
 
 # ---- pipeir -------------------------------------------------------------------------------------
 def _schedule(kind: str, world: int, m: int) -> pipeir.Schedule:
-    if kind == "interleaved":
-        return pipeir.library.get("interleaved-1f1b", world, m, v=2)
-    return pipeir.library.get("1f1b", world, m)
+    name, v, _ = KINDS[kind]
+    return pipeir.library.get(name, world, m, **({"v": v} if "v" in pipeir.library.params(name)
+                                                 else {}))
 
 
 def run_pipeir(kind: str, world: int, m: int, steps: int, overlap: bool,
-               model: str = f"{HERE}:spec") -> tuple[list[float], object, object]:
+               model: str = MODELS["mlp"]) -> tuple[list[float], object, object]:
     low = pipeir.compile(_schedule(kind, world, m), "overlap" if overlap else "").lowered
     job = Job(low, tuple(rank_source(low, r) for r in range(world)), model, steps)
     res = launch([job], world, timeout_s=120)
@@ -201,19 +243,44 @@ def run_pipeir(kind: str, world: int, m: int, steps: int, overlap: bool,
 
 
 # ---- modes --------------------------------------------------------------------------------------
-def mode_real(world: int, m: int, steps: int, rounds: int, warm: int) -> None:
-    print(f"real compute: MLP width {WIDTH}, {BLOCKS} blocks, batch {BATCH}, {world} gloo ranks,"
-          f" m={m}, {steps} steps per run ({warm} dropped), {rounds} A/B rounds")
-    for kind in ("1f1b", "interleaved"):
-        got: dict[str, list[float]] = {"pipeir": [], "pipeir+overlap": [], "torch": []}
-        for _ in range(rounds):
-            got["pipeir"] += run_pipeir(kind, world, m, steps, False)[0][warm:]
-            got["pipeir+overlap"] += run_pipeir(kind, world, m, steps, True)[0][warm:]
-            got["torch"] += run_torch(kind, world, m, steps)[warm:]
-        med = {k: statistics.median(v) * 1e3 for k, v in got.items()}
-        print(f"  {kind:<12} torch {med['torch']:7.2f} ms   pipeir {med['pipeir']:7.2f} ms "
-              f"({med['pipeir'] / med['torch']:.2f}x)   pipeir+overlap "
-              f"{med['pipeir+overlap']:7.2f} ms ({med['pipeir+overlap'] / med['torch']:.2f}x)")
+def mode_real(ranks: list[int], models: list[str], kinds: list[str], m: int, steps: int,
+              rounds: int, warm: int) -> None:
+    print(f"real compute: bench MLP (width {WIDTH}, {BLOCKS} blocks, batch {BATCH}) and the "
+          f"built-in transformer; gloo ranks {ranks}, m={m}, {steps} steps per run ({warm} "
+          f"dropped), {rounds} A/B rounds; load average {_load()}")
+    print("  medians; wall = step time (previous step's end to this one's, latest rank), "
+          "cpu = the step's CPU time summed over the ranks")
+    for model in models:
+        for world in ranks:
+            for kind in kinds:
+                wall: dict[str, list[float]] = {"pipeir": [], "overlap": [], "torch": []}
+                cpu: dict[str, list[float]] = {k: [] for k in wall}
+                for _ in range(rounds):  # alternating: each system sees the same machine
+                    for key, overlap in (("pipeir", False), ("overlap", True)):
+                        _, res, _ = run_pipeir(kind, world, m, steps, overlap, MODELS[model])
+                        reps = [res.steps[(0, s)] for s in range(warm, steps)]  # type: ignore[attr-defined]
+                        wall[key] += [r.time for r in reps]
+                        cpu[key] += [r.cpu for r in reps]
+                    try:
+                        w, c = run_torch(kind, world, m, steps, MODELS[model])
+                    except RuntimeError as e:  # torch's schedule refused the model
+                        print(f"  {model:<11} p={world} {kind:<11} {e}", flush=True)
+                        break
+                    wall["torch"] += w[warm:]
+                    cpu["torch"] += c[warm:]
+                if not wall["torch"]:
+                    continue
+                mw = {k: statistics.median(v) * 1e3 for k, v in wall.items()}
+                mc = {k: statistics.median(v) * 1e3 for k, v in cpu.items()}
+                print(f"  {model:<11} p={world} {kind:<11} torch {mw['torch']:7.2f} ms "
+                      f"(cpu {mc['torch']:7.2f})  pipeir {mw['pipeir']:7.2f} "
+                      f"({mw['pipeir'] / mw['torch']:.2f}x; cpu {mc['pipeir'] / mc['torch']:.2f}x)"
+                      f"  +overlap {mw['overlap']:7.2f} ({mw['overlap'] / mw['torch']:.2f}x; "
+                      f"cpu {mc['overlap'] / mc['torch']:.2f}x)", flush=True)
+
+
+def _load() -> str:
+    return " ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
 def mode_sleep(world: int, m: int, steps: int) -> None:
@@ -240,15 +307,16 @@ def mode_sleep(world: int, m: int, steps: int) -> None:
                   f"{latency * 1e3:.2f} ms/transfer)")
 
 
-def _plain_noop_steps(steps: int) -> list[float]:
+def _plain_noop_steps(steps: int) -> tuple[list[float], list[float]]:
     """The noop model trained by a plain loop: the work of a pipeir step written by hand
-    (see the module docstring), with none of the runtime's bookkeeping."""
+    (see the module docstring), with none of the runtime's bookkeeping. Wall and CPU time
+    (this process's) of each step."""
     sp = noop_spec()
     mods = [NoopStage() for _ in range(NOOP_V)]
     opt = sp.optimizer([p for m in mods for p in m.parameters()])
-    out = []
+    wall, cpu = [], []
     for step in range(steps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         x, y = sp.batch(step)
         opt.zero_grad()
         for xm, ym in zip(torch.tensor_split(x, NOOP_M), torch.tensor_split(y, NOOP_M)):
@@ -265,8 +333,9 @@ def _plain_noop_steps(steps: int) -> list[float]:
                 if s:
                     root, grad = outs[s - 1], ins[s].grad
         opt.step()
-        out.append(time.perf_counter() - t0)
-    return out
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return wall, cpu
 
 
 def mode_noop(steps: int, rounds: int, warm: int) -> None:
@@ -276,18 +345,25 @@ def mode_noop(steps: int, rounds: int, warm: int) -> None:
                          "").lowered
     instrs = len(low.program(0))
     job = Job(low, (rank_source(low, 0),), f"{HERE}:noop_spec", steps)
-    got: dict[str, list[float]] = {"pipeir": [], "plain": []}
+    wall: dict[str, list[float]] = {"pipeir": [], "plain": []}
+    cpu: dict[str, list[float]] = {"pipeir": [], "plain": []}
     for _ in range(rounds):
         res = launch([job], 1, timeout_s=120)
-        got["pipeir"] += [res.steps[(0, s)].time for s in range(steps)][warm:]
-        got["plain"] += _plain_noop_steps(steps)[warm:]
-    med = {k: statistics.median(v) * 1e6 for k, v in got.items()}
-    added = (med["pipeir"] - med["plain"]) / instrs
+        reps = [res.steps[(0, s)] for s in range(warm, steps)]
+        wall["pipeir"] += [r.time for r in reps]
+        cpu["pipeir"] += [r.cpu for r in reps]
+        w, c = _plain_noop_steps(steps)
+        wall["plain"] += w[warm:]
+        cpu["plain"] += c[warm:]
     print(f"noop model: {NOOP_V} stages on 1 rank, m={NOOP_M}, {instrs} instructions per step, "
-          f"{steps} steps per run ({warm} dropped), {rounds} rounds")
-    print(f"  pipeir {med['pipeir']:8.0f} us/step   plain loop {med['plain']:8.0f} us/step   "
-          f"added {added:5.2f} us per instruction ({added * instrs / NOOP_M:5.1f} us per "
-          f"micro-batch)")
+          f"{steps} steps per run ({warm} dropped), {rounds} rounds alternating; load average "
+          f"{_load()}")
+    for what, got in (("cpu", cpu), ("wall", wall)):
+        med = {k: statistics.median(v) * 1e6 for k, v in got.items()}
+        added = (med["pipeir"] - med["plain"]) / instrs
+        print(f"  {what:<4}  pipeir {med['pipeir']:8.0f} us/step   plain loop {med['plain']:8.0f} "
+              f"us/step   added {added:5.2f} us per instruction ({added * instrs / NOOP_M:6.1f} "
+              "us per micro-batch)")
 
 
 def _median_ms(fn: object, iters: int) -> float:
@@ -354,20 +430,34 @@ def mode_ops(stages: int, iters: int) -> None:
                 h = mod(inp)
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",")]
+
+
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--mode", choices=("real", "sleep", "ops", "noop", "both"), default="both")
-    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--mode", choices=("real", "sleep", "ops", "noop", "both"), default="both",
+                   help="what to measure (module docstring); both: real and sleep")
+    p.add_argument("--ranks", type=_ints, default=[2, 4],
+                   help="comma-separated rank counts for real mode (sleep and ops: the first)")
+    p.add_argument("--models", default="mlp,transformer",
+                   help=f"comma-separated models for real mode, of {', '.join(MODELS)}")
+    p.add_argument("--kinds", default=",".join(KINDS),
+                   help=f"comma-separated schedules for real mode, of {', '.join(KINDS)}")
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--rounds", type=int, default=2)
     args = p.parse_args(argv)
+    models, kinds = args.models.split(","), args.kinds.split(",")
+    bad = [x for x in models if x not in MODELS] + [x for x in kinds if x not in KINDS]
+    if bad:
+        p.error(f"unknown model or schedule: {', '.join(bad)}")
     if args.mode in ("real", "both"):
-        mode_real(args.ranks, args.microbatches, args.steps, args.rounds, warm=2)
+        mode_real(args.ranks, models, kinds, args.microbatches, args.steps, args.rounds, warm=2)
     if args.mode in ("sleep", "both"):
-        mode_sleep(args.ranks, args.microbatches, 9)
+        mode_sleep(args.ranks[0], args.microbatches, 9)
     if args.mode == "ops":
-        mode_ops(args.ranks, 200)
+        mode_ops(args.ranks[0], 200)
     if args.mode == "noop":
         mode_noop(max(args.steps, 40), args.rounds, warm=5)
     return 0

@@ -63,6 +63,9 @@ class StepReport:
     end: float = 0.0
     ranks: int = 0
     time: float = 0.0
+    #: CPU time of the step summed over the ranks' processes (all their threads), measured
+    #: like `time` from each rank's previous step end: the work, whatever else the machine ran
+    cpu: float = 0.0
     #: from the last stage's rank: samples, tokens (None unless the spec counts them),
     #: grad_norm (before clipping), lr, skipped (fp16: non-finite gradients)
     info: dict[str, Any] = field(default_factory=dict)
@@ -245,9 +248,10 @@ def _record(msg: tuple[Any, ...], result: RunResult, exited: set[int],
             errors: list[tuple[Any, ...]], on: Reporters, n: int) -> None:
     kind = msg[0]
     if kind == "step":
-        _, job, rank, step, loss, t0, t1, times, info, reduced = msg
+        _, job, rank, step, loss, t0, t1, times, info, reduced, cpu = msg
         rep = result.steps.setdefault((job, step), StepReport(job, step))
         rep.start, rep.end, rep.ranks = min(rep.start, t0), max(rep.end, t1), rep.ranks + 1
+        rep.cpu += cpu
         if loss is not None:  # data-parallel replicas: the mean of their (equal) shards'
             rep.losses += 1
             rep.loss = loss if rep.loss is None else rep.loss + (loss - rep.loss) / rep.losses

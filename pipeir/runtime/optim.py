@@ -68,7 +68,12 @@ class Optim:
         self.modules = modules
         self.distributed = distributed
         self.norm_group = None if mesh is None else mesh.pp_group
+        #: the norm is summed over ranks only where the pipeline has more than one
+        self.norm_reduce = distributed and dist.get_world_size(self.norm_group) > 1
         self.mesh = mesh
+        #: every parameter of the rank's stages, once (zero_grad sets their gradients to None
+        #: without walking the modules)
+        self.params = list({id(p): p for m in modules.values() for p in m.parameters()}.values())
         self.optimizers: dict[int, Any] = {}
         self.schedulers: dict[int, Any] = {}
         for s, m in modules.items():
@@ -117,8 +122,8 @@ class Optim:
         if self.mesh is not None:
             self.mesh.zero_grad()  # in place: the gradients are views of the buckets
             return
-        for m in self.modules.values():
-            m.zero_grad(set_to_none=True)
+        for p in self.params:  # as Module.zero_grad(set_to_none=True)
+            p.grad = None
 
     def step(self) -> StepStats:
         self._sum_tied()
@@ -169,20 +174,20 @@ class Optim:
                 p.grad = total.clone()
 
     def _grads(self) -> list[torch.Tensor]:
-        return [p.grad for m in self.modules.values() for p in m.parameters()
-                if p.grad is not None]
+        return [p.grad for p in self.params if p.grad is not None]
 
     def _global_norm(self, grads: list[torch.Tensor]) -> float:
         """The L2 norm of all stages' gradients (tied groups once), over all ranks; inf or NaN
         when any gradient is not finite."""
         repeated = {id(p.grad) for t in self.tied for i, (_, p) in enumerate(t.members)
                     if (i > 0 or not t.first) and p.grad is not None}
-        dev = grads[0].device if grads else torch.device("cpu")
-        sq = torch.zeros((), dtype=torch.float64, device=dev)
-        for g in grads:
-            if id(g) not in repeated:
-                sq += torch.linalg.vector_norm(g.float()).double() ** 2
-        if self.distributed:
+        counted = [g.float() for g in grads if id(g) not in repeated]
+        if counted:  # one norm per gradient in one call, as clip_grad_norm_; summed in float64
+            sq = torch.stack(torch._foreach_norm(counted)).double().square().sum()
+        else:
+            sq = torch.zeros((), dtype=torch.float64,
+                             device=grads[0].device if grads else torch.device("cpu"))
+        if self.norm_reduce:
             dist.all_reduce(sq, group=self.norm_group)
         return float(sq.sqrt())
 

@@ -146,13 +146,20 @@ def difference(got: Layout, want: Layout) -> str:
     return f"{pytree.keystr(path)}: {value!r} only {other}"
 
 
+def matches(value: Any, layout: Layout) -> bool:
+    """Whether a stage output that is one tensor has the layout's one tensor (False: look
+    closer with `check`, which takes any structure)."""
+    if type(value) is not torch.Tensor or len(layout.leaves) != 1:
+        return False
+    m = layout.leaves[0]
+    return (type(m) is TensorMeta and value.shape == m.shape and value.dtype == m.dtype
+            and value.requires_grad == m.grad)
+
+
 def check(value: Any, layout: Layout, what: str) -> None:
     """Raise when an actual stage output differs from what the plan traced."""
-    if isinstance(value, torch.Tensor) and len(layout.leaves) == 1:
-        m = layout.leaves[0]
-        if (isinstance(m, TensorMeta) and value.shape == m.shape and value.dtype == m.dtype
-                and value.requires_grad == m.grad):
-            return
+    if matches(value, layout):
+        return
     got = Layout.of(value)
     if got != layout:
         raise PlanError(f"{what} is {got}, but the shape plan traced {layout} (does the "

@@ -27,6 +27,8 @@ from dataclasses import dataclass
 import torch
 from torch.autograd.graph import GradientEdge, Node
 
+from pipeir.runtime import autograd
+
 Grads = tuple[torch.Tensor | None, ...]
 
 
@@ -146,7 +148,7 @@ def backward_input_many(outputs: Sequence[torch.Tensor],
     saved: dict[Node, Grads] = {}
     handles = [node.register_prehook(_saver(saved, node)) for node, _, _ in boundary]
     try:
-        gxs = torch.autograd.grad(outputs, inputs, grads, retain_graph=True, allow_unused=True)
+        gxs = autograd.grad(outputs, inputs, grads)
     finally:
         for h in handles:
             h.remove()
@@ -177,7 +179,7 @@ def backward_weight(work: WeightWork) -> None:
     """Accumulate the parameter gradients into `.grad` from what `backward_input` saved."""
     if work.full is not None:
         outputs, grads = work.full  # the input needs no gradient: W is the whole backward
-        torch.autograd.backward(outputs, grads)
+        autograd.backward(outputs, grads)
         return
     for nodes, params in work.groups:
         edges: list[GradientEdge] = []
@@ -192,12 +194,11 @@ def backward_weight(work: WeightWork) -> None:
         pins = [node.register_prehook(_pin(work.saved[node])) for node in nodes
                 if len(nodes) > 1 and node in work.saved]
         try:
-            grads = torch.autograd.grad(edges, params, given, retain_graph=True,
-                                        allow_unused=True)
+            got = autograd.grad_from_edges(edges, params, given)
         finally:
             for h in pins:
                 h.remove()
-        for p, g in zip(params, grads):
+        for p, g in zip(params, got):
             if g is not None:
                 if p.grad is None:
                     p.grad = g

@@ -44,7 +44,7 @@ from pipeir.backend.program_io import load
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.models.refs import resolve
 from pipeir.runtime.mesh import MeshShape, check_world
-from pipeir.runtime.worker import Job, run_rank
+from pipeir.runtime.worker import Job, Progress, run_rank
 from pipeir.usercode import stdout_for_good
 
 
@@ -140,7 +140,7 @@ def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
             report.write(msg[2] + "\n")
 
     try:
-        run_rank(rank, world, "env://", [job], emit, lambda j, pc: None, timeout_s)
+        run_rank(rank, world, "env://", [job], emit, Progress([0, -1], 0), timeout_s)
     except Exception as e:
         _report(f"main.py: {_failure(shape, rank, e)}")
         os._exit(1)  # do not wait for peers that may be gone; torchrun stops the rest

@@ -15,7 +15,7 @@ import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableSequence, Sequence
 from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
@@ -91,6 +91,26 @@ class Job:
                              f"or run {self.lowered.ranks} processes")
 
 
+class Progress:
+    """Where a rank is, (job, instruction index), in two slots of memory the launcher shares
+    and reads when a rank hangs or dies without a word (`pipeir.runtime.launch`).
+
+    NOTE (hot path): `at` runs once per instruction (the context's `on_instr`); it is the
+    slots' own `__setitem__` bound to the instruction slot, so it runs no Python frame. The
+    job changes only between jobs (`__call__`)."""
+
+    def __init__(self, slots: MutableSequence[int], rank: int):
+        self.slots, self.base = slots, 2 * rank
+        self.at: Callable[[int], None] = functools.partial(slots.__setitem__, self.base + 1)
+
+    def __call__(self, job: int, pc: int) -> None:
+        self.slots[self.base], self.slots[self.base + 1] = job, pc
+
+    @property
+    def where(self) -> tuple[int, int]:
+        return self.slots[self.base], self.slots[self.base + 1]
+
+
 def load_program(source: str, name: str, table: tuple[Row, ...]) -> Callable[[Context], None]:
     """Execute a generated rank file and return its `step` bound to the rank's instruction
     table (`pipeir.backend.table`)."""
@@ -111,6 +131,9 @@ def split_batch(batch: Sequence[Any], n: int) -> list[tuple[Any, ...]]:
                 raise ValueError(f"the batch gives {len(t)} micro-batches, the schedule runs "
                                  f"{n} (microbatches x accumulate)")
             out.append(tuple(t))
+            continue
+        if isinstance(t, torch.Tensor) and t.dim() and t.shape[0] >= n:  # no tree to walk
+            out.append(torch.tensor_split(t, n))
             continue
         leaves, tree = pytree.tree_flatten(t)
         parts = []
@@ -138,10 +161,11 @@ def size(x: Any) -> int:
 
 
 def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
-            track: Callable[[int, int], None], mesh: Mesh | None = None) -> None:
+            track: Progress, mesh: Mesh | None = None) -> None:
     low = job.lowered
     spec = resolve(job.model)
     rank = rank if mesh is None else mesh.pp_rank
+    track(index, -1)  # the job, once: each instruction then sets only its index
     mine = [s for s, r in enumerate(low.placement) if r == rank]
     modules = {s: build_stage(spec, s, low.stages).to(device) for s in mine}
     optim = Optim(spec, modules, low.stages, low.placement, rank, distributed=True, mesh=mesh)
@@ -160,7 +184,7 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
     stashes = any(isinstance(i, ForwardCheckpoint | Recompute | Offload | Reload | BackwardInput)
                   for i in low.program(rank))
     ctx = Context(spec, modules, low.stages, device, plan, optim,
-                  on_instr=lambda pc: track(index, pc), record_every_step=stashes)
+                  on_instr=track.at, record_every_step=stashes)
     ctx.mesh = mesh
     guard = Guard.install(ctx, low, rank, job.allow_nonfinite)  # runtime/guards.py
     step_fn = load_program(job.sources[rank], f"rank{rank}", rank_table(low, rank))
@@ -171,6 +195,7 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
     # with what exists before the first step frozen out of collection, as here.
     gc.freeze()
     n = low.microbatches * low.accumulate
+    cpu = time.process_time()
     for step in range(start, job.steps):
         batch = spec.batch(step)
         guard.begin_step(step, batch)  # runtime/guards.py: the same batch(step) on every rank
@@ -184,6 +209,8 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         t1 = time.perf_counter()
+        now = time.process_time()
+        cpu_used, cpu = now - cpu, now
         ctx.end_step()
         guard.end_step()  # the loss check, once per step (runtime/guards.py)
         info = None
@@ -194,8 +221,8 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
                                else None),
                     "grad_norm": st.grad_norm, "lr": st.lr, "skipped": st.skipped}
         emit(("step", index, rank if mesh is None else mesh.rank, step,
-              ctx.loss_sum if last else None, t0, t1, list(ctx.times), info,
-              list(ctx.reduced)))
+              ctx.loss_sum if last else None, t0, t1, ctx.times, info, ctx.reduced,
+              cpu_used))  # (begin_step gives the context new lists: nothing to copy)
         emit(("memory", index, rank if mesh is None else mesh.rank, step, ctx.saved.peak,
               dict(ctx.saved.per_stage), dict(ctx.saved.inputs_per_stage),
               dict(ctx.saved.w_per_stage)))
@@ -233,7 +260,7 @@ def _numpy(t: torch.Tensor) -> Any:
 
 
 def run_rank(rank: int, world: int, init_method: str, jobs: Sequence[Job], emit: Emit,
-             track: Callable[[int, int], None], timeout_s: float) -> None:
+             track: Progress, timeout_s: float) -> None:
     device = pdist.pick_device(rank)
     pdist.init(rank, world, init_method, timeout_s, device)
     try:
@@ -262,12 +289,7 @@ def main(rank: int, world: int, init_method: str, jobs: Sequence[Job], queue: An
     # is the run's report, and a worker reports through its queue (pipeir.usercode's NOTE)
     stdout_for_good().close()
     torch.set_num_threads(1)
-    current = [0, -1]
-
-    def track(job: int, pc: int) -> None:
-        current[0], current[1] = job, pc
-        pcs[2 * rank], pcs[2 * rank + 1] = job, pc
-
+    track = Progress(pcs, rank)
     try:
         run_rank(rank, world, init_method, jobs, queue.put, track, timeout_s)
         queue.put(("exit", rank))
@@ -278,7 +300,7 @@ def main(rank: int, world: int, init_method: str, jobs: Sequence[Job], queue: An
         tb = traceback.extract_tb(e.__traceback__)
         where = next((f"{f.filename}:{f.lineno}" for f in reversed(tb)
                       if "pipeir/runtime" not in f.filename), "")
-        queue.put(("error", rank, current[0], current[1], kind,
+        queue.put(("error", rank, *track.where, kind,
                    f"{type(e).__name__}: {e}".strip(), where))
         queue.close()
         queue.join_thread()
