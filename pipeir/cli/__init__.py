@@ -98,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserCodeError as e:
         print(e.render(), file=sys.stderr)
         if args.traceback:
-            traceback.print_exception(e.cause, file=sys.stderr)
+            print(e.format_cause(), end="", file=sys.stderr)
         return e.exit_code
     except PipeirError as e:
         print(e.render(), file=sys.stderr)
