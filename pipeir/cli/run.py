@@ -91,8 +91,9 @@ def _train(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UsageError("--steps must be at least 1")
     mark("launcher: ready")
-    torchrun = _torchrun()
-    # the ranks' fork server imports torch while this process compiles
+    torchrun = forkserver.under_torchrun()
+    # the ranks' fork server imports torch while this process compiles (`pipeir.cli.main`
+    # started it already)
     fork = not torchrun and forkserver.prestart()
     if args.plan is not None:
         _use_plan(args)
@@ -203,11 +204,6 @@ def _preflight(args: argparse.Namespace, compiled: Compiled, dp: int, *, fork: b
         start = check_model(*what, **flags)
     mark("launcher: preflight done")
     return start
-
-
-def _torchrun() -> bool:
-    """Whether torchrun started this process (as one rank)."""
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
 def _use_plan(args: argparse.Namespace) -> None:

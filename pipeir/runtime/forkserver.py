@@ -18,6 +18,7 @@ needs itself, and the launcher checks the model in its own process.
 from __future__ import annotations
 
 import multiprocessing as mp
+import os
 from multiprocessing import forkserver
 from typing import Any
 
@@ -33,6 +34,11 @@ def context() -> Any:
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(PRELOAD)
     return ctx
+
+
+def under_torchrun() -> bool:
+    """Whether torchrun started this process (as one rank): then it starts no ranks."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
 
 
 def prestart() -> bool:
