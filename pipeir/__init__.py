@@ -6,45 +6,17 @@
     (4, 3, 2, 1)
 """
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from pipeir import library
-    from pipeir.api import compile, load, parse
-    from pipeir.config import PipelineConfig
-    from pipeir.diagnostics import Diagnostic, PipeirError, UsageError, VerifyError
-    from pipeir.ops import B, F, I, Op, R, W
-    from pipeir.printer import print_schedule
-    from pipeir.schedule import EdgeKind, Schedule, ScheduleBuilder
-    from pipeir.sim import CostModel, SimResult, simulate
-    from pipeir.verify import VerifyReport, verify
-
-# NOTE (start-up): the names above load on first use (PEP 562), not with the package: a
-# training rank imports `pipeir.runtime.worker`, which needs none of them, and importing them
-# all (the parser, networkx, the schedule library) cost each rank's fork server a second.
-_LAZY = {
-    "library": "pipeir", "compile": "pipeir.api", "load": "pipeir.api", "parse": "pipeir.api",
-    "PipelineConfig": "pipeir.config", "Diagnostic": "pipeir.diagnostics",
-    "PipeirError": "pipeir.diagnostics", "UsageError": "pipeir.diagnostics",
-    "VerifyError": "pipeir.diagnostics", "B": "pipeir.ops", "F": "pipeir.ops",
-    "I": "pipeir.ops", "Op": "pipeir.ops", "R": "pipeir.ops", "W": "pipeir.ops",
-    "print_schedule": "pipeir.printer", "EdgeKind": "pipeir.schedule",
-    "Schedule": "pipeir.schedule", "ScheduleBuilder": "pipeir.schedule",
-    "CostModel": "pipeir.sim", "SimResult": "pipeir.sim", "simulate": "pipeir.sim",
-    "VerifyReport": "pipeir.verify", "verify": "pipeir.verify",
-}
-
-
-def __getattr__(name: str) -> Any:
-    home = _LAZY.get(name)
-    if home is None:
-        raise AttributeError(f"module 'pipeir' has no attribute '{name}'")
-    value = importlib.import_module(f"pipeir.{name}") if home == "pipeir" else \
-        getattr(importlib.import_module(home), name)
-    globals()[name] = value
-    return value
-
+from pipeir import library
+from pipeir.api import compile, load, parse
+from pipeir.config import PipelineConfig
+from pipeir.diagnostics import Diagnostic, PipeirError, UsageError, VerifyError
+from pipeir.ops import B, F, I, Op, R, W
+from pipeir.printer import print_schedule
+from pipeir.schedule import EdgeKind, Schedule, ScheduleBuilder
+from pipeir.sim import CostModel, SimResult, simulate
+from pipeir.verify import VerifyReport, verify
 
 __version__ = "0.1.0"
 
