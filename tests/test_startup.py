@@ -126,3 +126,16 @@ def test_a_failing_model_check_reads_the_same_from_the_forked_process(
         assert len(err.strip().splitlines()) == 1, err
     assert sorted(p.name for p in tmp_path.iterdir() if p.name != "__pycache__") == \
         [n for n in before if n != "__pycache__"]  # nothing written
+
+
+@pytest.mark.mp
+def test_a_model_check_that_dies_is_one_line(tmp_path: Path) -> None:
+    """A model whose batch() kills its process (a crash in C code, the OOM killer) took the
+    launcher with it when the launcher checked the model itself; forked, it is one line."""
+    model = tmp_path / "model.py"
+    model.write_text(BAD_BATCH.replace("raise OSError('disk gone')",
+                                       "import os; os.kill(os.getpid(), 9)"))
+    r = _pipeirc("run", *LIB, "--model", str(model), "--steps", "1", cwd=tmp_path)
+    assert r.returncode == 1 and r.stdout == ""
+    assert r.stderr == (f"error: the check of --model {model} died (killed by signal 9) "
+                        "before it finished\n")

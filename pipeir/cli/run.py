@@ -15,7 +15,7 @@ from pipeir.cli.compile import add_backend_args, compile_args
 from pipeir.diagnostics import EXIT_OK, UsageError
 from pipeir.files import resolve_output, write_atomic
 from pipeir.passes import Compiled
-from pipeir.runtime import forked, forkserver
+from pipeir.runtime import forkserver
 from pipeir.runtime.job import KEEP, Job, Start
 from pipeir.runtime.milestones import mark
 
@@ -197,7 +197,10 @@ def _preflight(args: argparse.Namespace, compiled: Compiled, dp: int, *, fork: b
     flags = {"save": args.save, "save_every": args.save_every, "resume": args.resume,
              "keep": args.keep, "placement": lowered.placement if placed else None, "dp": dp}
     if fork:
-        start: Start = forked.call("pipeir.runtime.preflight:check_model", *what, **flags)
+        from pipeir.runtime import forked  # the launcher: only `pipeirc run` needs it
+
+        start: Start = forked.call(f"the check of --model {args.model}",
+                                   "pipeir.runtime.preflight:check_model", *what, **flags)
     else:
         from pipeir.runtime.preflight import check_model  # imports torch: see the docstring
 

@@ -6,8 +6,10 @@ The call is named as `module:function`, so this process does not import it eithe
 comes back: its value, or its PipeirError raised here as it was raised there (the same
 message and exit code; a UserCodeError's traceback as text, for `--traceback`); and the files
 it read as inputs (`pipeir.diagnostics.reading`), so that no output may overwrite them here
-either. A KeyboardInterrupt there is one here; anything else it raised is a bug, not the
-user's error, and arrives as a RuntimeError carrying the child's traceback.
+either. A KeyboardInterrupt there is one here; a child that dies (a signal, the kernel's
+out-of-memory killer, a crash in a C extension) is a RunError naming `what` and how it died;
+anything else it raised is a bug, not the user's error, and arrives as a RuntimeError carrying
+the child's traceback.
 """
 
 from __future__ import annotations
@@ -18,11 +20,12 @@ from typing import Any
 
 from pipeir.diagnostics import PipeirError, add_inputs, read_inputs, reading
 from pipeir.runtime.forkserver import context
-from pipeir.runtime.launch import start_owned
+from pipeir.runtime.launch import RunError, start_owned
 
 
-def call(target: str, *args: Any, **kwargs: Any) -> Any:
-    """`target(*args, **kwargs)` (`target` as `module:function`) in a forked process."""
+def call(what: str, target: str, *args: Any, **kwargs: Any) -> Any:
+    """`target(*args, **kwargs)` (`target` as `module:function`) in a forked process; `what`
+    names it in messages ("the model check")."""
     ctx = context()
     recv, send = ctx.Pipe(duplex=False)
     procs, leash = start_owned(ctx, _serve, [(send, target, args, kwargs)])
@@ -33,8 +36,10 @@ def call(target: str, *args: Any, **kwargs: Any) -> Any:
             kind, value, inputs = recv.recv()
         except EOFError:
             child.join()
-            raise RuntimeError(f"the process running {target} died (exit code "
-                               f"{child.exitcode}) before it answered") from None
+            code = child.exitcode
+            how = f"killed by signal {-code}" if code is not None and code < 0 else \
+                f"exit code {code}"
+            raise RunError(f"{what} died ({how}) before it finished") from None
         child.join()
     finally:
         if child.is_alive():  # interrupted here: the leash ends it
