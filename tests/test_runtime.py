@@ -531,6 +531,61 @@ def test_generated_program_refuses_a_lowered_json_that_would_deadlock(
     assert "rank 0/2" not in err and "Traceback" not in err
 
 
+def test_generated_program_proves_a_lowered_json_edited_under_its_recorded_digest(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """compile records a digest of what it proved in lowered.json's header, and main.py skips
+    the proof only for exactly that text: a tag edited in place (the header line and its
+    digest untouched) is proved again and refused with check's own line and exit code."""
+    from pipeir.cli import main
+    from pipeir.runtime.torchrun import main as torchrun_main
+
+    gen = tmp_path / "gen"
+    assert main(["compile", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                 "-o", str(gen)]) == 0
+    path = gen / "lowered.json"
+    text = path.read_text()
+    assert '"proved": "sha256:' in text.splitlines()[0]
+    line = next(ln for ln in text.splitlines() if '"i": "send"' in ln)
+    tag = int(line.split('"tag": ')[1].rstrip("},"))
+    path.write_text(text.replace(line, line.replace(f'"tag": {tag}', f'"tag": {tag + 7}'), 1))
+    capsys.readouterr()
+    assert main(["check", "--lowered", str(path)]) == 1
+    checked = capsys.readouterr().err.splitlines()[0]
+    assert f"but rank 0 sends it with tag {tag + 7}" in checked, checked
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert torchrun_main(gen, ["--steps", "1"]) == 1
+    assert capsys.readouterr().err.startswith(f"main.py: {checked}\n")
+
+
+def test_recorded_proof_is_trusted_only_for_the_text_and_rules_it_names(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`prove_file` (main.py's proof) runs the rules unless the file is byte for byte what
+    compile proved under the same rules; `check --lowered` always proves."""
+    from pipeir.backend import commcheck
+    from pipeir.backend.program_io import is_proved, load
+    from pipeir.cli import main
+
+    gen = tmp_path / "gen"
+    assert main(["compile", "--schedule", "interleaved-1f1b", "--ranks", "2", "--v", "2",
+                 "--microbatches", "4", "-o", str(gen)]) == 0
+    lowered, source = load(str(gen / "lowered.json"))
+    rules = commcheck.rules_id()
+    assert is_proved(source.text, rules)
+    assert not is_proved(source.text, rules + " (other rules)")
+    assert not is_proved(source.text.replace('"peer": 1', '"peer": 0', 1), rules)
+    assert not is_proved(source.text.replace('"name": "', '"name": "x', 1), rules)
+    proved: list[int] = []
+    monkeypatch.setattr(commcheck, "check_comm",
+                        lambda low, loc=None: proved.append(len(low.programs)))
+    commcheck.prove_file(lowered, source)
+    assert proved == []  # unedited: the recorded proof stands
+    edited = type(source)(source.name, source.text.replace("\n", "\n ", 3))  # layout only
+    commcheck.prove_file(lowered, edited)
+    assert proved == [2]
+
+
 def test_metrics_file_is_opened_at_the_first_step(tmp_path: Path) -> None:
     """A run that fails before its first step leaves an existing --metrics file alone."""
     from pipeir.runtime.metrics import MetricsFile

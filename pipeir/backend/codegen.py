@@ -24,9 +24,12 @@ from __future__ import annotations
 import builtins
 import keyword
 import re
+from collections import Counter
 from dataclasses import fields
 
+from pipeir._gc import paused_gc
 from pipeir.backend.instructions import (
+    MNEMONICS,
     Batch,
     Comm,
     Instr,
@@ -82,10 +85,8 @@ def _docstring(lowered: Lowered, rank: int) -> str:
 def rank_source(lowered: Lowered, rank: int) -> str:
     """The Python source of rank `rank`'s file: a summary and the table interpreter (module
     docstring). It depends on the program only through the summary's counts."""
-    counts: dict[str, int] = {}
-    for ins in lowered.program(rank):
-        counts[ins.mnemonic] = counts.get(ins.mnemonic, 0) + 1
-    summary = ", ".join(f"{n} {m}" for m, n in counts.items())
+    counts = Counter(map(type, lowered.program(rank)))  # by class: cheaper than by mnemonic
+    summary = ", ".join(f"{n} {MNEMONICS[t]}" for t, n in counts.items())
     calls = "".join(f"\n        ctx.{name}," for name in CALLS)
     return INTERPRETER.format(
         header=HEADER, doc=_docstring(lowered, rank), rank=rank,
@@ -196,13 +197,15 @@ if __name__ == "__main__":
 '''
 
 
-def generate(lowered: Lowered) -> dict[str, str]:
-    """Every file of the generated program, by name."""
+@paused_gc()  # (pipeir._gc: the JSON objects of every instruction, no cycles)
+def generate(lowered: Lowered, proof: str | None = None) -> dict[str, str]:
+    """Every file of the generated program, by name; `proof`: the programs were proved under
+    the rules it names, and lowered.json records it (`program_io.dumps`)."""
     out = {f"rank{r}.py": rank_source(lowered, r) for r in range(lowered.ranks)}
     p = lowered.ranks
     # with gradient reductions any number of replicas D runs it: P x D processes
     world, nproc = ((f"{p} x D (D data-parallel replicas)", f"{p}*D")
                     if lowered.reduced_stages() else (str(p), str(p)))
     out["main.py"] = MAIN.format(header=HEADER, name=lowered.name, world=world, nproc=nproc)
-    out["lowered.json"] = dumps(lowered)
+    out["lowered.json"] = dumps(lowered, proof)
     return out

@@ -30,11 +30,12 @@ the pair's first carry `paired` so that later passes put nothing in between.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from pipeir import limits
+from pipeir._gc import paused_gc
 from pipeir.backend.instructions import (
     Backward,
     BackwardInput,
@@ -66,6 +67,7 @@ from pipeir.sim.engine import Timing
 from pipeir.verify import verify
 
 
+@paused_gc()  # (pipeir._gc: ~10 objects per op, no cycles)
 def lower(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
     """Lower a schedule (verified here first) to per-rank instruction programs; `costs`
     (default: unit costs) only decide where communication is placed, never correctness."""
@@ -75,7 +77,8 @@ def lower(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
         f" ({cfg.accumulate} rounds: accumulate)" if cfg.accumulate > 1 else ""),
         len(schedule.graph), cfg.accumulate)
     times, topo = _times(schedule, costs if costs is not None else CostModel())
-    rounds = [_lower_round(schedule, times, topo, r) for r in range(cfg.accumulate)]
+    ops = _Ops(schedule)
+    rounds = [_lower_round(schedule, times, topo, r, ops) for r in range(cfg.accumulate)]
     programs = []
     for rank in range(cfg.ranks):
         prog: list[Instr] = [ZeroGrad()]
@@ -100,16 +103,21 @@ def _post_early(prog: list[Instr]) -> list[Instr]:
     when its receiver has not yet consumed the previous message from that sender. Posting
     earlier never makes a rank block longer, keeps each peer's posting order, and holds at
     most one receive buffer per peer."""
-    key: list[tuple[int, int, int]] = []
+    # NOTE: the sort key (place, receives first, index) packed into one int: sorting ints
+    # is several times cheaper than sorting tuples, and holds no tuple per instruction
+    n = len(prog)
+    key: list[int] = []
     after_wait: dict[int, int] = {}  # peer -> index after its last wait-recv so far
     for i, ins in enumerate(prog):
-        if isinstance(ins, IRecv):
-            key.append((min(i, after_wait.get(ins.peer, 1)), 0, i))
+        t = type(ins)
+        if t is IRecv:
+            key.append(2 * min(i, after_wait.get(ins.peer, 1)) * n + i)  # type: ignore[attr-defined]
         else:
-            key.append((i, 1, i))
-            if isinstance(ins, WaitRecv):
-                after_wait[ins.peer] = i + 1
-    return [prog[k[2]] for k in sorted(key)]
+            key.append((2 * i + 1) * n + i)
+            if t is WaitRecv:
+                after_wait[ins.peer] = i + 1  # type: ignore[attr-defined]
+    key.sort()
+    return [prog[k % n] for k in key]
 
 
 def _times(schedule: Schedule, costs: CostModel
@@ -138,12 +146,6 @@ def _times(schedule: Schedule, costs: CostModel
     return times, schedule.deps.place()
 
 
-def _unit(schedule: Schedule, op: Op) -> tuple[Op, ...]:
-    """`op` alone, or `op` and its partner when `op` opens an overlapped pair."""
-    partner = schedule.graph.nodes[op].get("pair_next")
-    return (op, partner) if partner is not None else (op,)
-
-
 def _in_progress(spans: list[tuple[float, float]], t: float) -> float:
     """The start of the op running at time `t` in `spans` (sorted), or `t` when none is."""
     k = bisect_right(spans, (t, float("inf"))) - 1
@@ -152,8 +154,56 @@ def _in_progress(spans: list[tuple[float, float]], t: float) -> float:
     return t
 
 
+class _Ops:
+    """What lowering looks up per op, read from the schedule once: overlapped partners, the
+    consumer of a tensor, and each op's origin (name and `.sched` line).
+
+    NOTE: looking these up through the graph's node views per op (a view object, a dict
+    per look-up, and an `Op` built and compared to find a consumer) was a third of lowering a
+    large schedule; plain dicts keyed by the stored ops (compared by identity) are not."""
+
+    def __init__(self, schedule: Schedule) -> None:
+        self.next = dict(schedule.pairs)
+        self.prev = {b: a for a, b in schedule.pairs}
+        self.by_key = {(op.kind, op.stage, op.mb): op for op in schedule}
+        self.spans = dict(schedule.graph.nodes(data="span"))
+        self._origins: dict[Op, dict[str, Any]] = {}
+        self._lines: dict[tuple[str, int], str] = {}
+
+    def unit(self, op: Op) -> tuple[Op, ...]:
+        """`op` alone, or `op` and its partner when `op` opens an overlapped pair."""
+        partner = self.next.get(op)
+        return (op, partner) if partner is not None else (op,)
+
+    def first_of(self, op: Op) -> Op:
+        """The op that opens `op`'s overlapped pair (or `op`): waits go before the pair."""
+        return self.prev.get(op, op)
+
+    def consumer(self, tensor: Tensor, stage: int, mb: int) -> Op:
+        """The op of `stage` that consumes `tensor` of micro-batch `mb`."""
+        get = self.by_key.get
+        if tensor == "act":
+            found = get(("F", stage, mb)) or get(("FC", stage, mb))
+        else:
+            found = get(("B", stage, mb)) or get(("I", stage, mb))
+        if found is None:  # pragma: no cover - verify() rejected incomplete schedules
+            raise AssertionError(f"no consumer of the {tensor} of stage {stage}, mb {mb}")
+        return found
+
+    def origin(self, op: Op) -> dict[str, Any]:
+        """The op's name and `.sched` line, made once per op and shared by its instructions
+        (one string each per op, not per instruction)."""
+        o = self._origins.get(op)
+        if o is None:
+            span = self.spans[op]
+            at = "" if span is None else self._lines.setdefault(
+                (span.file, span.line), f"{span.file}:{span.line}")
+            o = self._origins[op] = {"op": str(op), "at": at}
+        return o
+
+
 def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
-                 topo: Mapping[Op, int], rnd: int) -> list[list[Instr]]:
+                 topo: Mapping[Op, int], rnd: int, ops: _Ops) -> list[list[Instr]]:
     """One round's instructions per rank, in the global event order (see the module NOTE).
 
     NOTE (blocking placement): a blocking send at time t waits for its receiver to post the
@@ -173,73 +223,61 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
     scale = 1.0 / (cfg.microbatches * cfg.accumulate)
     busy = [sorted(times[op] for op in prog if op.kind != "R") for prog in schedule.programs]
     final = rnd == cfg.accumulate - 1  # reductions run once per step, after the last round
-    # (sort key, the op whose receives are waited for first, or None; the instructions)
-    events: list[tuple[tuple[Any, ...], Op | None, list[tuple[int, Instr]]]] = []
+    # (sort key, the op whose receives are waited for first, or None; the rank and its
+    # instructions)
+    events: list[tuple[tuple[Any, ...], Op | None, int, Sequence[Instr]]] = []
     waits: dict[Op, list[Instr]] = {}
-    origins: dict[Op, dict[str, Any]] = {}
-    lines: dict[tuple[str, int], str] = {}
-
-    def origin(op: Op) -> dict[str, Any]:
-        """The op's name and `.sched` line, made once per op and shared by its
-        instructions (one string each per op, not per instruction)."""
-        o = origins.get(op)
-        if o is None:
-            span = schedule.span_of(op)
-            at = "" if span is None else lines.setdefault((span.file, span.line),
-                                                          f"{span.file}:{span.line}")
-            o = origins[op] = {"op": str(op), "at": at}
-        return o
+    origin, placement, stages = ops.origin, cfg.placement, cfg.stages
 
     for rank, prog in enumerate(schedule.programs):
         for pos, op in enumerate(prog):
-            if schedule.graph.nodes[op].get("pair_prev") is not None:
+            if op in ops.prev:
                 continue  # lowered with the first op of its pair
             if op.kind == "R":
                 if final:
-                    events.append(((times[op][0], 0, topo[op], 0, rank, pos), None,
-                                   [(rank, ReduceGrad(op.stage, **origin(op)))]))
+                    events.append(((times[op][0], 0, topo[op], 0, rank, pos), None, rank,
+                                   (ReduceGrad(op.stage, **origin(op)),)))
                 continue
-            unit = _unit(schedule, op)
+            unit = ops.unit(op)
             start, end = times[op][0], times[unit[-1]][1]
             body: list[Instr] = []
             after: list[Instr] = []
             for k, o in enumerate(unit):
-                body += compute_instrs(o, o.mb + offset, last, scale, origin(o))
-                s, mb, oo = o.stage, o.mb + offset, origin(o)
-                for tensor, dst in outputs_of(o, cfg.stages):
-                    peer = cfg.placement[dst]
-                    tag = tag_of(tensor, s, mb, cfg.stages)
+                oo = origin(o)
+                s, mb = o.stage, o.mb + offset
+                body += compute_instrs(o, mb, last, scale, oo)
+                for tensor, dst in outputs_of(o, stages):
+                    peer = placement[dst]
+                    tag = tag_of(tensor, s, mb, stages)
                     if peer == rank:
                         after.append(Handoff(tensor, s, mb, **oo))
                         continue
-                    consumer = consumer_of(schedule, tensor, dst, o.mb)
+                    consumer = ops.consumer(tensor, dst, o.mb)
                     co = origin(consumer)
                     post = _in_progress(busy[peer], end)
-                    events.append(((end, 0, topo[op], 1, rank, pos, k, dst), None, [
-                        (rank, Send(tensor, s, mb, peer, tag, **oo))]))
-                    events.append(((post, -1, end, rank, pos, k, dst), None, [
-                        (peer, IRecv(tensor, s, mb, rank, tag, **co))]))
-                    waits.setdefault(_first_of(schedule, consumer), []).append(
+                    events.append(((end, 0, topo[op], 1, rank, pos, k, dst), None, rank,
+                                   (Send(tensor, s, mb, peer, tag, **oo),)))
+                    events.append(((post, -1, end, rank, pos, k, dst), None, peer,
+                                   (IRecv(tensor, s, mb, rank, tag, **co),)))
+                    waits.setdefault(ops.first_of(consumer), []).append(
                         WaitRecv(tensor, s, mb, rank, tag, **co))
             if len(unit) > 1:  # a pair: nothing may come between its instructions
                 body = body[:1] + [replace(b, paired=True) for b in body[1:]]
-            events.append(((start, 0, topo[op], 0, rank, pos), op, [(rank, b) for b in body]))
+            events.append(((start, 0, topo[op], 0, rank, pos), op, rank, body))
             if after:
-                events.append(((end, 0, topo[op], 1, rank, pos, -1), None,
-                               [(rank, b) for b in after]))
+                events.append(((end, 0, topo[op], 1, rank, pos, -1), None, rank, after))
     out: list[list[Instr]] = [[] for _ in range(cfg.ranks)]
-    for _, computed, items in sorted(events, key=lambda e: e[0]):
+    events.sort(key=_event_key)
+    for _, computed, r, instrs in events:
         if computed is not None:  # compute: its waits first (in the order their sends happen)
-            out[items[0][0]].extend(waits.pop(computed, []))
-        for r, ins in items:
-            out[r].append(ins)
+            out[r].extend(waits.pop(computed, []))
+        out[r].extend(instrs)
     return out
 
 
-def _first_of(schedule: Schedule, op: Op) -> Op:
-    """The op that opens `op`'s overlapped pair (or `op`): waits go before the whole pair."""
-    prev = schedule.graph.nodes[op].get("pair_prev")
-    return prev if prev is not None else op
+def _event_key(event: tuple[tuple[Any, ...], Op | None, int, Sequence[Instr]]
+               ) -> tuple[Any, ...]:
+    return event[0]
 
 
 def compute_instrs(op: Op, mb: int, last: int, scale: float, o: dict[str, Any]) -> list[Instr]:
@@ -271,11 +309,3 @@ def outputs_of(op: Op, stages: int) -> list[tuple[Tensor, int]]:
     if op.kind in ("B", "I") and op.stage > 0:
         return [("grad", op.stage - 1)]
     return []
-
-
-def consumer_of(schedule: Schedule, tensor: Tensor, stage: int, mb: int) -> Op:
-    if tensor == "act":
-        f = Op("F", stage, mb)
-        return f if f in schedule else Op("FC", stage, mb)
-    b = Op("B", stage, mb)
-    return b if b in schedule else Op("I", stage, mb)

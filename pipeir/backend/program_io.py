@@ -5,14 +5,17 @@ reads one back, checking a hand-edited file field by field before anything runs 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import operator
+import re
 from collections.abc import Callable
 from dataclasses import MISSING, fields
 from typing import Any, get_args, get_type_hints
 
 from pipeir import jsonread, limits
+from pipeir._gc import paused_gc
 from pipeir.backend.instructions import (
     BY_MNEMONIC,
     MNEMONICS,
@@ -176,12 +179,12 @@ def _header(data: object) -> dict[str, Any]:
     for key in ("name", *_SIZES, "placement", "programs"):
         if key not in data:
             raise _Fault((), f"missing field \"{key}\"")
-    known = ("format", "version", *(f.name for f in fields(Lowered)))
+    known = ("format", "version", *(f.name for f in fields(Lowered)), PROVED)
     extra = [k for k in data if k not in known]
     if extra:  # a "dp": 2 here reads as if it meant something; nothing reads it
         raise _Fault((extra[0],), f"unknown field {_shown(extra[0])} (the header has "
                          f"{', '.join(known)})")
-    for key, hint in (("name", str), ("overlap", bool)):
+    for key, hint in (("name", str), ("overlap", bool), (PROVED, str)):
         want = _wanted(data[key], hint) if key in data else None
         if want is not None:
             raise _Fault((key,), f"\"{key}\" must be {want}, got {_shown(data[key])}")
@@ -225,6 +228,7 @@ def _header(data: object) -> dict[str, Any]:
     return data
 
 
+@paused_gc()  # (pipeir._gc: an instruction object per JSON object, no cycles)
 def from_json(data: object, where: str = "lowered JSON", source: Source | None = None) -> Lowered:
     """Read what `to_json` wrote; malformed input is a UsageError naming the rank, the
     instruction and the field, at its line and column in `source` (the file's text) when
@@ -262,19 +266,66 @@ def load(path: str) -> tuple[Lowered, Source]:
                      source), source
 
 
-def dumps(lowered: Lowered) -> str:
-    """`to_json` as text, one instruction per line.
+def dumps(lowered: Lowered, proof: str | None = None) -> str:
+    """`to_json` as text, one instruction per line. With `proof` (the caller proved the
+    programs under the rules `proof` names: `pipeirc compile`), the header records a digest of
+    the text under that proof (`is_proved`).
 
     NOTE: written a program at a time with the C encoder (`json.dumps` without `indent`; with
     it the encoder is pure Python, and it was half of compiling a large schedule), then one
     line per instruction by breaking between instruction objects: the text `}, {"i": ` cannot
     occur inside a JSON string (its quotes would be escaped), so only object boundaries match.
     """
-    head = json.dumps(_header_json(lowered))[:-1]
-    parts = [head, ',\n "programs": [']
+    header = _header_json(lowered)
+    if proof is not None:
+        header[PROVED] = _UNSIGNED
+    parts = [json.dumps(header)[:-1], ',\n "programs": [']
     for r, prog in enumerate(lowered.programs):
         body = json.dumps([_instr_json(i) for i in prog])
         parts.append(("\n  " if r == 0 else ",\n  ")
                      + body.replace('}, {"i": ', '},\n   {"i": '))
     parts.append(f'\n ],\n "overlap": {json.dumps(lowered.overlap)}\n}}\n')
+    if proof is not None:  # the digest is hashed part by part: no second copy of the text
+        h = _hasher(proof)
+        for part in parts:
+            h.update(part.encode())
+        blank = f'"{PROVED}": "{_UNSIGNED}"'  # (quotes in a string are escaped: the field)
+        parts[0] = parts[0].replace(blank, f'"{PROVED}": "{_DIGEST_PREFIX}{h.hexdigest()}"', 1)
     return "".join(parts)
+
+
+# NOTE (the recorded proof): the ranks of a compiled program interpret lowered.json, so
+# main.py must run only what `check --lowered` would accept; proving it again on every rank
+# costs as much as the check (seconds at 100k instructions). `pipeirc compile` proves the
+# programs before it writes them and records in the header a digest of the file's text (with
+# the digest itself blanked) and of the rules that proved it (`commcheck.rules_id`). main.py
+# proves again only when the digest it computes differs: any edit of the file (a tag, a peer,
+# a dropped instruction, the header) or other rules. It is a check against edits
+# and stale files, not a signature: whoever edits the file on purpose and forges the digest
+# has chosen to run what they wrote.
+PROVED = "proved"
+_DIGEST_PREFIX = "sha256:"
+_UNSIGNED = _DIGEST_PREFIX + "0" * 64
+_RECORDED = re.compile(rb'"proved": "(sha256:[0-9a-f]{64})"')
+
+
+def _hasher(proof: str) -> hashlib._Hash:
+    """The digest of a lowered.json's text (its digest blanked) proved under `proof`, to be
+    fed the text."""
+    return hashlib.sha256(f"{proof}\n".encode())
+
+
+def is_proved(text: str, proof: str) -> bool:
+    """Whether `text`, a lowered.json, is exactly what `dumps` wrote of programs proved under
+    `proof` (the NOTE above): its recorded digest is the one of its text."""
+    data = text.encode()
+    found = _RECORDED.search(data, 0, data.find(b"\n"))  # the header line holds the digest
+    if found is None:
+        return False
+    start, end = found.span(1)
+    view = memoryview(data)
+    h = _hasher(proof)
+    h.update(view[:start])
+    h.update(_UNSIGNED.encode())
+    h.update(view[end:])
+    return h.hexdigest().encode() == found.group(1)[len(_DIGEST_PREFIX):]

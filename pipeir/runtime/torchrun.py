@@ -39,7 +39,7 @@ from typing import Any
 
 from pipeir.argtypes import positive_int, timeout_seconds
 from pipeir.backend.codegen import rank_source
-from pipeir.backend.commcheck import JsonLocator, check_comm
+from pipeir.backend.commcheck import prove_file
 from pipeir.backend.program_io import load
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.models.refs import resolve
@@ -66,7 +66,8 @@ def main(directory: Path, argv: list[str]) -> int:
         lowered, source = load(str(directory / "lowered.json"))
         # the rank files interpret lowered.json's table: an edited tag or peer leaves them as
         # they were, and the program would hang in gloo; prove what runs, as check does
-        check_comm(lowered, JsonLocator(source))
+        # (unless it is what compile proved, unedited)
+        prove_file(lowered, source)
         sources = tuple(_read(directory / f"rank{r}.py") for r in range(lowered.ranks))
         for r, text in enumerate(sources):  # what `check --lowered` verified is what runs
             if text != rank_source(lowered, r):

@@ -46,11 +46,16 @@ stepping), `order` (3) and `progress` (4), over the shared `programs` and `findi
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import itertools
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from pipeir import jsonread
+from pipeir._gc import paused_gc
+from pipeir.backend import instructions, program_io
 from pipeir.backend.commcheck.findings import (
     Channel,
     Finding,
@@ -67,15 +72,15 @@ from pipeir.backend.commcheck.order import Order
 from pipeir.backend.commcheck.progress import explain, run
 from pipeir.backend.instructions import Lowered
 from pipeir.backend.lower import lower
-from pipeir.backend.program_io import load
+from pipeir.backend.program_io import is_proved, load
 from pipeir.diagnostics import Diagnostic, Note, Source, Span, VerifyError
 
 if TYPE_CHECKING:
     from pipeir.schedule import Schedule
 
 __all__ = ["CommReport", "JsonLocator", "Key", "Locator", "PlainLocator", "Site", "check_comm",
-           "check_json", "check_schedule", "describe", "instruction_spans", "schedule_locator",
-           "summary", "what"]
+           "check_json", "check_schedule", "describe", "instruction_spans", "prove_file",
+           "rules_id", "schedule_locator", "summary", "what"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +107,7 @@ def _diagnostic(f: Finding, loc: Locator) -> Diagnostic:
 MAX_FINDINGS = 50
 
 
+@paused_gc()  # (pipeir._gc: a few objects per instruction, no cycles)
 def check_comm(lowered: Lowered, locator: Locator | None = None) -> CommReport:
     """Prove that `lowered` obeys the communication rules (module NOTE) and cannot deadlock;
     raise VerifyError(check="comm") with one diagnostic per finding of the first rule that
@@ -130,6 +136,27 @@ def summary(lowered: Lowered, report: CommReport) -> str:
     kind = "asynchronous (overlap)" if lowered.overlap else "blocking"
     return (f"lowered ok: {report.total} {kind} transfers over {len(report.transfers)} rank "
             f"pairs; deadlock-free under rendezvous semantics with per-peer FIFO matching")
+
+
+@functools.cache
+def rules_id() -> str:
+    """Names the rules this pipeir proves with: a digest of their source (this package, the
+    instruction set and the lowered-JSON reader), so that a lowered.json proved under other
+    rules is proved again (`program_io`'s NOTE on the recorded proof)."""
+    h = hashlib.sha256()
+    files = sorted(Path(__file__).parent.glob("*.py"))
+    for path in (*files, Path(instructions.__file__), Path(program_io.__file__)):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return "commcheck " + h.hexdigest()
+
+
+def prove_file(lowered: Lowered, source: Source) -> None:
+    """What a compiled program's main.py runs before its ranks start: `check_comm` of the
+    lowered.json read from `source`, found as `check --lowered` finds it, unless the file is
+    exactly what `pipeirc compile` proved under these rules (its recorded digest,
+    `program_io.is_proved`): then the proof is not run again on every rank."""
+    if not is_proved(source.text, rules_id()):
+        check_comm(lowered, JsonLocator(source))
 
 
 def schedule_locator(schedule: Schedule) -> PlainLocator:

@@ -4,7 +4,7 @@ message names it and where it points (`Locator`), and a rule's `Finding`."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from pipeir.backend.instructions import (
     Instr,
@@ -15,10 +15,13 @@ Channel = tuple[int, int]  # (sender, receiver)
 Key = tuple[str, int, int]  # (tensor, producing stage, micro-batch)
 
 
-@dataclass(frozen=True)
-class Site:
+class Site(NamedTuple):
     """One communication or compute instruction of one rank: `ins` at `pc` in its program
-    (for a post inside a batch, `ins` is the post and `pc` the batch's position)."""
+    (for a post inside a batch, `ins` is the post and `pc` the batch's position).
+
+    NOTE: a named tuple, not a frozen dataclass: the rules make one per instruction they
+    look at, and a frozen dataclass's `__init__` (one `object.__setattr__` per field) was
+    several times slower to build."""
 
     rank: int
     pc: int

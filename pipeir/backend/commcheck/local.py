@@ -108,45 +108,51 @@ class Local(Programs):
             received: set[Key] = set()
             outstanding: dict[tuple[bool, Key], list[Site]] = {}  # posted, not yet waited
             for pc, ins in enumerate(prog):
-                site = Site(rank, pc, ins)
                 t = type(ins)
                 if ins.paired and t not in _PAIRABLE:
                     yield Finding("sits inside an overlapped pair, whose two ops start "
-                                   "together: only their compute may come between them", site)
-                if t in _COMPUTE_TYPES:  # its placement, checked inline when it is right
+                                   "together: only their compute may come between them",
+                                   Site(rank, pc, ins))
+                compute = t in _COMPUTE_TYPES
+                if compute:  # its placement, checked inline when it is right
                     stage, mb = ins.stage, ins.mb  # type: ignore[attr-defined]
                     if not (0 <= stage <= last and place[stage] == rank and 0 <= mb < mbs):
-                        yield from self._compute_placement(site)
+                        yield from self._compute_placement(Site(rank, pc, ins))
                 for c in posts(ins):
+                    key = c.key
                     post = Site(rank, pc, c)
-                    bad = self._placement(post, c)
                     send = is_send(c)
-                    if bad is not None:
+                    if not self._placed(rank, c, send):
+                        bad = self._placement(post, c)
+                        assert bad is not None
                         yield bad
                     elif send:
-                        yield from self._send_held(post, c.key, held, freed)
-                    elif outstanding.get((False, c.key)):
-                        yield Finding(f"receives {what(c.key)} a second time while the "
+                        if key not in held:
+                            yield from self._send_held(post, key, held, freed)
+                    elif outstanding.get((False, key)):
+                        yield Finding(f"receives {what(key)} a second time while the "
                                        f"first receive is still outstanding (torch: \"Recv "
                                        f"twice without executing\")", post,
-                                       (("the first receive", outstanding[(False, c.key)][0]),))
-                    if isinstance(c, Recv):  # blocking: posted and waited at once
-                        received.add(c.key)
-                    elif not isinstance(c, Send):
-                        outstanding.setdefault((send, c.key), []).append(post)
+                                       (("the first receive", outstanding[(False, key)][0]),))
+                    ct = type(c)
+                    if ct is Recv:  # blocking: posted and waited at once
+                        received.add(key)
+                    elif ct is not Send:
+                        outstanding.setdefault((send, key), []).append(post)
                 if t is WaitSend or t is WaitRecv:
-                    yield from self._wait(site, outstanding, received)
-                if isinstance(ins, Handoff):
-                    key: Key = (ins.tensor, ins.stage, ins.mb)
-                    yield from self._send_held(site, key, held, freed)
+                    yield from self._wait(Site(rank, pc, ins), outstanding, received)
+                elif t is Handoff:
+                    key = (ins.tensor, ins.stage, ins.mb)  # type: ignore[attr-defined]
+                    if key not in held:
+                        yield from self._send_held(Site(rank, pc, ins), key, held, freed)
                     handed.add(key)
-                if t in _COMPUTE_TYPES:
-                    yield from self._consumes(site, received, handed, outstanding)
-                    if isinstance(ins, (Backward, BackwardInput)):
-                        act = ("act", ins.stage, ins.mb)
+                elif compute:
+                    yield from self._consumes(rank, pc, ins, received, handed, outstanding)
+                    if t is Backward or t is BackwardInput:
+                        act = ("act", ins.stage, ins.mb)  # type: ignore[attr-defined]
                         if act in held:
                             held.discard(act)
-                            freed[act] = site
+                            freed[act] = Site(rank, pc, ins)
                     out = self._output(ins)
                     if out is not None:
                         held.add(out)
@@ -154,6 +160,16 @@ class Local(Programs):
                 for post in left:
                     yield Finding(f"posts a {'send' if send else 'receive'} of {what(key)} "
                                    f"that is never waited for before the program ends", post)
+
+    def _placed(self, rank: int, c: Comm, send: bool) -> bool:
+        """Whether `_placement` finds nothing wrong with `c` on `rank` (its fast path)."""
+        tensor, stage, mb = c.key
+        last, place = self.last, self.low.placement
+        dst = stage + 1 if tensor == "act" else stage - 1
+        if not (0 <= stage <= last and 0 <= dst <= last and 0 <= mb < self.mbs):
+            return False
+        me, other = (stage, dst) if send else (dst, stage)
+        return place[me] == rank and place[other] != rank and c.peer == place[other]
 
     def _wait(self, site: Site, outstanding: dict[tuple[bool, Key], list[Site]],
               received: set[Key]) -> Iterator[Finding]:
@@ -208,13 +224,14 @@ class Local(Programs):
             yield Finding(f"{verb} {what(key)}, which no op before it on rank {site.rank} "
                            f"produces", site)
 
-    def _consumes(self, site: Site, received: set[Key], handed: set[Key],
+    def _consumes(self, rank: int, pc: int, ins: Instr, received: set[Key], handed: set[Key],
                   outstanding: dict[tuple[bool, Key], list[Site]]) -> Iterator[Finding]:
-        for key, src in self._inputs(site.ins):
-            if src == site.rank and key not in handed:
+        for key, src in self._inputs(ins):
+            if src == rank and key not in handed:
                 yield Finding(f"computes on {what(key)} before it is handed over on this "
-                               f"rank", site)
-            elif src != site.rank and key not in received:
+                               f"rank", Site(rank, pc, ins))
+            elif src != rank and key not in received:
+                site = Site(rank, pc, ins)
                 posted = outstanding.get((False, key))
                 if posted:
                     yield Finding(f"computes on {what(key)} without waiting for its "

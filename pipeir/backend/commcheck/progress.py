@@ -9,6 +9,7 @@ from pipeir.backend.commcheck.findings import Channel, Key, Locator, Site, descr
 from pipeir.backend.commcheck.programs import is_send, posts
 from pipeir.backend.instructions import (
     Comm,
+    Instr,
     Lowered,
     Recv,
     Send,
@@ -22,57 +23,89 @@ def run(lowered: Lowered) -> tuple[list[int], Callable[[int], Comm | None]]:
     """Execute all ranks abstractly; the final pcs and, per rank, what it waits on.
 
     Each post gets its index in its channel's queue; a blocking call or wait is done once the
-    other side has posted the same index (rules 2 and 3 made the indices agree)."""
+    other side has posted more than that index (rules 2 and 3 made the indices agree).
+
+    NOTE: one side of a channel is posted by one rank only (the sender's sends, the
+    receiver's receives), in its program order, so every post's index is known before the
+    run: `_steps` numbers them once, and the run itself only counts posts per channel and
+    compares integers. A blocking send or receive is posted when its rank reaches it, before
+    it waits."""
     progs = lowered.programs
     n = len(progs)
-    counts: dict[tuple[bool, Channel], int] = {}
-    index: dict[tuple[int, int, int], int] = {}  # (rank, pc, j) -> queue index
-    handle: list[dict[tuple[bool, Key], int]] = [{} for _ in range(n)]
+    channels: dict[tuple[bool, Channel], int] = {}
+    steps = [_steps(r, prog, channels) for r, prog in enumerate(progs)]
+    counts = [0] * len(channels)
     pc = [0] * n
-
-    def channel(rank: int, c: Comm) -> tuple[bool, Channel]:
-        send = is_send(c)
-        return send, ((rank, c.peer) if send else (c.peer, rank))
-
-    def number(rank: int, at: int, j: int, c: Comm) -> int:
-        if (rank, at, j) not in index:
-            ch = channel(rank, c)
-            index[(rank, at, j)] = counts.get(ch, 0)
-            counts[ch] = index[(rank, at, j)] + 1
-        return index[(rank, at, j)]
-
-    def blocked_on(rank: int) -> tuple[Comm, int] | None:
-        ins = progs[rank][pc[rank]]
-        if isinstance(ins, (Send, Recv)):
-            return ins, number(rank, pc[rank], 0, ins)
-        if isinstance(ins, (WaitSend, WaitRecv)):
-            return ins, handle[rank][(isinstance(ins, WaitSend), ins.key)]
-        return None
-
-    def done(rank: int, c: Comm, k: int) -> bool:
-        send, ch = channel(rank, c)
-        return counts.get((not send, ch), 0) > k
-
+    reached = [False] * n  # the rank's current blocking post is posted already
     moved = True
     while moved:
         moved = False
         for r in range(n):
-            while pc[r] < len(progs[r]):
-                w = blocked_on(r)
-                if w is not None and not done(r, *w):
+            mine, i, end = steps[r], pc[r], len(steps[r])
+            while i < end:
+                need, k, posted = mine[i]
+                if not reached[r]:
+                    for c in posted:
+                        counts[c] += 1
+                    if posted:
+                        moved = True
+                if need >= 0 and counts[need] <= k:
+                    reached[r] = True
                     break
-                ins = progs[r][pc[r]]
-                if not isinstance(ins, (Send, Recv)):
-                    for j, c in enumerate(posts(ins)):
-                        handle[r][(is_send(c), c.key)] = number(r, pc[r], j, c)
-                pc[r] += 1
+                reached[r] = False
+                i += 1
                 moved = True
+            pc[r] = i
 
     def waits_on(rank: int) -> Comm | None:
-        w = blocked_on(rank) if pc[rank] < len(progs[rank]) else None
-        return w[0] if w is not None else None
+        if pc[rank] >= len(progs[rank]):
+            return None
+        ins = progs[rank][pc[rank]]
+        return ins if type(ins) in _WAITING else None  # type: ignore[return-value]
 
     return pc, waits_on
+
+
+#: What a rank can wait at (by exact type: `programs.py`'s NOTE).
+_WAITING = frozenset({Send, Recv, WaitSend, WaitRecv})
+
+
+def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channel], int]
+           ) -> list[tuple[int, int, tuple[int, ...]]]:
+    """Per instruction of `rank`: the channel side it waits on (-1: none) and the index there
+    that must be posted, and the channel sides it posts to (numbered in `channels`)."""
+    def side(send: bool, peer: int) -> tuple[int, int]:
+        ch = (rank, peer) if send else (peer, rank)
+        return (channels.setdefault((send, ch), len(channels)),
+                channels.setdefault((not send, ch), len(channels)))
+
+    own: dict[int, int] = {}  # channel side -> posts so far
+    handle: dict[tuple[bool, Key], int] = {}  # a post's index, for its wait
+    out: list[tuple[int, int, tuple[int, ...]]] = []
+    for ins in prog:
+        t = type(ins)
+        if t is Send or t is Recv:
+            c = ins  # type: ignore[assignment]
+            mine, theirs = side(t is Send, c.peer)  # type: ignore[attr-defined]
+            k = own.get(mine, 0)
+            own[mine] = k + 1
+            out.append((theirs, k, (mine,)))
+        elif t is WaitSend or t is WaitRecv:
+            send = t is WaitSend
+            _, theirs = side(send, ins.peer)  # type: ignore[attr-defined]
+            # (rule 1 proved every wait follows its post; none would wait forever)
+            out.append((theirs, handle.get((send, ins.key), 1 << 62), ()))  # type: ignore[attr-defined]
+        else:
+            posted = []
+            for c in posts(ins):
+                send = is_send(c)
+                mine, _ = side(send, c.peer)
+                k = own.get(mine, 0)
+                own[mine] = k + 1
+                handle[(send, c.key)] = k
+                posted.append(mine)
+            out.append((-1, 0, tuple(posted)))
+    return out
 
 
 def explain(lowered: Lowered, pc: list[int], stuck: list[int],
