@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 Severity = Literal["error", "warning", "note"]
 
@@ -54,6 +54,18 @@ def mark_input(path: Path) -> None:
         except OSError:
             return
         _inputs.add((st.st_dev, st.st_ino))
+
+
+def read_inputs() -> frozenset[tuple[int, int]]:
+    """The files read as inputs so far inside `reading()` (none outside it), to carry them
+    back from a process that read them for this one (`pipeir.runtime.forked`)."""
+    return frozenset(_inputs or ())
+
+
+def add_inputs(files: Iterable[tuple[int, int]]) -> None:
+    """Count files another process read (`read_inputs` there) as inputs inside `reading()`."""
+    if _inputs is not None:
+        _inputs.update(files)
 
 
 def is_input(st: os.stat_result) -> bool:
@@ -222,6 +234,19 @@ class PipeirError(Exception):
     @property
     def message(self) -> str:
         return self.diagnostics[0].message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickled as its class and attributes (its `__init__` takes other arguments than
+        `args`), so an error raised in another process arrives as itself
+        (`pipeir.runtime.forked`)."""
+        return _restore, (type(self), dict(self.__dict__))
+
+
+def _restore(cls: type[PipeirError], state: dict[str, Any]) -> PipeirError:
+    e = cls.__new__(cls)
+    e.__dict__.update(state)
+    e.args = (e.render(),)
+    return e
 
 
 class UsageError(PipeirError):

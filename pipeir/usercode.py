@@ -1,7 +1,7 @@
 """Running code pipeir does not own: a model file or `--model` spec, a pass plugin, a batch
 function. Whatever it raises (an exception, `sys.exit`, Ctrl-C) becomes one `UserCodeError`
 naming the user's file, the line of the raise and the exception, exit 1 (130 for an interrupt);
-`pipeirc ... --traceback` prints the whole trace from `UserCodeError.cause`.
+`pipeirc ... --traceback` prints the whole trace (`UserCodeError.format_cause`).
 
 NOTE (stdout): while user code runs, its output goes to stderr, so a plugin that prints cannot
 corrupt a schedule that `pipeirc opt` writes to stdout: Python-level writes (`sys.stdout`) and
@@ -23,7 +23,7 @@ import traceback
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from types import ModuleType
-from typing import TextIO
+from typing import Any, TextIO
 
 from pipeir.diagnostics import Diagnostic, Note, PipeirError, UsageError
 
@@ -43,7 +43,20 @@ class UserCodeError(PipeirError):
     def __init__(self, message: str, cause: BaseException):
         code = EXIT_INTERRUPT if isinstance(cause, KeyboardInterrupt) else EXIT_USER
         super().__init__(Diagnostic(message), exit_code=code)
-        self.cause = cause
+        #: None once pickled (the user's exception class may not exist where it arrives)
+        self.cause: BaseException | None = cause
+        self._trace: str | None = None
+
+    def format_cause(self) -> str:
+        """The user's exception with its full Python traceback (`--traceback`)."""
+        if self.cause is not None:
+            return "".join(traceback.format_exception(self.cause))
+        return self._trace or ""
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """The cause travels as its formatted traceback (see `PipeirError.__reduce__`)."""
+        name, (cls, state) = super().__reduce__()
+        return name, (cls, {**state, "cause": None, "_trace": self.format_cause()})
 
 
 def raised_at(e: BaseException) -> str:

@@ -26,6 +26,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, settings
 
+from pipeir.runtime import forkserver
+
 GOLDEN_DIR = Path(__file__).parent / "golden"
 REPO = Path(__file__).parent.parent
 
@@ -99,8 +101,10 @@ def _processes_need_the_mp_marker(request: pytest.FixtureRequest,
 
     monkeypatch.setattr(subprocess.Popen, "__init__", popen)
     # `pipeirc run` starts the ranks' fork server early (pipeir.runtime.forkserver); a test
-    # that never launches has no use for it (it would import torch in the background)
+    # that never launches has no use for it (it would import torch in the background), and
+    # without one `pipeirc run` checks the model in its own process, not a forked one
     monkeypatch.setattr(multiprocessing.forkserver, "ensure_running", lambda: None)
+    monkeypatch.setattr(forkserver, "prestart", lambda: False)
     dist = sys.modules.get("torch.distributed")
     if dist is not None and hasattr(dist, "init_process_group"):
         def group(*args: Any, **kw: Any) -> None:

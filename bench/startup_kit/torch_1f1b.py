@@ -1,6 +1,9 @@
 """The torch side of bench/startup.py: pipeirc run's built-in `mlp` trained with
 torch.distributed.pipelining's 1F1B under torchrun, one stage per rank, written as a user
 would write it (torch only). The last rank prints `step N` after each optimizer step.
+With PIPEIR_MILESTONES=FILE (bench/startup.py --breakdown) each rank also appends its
+start-up milestones to FILE in pipeir.runtime.milestones's format (written out here, so that
+the script imports nothing but torch).
 
     torchrun --nproc-per-node 2 bench/startup_kit/torch_1f1b.py --microbatches 4 --steps 1
 """
@@ -9,11 +12,23 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 
-import torch
-import torch.distributed as dist
-from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+def mark(name: str) -> None:
+    """pipeir.runtime.milestones.mark, for this script's ranks."""
+    path = os.environ.get("PIPEIR_MILESTONES")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{time.time():.6f} {os.getpid()} rank {os.environ['RANK']}: {name}\n")
+
+
+mark("started")
+
+import torch  # noqa: E402 - after the first milestone, to time its import
+import torch.distributed as dist  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B  # noqa: E402
 
 WIDTH, BLOCKS, BATCH = 512, 8, 256  # pipeir.models.mlp
 
@@ -41,12 +56,15 @@ def main() -> None:
     args = p.parse_args()
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     torch.set_num_threads(1)
+    mark("torch imported")
     dist.init_process_group("gloo")
+    mark("process group")
     torch.manual_seed(rank)
     stage = nn.Sequential(*(Block() for _ in range(max(1, BLOCKS // world))))
     pipe = PipelineStage(stage, rank, world, torch.device("cpu"))
     sched = Schedule1F1B(pipe, args.microbatches, loss_fn=nn.functional.mse_loss)
     opt = torch.optim.SGD(stage.parameters(), lr=0.1, momentum=0.9)
+    mark("model built")
     for step in range(args.steps):
         x, y = batch(step)
         opt.zero_grad()
@@ -57,6 +75,8 @@ def main() -> None:
         else:
             sched.step()
         opt.step()
+        if step == 0:
+            mark("first step")
         if rank == world - 1:
             print(f"step {step + 1}", flush=True)
     dist.destroy_process_group()

@@ -18,6 +18,7 @@ from types import ModuleType
 from typing import NoReturn
 
 from pipeir.diagnostics import EXIT_USAGE, INTERRUPTED, PipeirError, reading
+from pipeir.runtime import forkserver
 from pipeir.usercode import EXIT_INTERRUPT, EXIT_USER, UserCodeError, explain, raised_at
 
 
@@ -84,8 +85,14 @@ def _all_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `pipeirc`; returns the exit code (0 ok, 1 invalid schedule, 2 usage error)."""
+    argv = sys.argv[1:] if argv is None else argv
+    # NOTE (start-up): `pipeirc run` starts its ranks' fork server first of all, before this
+    # process imports the commands and the compiler, so that the fork server's imports (torch:
+    # the longest part of the time to the first step) begin a second or two earlier
+    if list(argv[:1]) == ["run"] and not forkserver.under_torchrun():
+        forkserver.prestart()
     parser = build_parser()
-    argv = _attach_negative_values(parser, sys.argv[1:] if argv is None else argv)
+    argv = _attach_negative_values(parser, argv)
     try:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse prints its own usage message
@@ -98,7 +105,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UserCodeError as e:
         print(e.render(), file=sys.stderr)
         if args.traceback:
-            traceback.print_exception(e.cause, file=sys.stderr)
+            print(e.format_cause(), end="", file=sys.stderr)
         return e.exit_code
     except PipeirError as e:
         print(e.render(), file=sys.stderr)

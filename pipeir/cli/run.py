@@ -13,14 +13,15 @@ from pipeir.argtypes import positive_float, timeout_seconds
 from pipeir.cli.common import add_schedule_args
 from pipeir.cli.compile import add_backend_args, compile_args
 from pipeir.diagnostics import EXIT_OK, UsageError
+from pipeir.files import resolve_output, write_atomic
 from pipeir.passes import Compiled
-from pipeir.runtime.forkserver import prestart
+from pipeir.runtime import forkserver
+from pipeir.runtime.job import KEEP, Job, Start
+from pipeir.runtime.milestones import mark
 
 if TYPE_CHECKING:
     from pipeir.passes.reorder import StepPlanner
     from pipeir.runtime.launch import RunResult
-    from pipeir.runtime.worker import Job
-from pipeir.files import resolve_output, write_atomic
 
 ORDER = 100
 NAME = "run"
@@ -89,14 +90,17 @@ def run(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise UsageError("--steps must be at least 1")
-    torchrun = _torchrun()
-    if not torchrun:  # the ranks' fork server imports torch while this process compiles
-        prestart()
+    mark("launcher: ready")
+    torchrun = forkserver.under_torchrun()
+    # the ranks' fork server imports torch while this process compiles (`pipeir.cli.main`
+    # started it already)
+    fork = not torchrun and forkserver.prestart()
     if args.plan is not None:
         _use_plan(args)
     elif args.model is None:
         args.model = "mlp"
     build = compile_args(args)
+    mark("launcher: compiled")
     compiled, dp = build.compiled, build.dp
     schedule, lowered = compiled.schedule, compiled.lowered
     world = lowered.ranks * dp
@@ -107,26 +111,11 @@ def _train(args: argparse.Namespace) -> int:
                          + f"; use --nproc {world}"
                          + (f" or --set ranks={args.nproc // dp}" if fits else ""))
     from pipeir.backend.codegen import rank_source
-    from pipeir.models import resolve
 
-    spec = resolve(args.model)  # bad --model values fail here, before any process starts
-    # the outputs, before the run (after what it reads: neither may be one of those)
-    if args.trace is not None:
-        resolve_output(args.trace, "--trace")
-    if args.metrics is not None:  # streamed: never a FIFO (open would block), /proc, ...
-        resolve_output(args.metrics, "--metrics")
-        if args.trace is not None and os.path.realpath(args.trace) == \
-                os.path.realpath(args.metrics):
-            raise UsageError(f"--trace and --metrics both name {args.metrics}; the trace "
-                             "would replace the metrics: give two files")
-    from pipeir.runtime.checkpoint import KEEP
-    from pipeir.runtime.preflight import preflight
-    from pipeir.runtime.worker import Job
-
-    start = preflight(spec, args.model, lowered.stages,
-                      lowered.microbatches * lowered.accumulate, args.steps, save=args.save,
-                      save_every=args.save_every, resume=args.resume, keep=args.keep,
-                      placement=None if torchrun else lowered.placement, dp=dp)
+    _check_outputs(args)  # before the model check, so that a bad path fails at once
+    # bad --model values fail here, before any rank starts
+    start = _preflight(args, compiled, dp, fork=fork, placed=not torchrun)
+    _check_outputs(args)  # again: nor may they be the model's file, read just now
     sources = tuple(rank_source(lowered, r) for r in range(lowered.ranks))
     job = Job(lowered, sources, args.model, args.steps, plan=_planner(compiled, args),
               collect=args.check, save=args.save, save_every=args.save_every,
@@ -179,15 +168,45 @@ def _train(args: argparse.Namespace) -> int:
             sys.stdout.flush()
     _report(compiled, result, args, dp)
     if args.check:
+        from pipeir.models import resolve
         from pipeir.runtime.compare import check
 
-        check(spec, job, result, args.tolerance)
+        check(resolve(args.model), job, result, args.tolerance)
     return EXIT_OK
 
 
-def _torchrun() -> bool:
-    """Whether torchrun started this process (as one rank)."""
-    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR"))
+def _check_outputs(args: argparse.Namespace) -> None:
+    """The outputs may be written (and are not what the run reads)."""
+    if args.trace is not None:
+        resolve_output(args.trace, "--trace")
+    if args.metrics is not None:  # streamed: never a FIFO (open would block), /proc, ...
+        resolve_output(args.metrics, "--metrics")
+        if args.trace is not None and os.path.realpath(args.trace) == \
+                os.path.realpath(args.metrics):
+            raise UsageError(f"--trace and --metrics both name {args.metrics}; the trace "
+                             "would replace the metrics: give two files")
+
+
+def _preflight(args: argparse.Namespace, compiled: Compiled, dp: int, *, fork: bool,
+               placed: bool) -> Start:
+    """The model and checkpoint checks (`pipeir.runtime.preflight`): in a process forked
+    from the ranks' fork server when there is one (`fork`; this process then never imports
+    torch), else here. `placed`: the ranks run on this machine (not under torchrun)."""
+    lowered = compiled.lowered
+    what = (args.model, lowered.stages, lowered.microbatches * lowered.accumulate, args.steps)
+    flags = {"save": args.save, "save_every": args.save_every, "resume": args.resume,
+             "keep": args.keep, "placement": lowered.placement if placed else None, "dp": dp}
+    if fork:
+        from pipeir.runtime import forked  # the launcher: only `pipeirc run` needs it
+
+        start: Start = forked.call(f"the check of --model {args.model}",
+                                   "pipeir.runtime.preflight:check_model", *what, **flags)
+    else:
+        from pipeir.runtime.preflight import check_model  # imports torch: see the docstring
+
+        start = check_model(*what, **flags)
+    mark("launcher: preflight done")
+    return start
 
 
 def _use_plan(args: argparse.Namespace) -> None:
@@ -227,7 +246,6 @@ def _planner(compiled: Compiled, args: argparse.Namespace) -> StepPlanner | None
 
 
 def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace, dp: int) -> None:
-    from pipeir.runtime.dist import compute_slots
     from pipeir.runtime.measure import measured_result, run_report, steps_trace
 
     lowered, ranks = compiled.lowered, compiled.lowered.ranks
@@ -256,7 +274,7 @@ def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace, dp:
               f"waits for it (median), simulated {predicted.exposed_reduction * 1e3:.1f} ms "
               f"with the measured all-reduce times ({predicted.hidden_reduction:.0%} hidden)")
     _report_memory(compiled, result, ranks, dp)
-    cores = compute_slots()
+    cores = result.compute_slots()
     if ranks > cores:
         print(f"note: {ranks} ranks share {cores} CPU core(s), so ranks that compute at the "
               "same time slow each other down;\nthe simulator gives each rank its own device, "

@@ -37,7 +37,6 @@ import hashlib
 import io
 import os
 import shutil
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,23 +52,7 @@ from pipeir.runtime import manifest as mf
 from pipeir.runtime.context import CommFailure
 from pipeir.runtime.optim import Optim
 
-#: checkpoints `--save` keeps by default: the newest and the one before it (a fallback if
-#: the newest turns out damaged)
-KEEP = 2
 _CHUNK = 1 << 20
-
-
-def new_run_id() -> str:
-    """The suffix of this run's temporary directories: random, except under torchrun, where
-    every rank computes its own and they must agree (from the rendezvous's address, id and
-    restart count)."""
-    env = os.environ
-    if "RANK" in env and "WORLD_SIZE" in env and "MASTER_ADDR" in env:
-        key = "|".join(env.get(k, "") for k in ("MASTER_ADDR", "MASTER_PORT",
-                                                 "TORCHELASTIC_RUN_ID",
-                                                 "TORCHELASTIC_RESTART_COUNT"))
-        return hashlib.sha256(key.encode()).hexdigest()[:12]
-    return uuid.uuid4().hex[:12]
 
 
 class CheckpointError(RuntimeError):

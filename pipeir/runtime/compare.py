@@ -8,9 +8,9 @@ from typing import Any
 import numpy as np
 
 from pipeir.models.spec import ModelSpec, structure
+from pipeir.runtime.job import Job
 from pipeir.runtime.launch import RunError, RunResult
 from pipeir.runtime.reference import train_reference
-from pipeir.runtime.worker import Job
 
 #: Default tolerances of --check: full precision, and under autocast (bf16 keeps 8 bits of
 #: mantissa: the two runs round a few values differently and that spreads over the steps;

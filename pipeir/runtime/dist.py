@@ -37,13 +37,3 @@ def shutdown() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
 
-
-def compute_slots() -> int:
-    """How many ranks can compute at once here: CPU cores the ranks may run on, or a large
-    number with CUDA (one device per rank)."""
-    if torch.cuda.is_available():
-        return 1 << 30
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1

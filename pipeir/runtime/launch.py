@@ -33,8 +33,9 @@ from typing import Any
 from pipeir.backend.instructions import Lowered
 from pipeir.diagnostics import PipeirError
 from pipeir.runtime.forkserver import context
-from pipeir.runtime.mesh import MeshShape
-from pipeir.runtime.worker import LOADING_PC, SAVING_PC, Job
+from pipeir.runtime.job import LOADING_PC, SAVING_PC, Job
+from pipeir.runtime.meshshape import MeshShape
+from pipeir.runtime.milestones import mark
 
 GRACE_S = 1.5
 
@@ -94,6 +95,18 @@ class RunResult:
     #: (job, stage) -> the most bytes one micro-batch's W of the stage still needed after I
     #: (stages whose backward ran split only)
     w_per_stage: dict[tuple[int, int], int] = field(default_factory=dict)
+    #: global rank -> the type of the device it ran on ("cpu", "cuda")
+    devices: dict[int, str] = field(default_factory=dict)
+
+    def compute_slots(self) -> int:
+        """How many ranks could compute at once: the CPU cores they may run on, or a large
+        number where they ran on CUDA (one device per rank)."""
+        if "cuda" in self.devices.values():
+            return 1 << 30
+        try:
+            return len(os.sched_getaffinity(0))
+        except AttributeError:  # not Linux
+            return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -176,6 +189,7 @@ def launch(jobs: Sequence[Job], nproc: int, *, timeout_s: float = 60.0,
     init_method = f"tcp://127.0.0.1:{free_port()}"
     procs, leash = start_owned(ctx, _entry, [(r, nproc, init_method, list(jobs), q, pcs,
                                               timeout_s) for r in range(nproc)])
+    mark("launcher: ranks started")
     result = RunResult()
     stall = stall_s if stall_s is not None else timeout_s + 30.0
     try:
@@ -286,7 +300,9 @@ def _record(msg: tuple[Any, ...], result: RunResult, exited: set[int],
         if on.note is not None:
             on.note(msg[2])
     elif kind == "exit":
-        exited.add(msg[1])
+        _, rank, device = msg
+        exited.add(rank)
+        result.devices[rank] = device
     elif kind == "error":
         errors.append(msg)
 

@@ -1,26 +1,41 @@
-"""What `pipeirc run` checks before any process starts, so a bad model or checkpoint is one
+"""What `pipeirc run` checks before any rank starts, so a bad model or checkpoint is one
 clear message (a UsageError, exit 2) naming the stage and the parameter or tensor, with
 nothing written: stage outputs the next stage cannot take, tied groups naming a missing
 parameter, a checkpoint of another model or stage count, a save directory holding another
 run's checkpoint.
 
 The shape plan traced here (batch(0)'s micro-batch layouts) goes to the ranks with the job, so
-they do not trace it again."""
+they do not trace it again. `pipeirc run` calls `check_model` in a process forked from the
+ranks' fork server where there is one (`pipeir.runtime.forked`), so that its own process need
+not import torch."""
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Sequence
-from pathlib import Path
-from typing import NamedTuple
+from typing import Any
 
 from pipeir import limits
 from pipeir.diagnostics import UsageError
+from pipeir.models.refs import resolve
 from pipeir.models.spec import ModelSpec, check_spec
 from pipeir.runtime import checkpoint
+from pipeir.runtime.job import Start
 from pipeir.runtime.mesh import shard
-from pipeir.runtime.shapes import Layout, PlanError, ShapePlan
+from pipeir.runtime.milestones import mark
+from pipeir.runtime.shapes import PlanError, ShapePlan
 from pipeir.runtime.worker import split_batch
 from pipeir.usercode import contained, stdout_to_stderr
+
+
+def check_model(model: str, stages: int, microbatches: int, steps: int, **flags: Any
+                ) -> Start:
+    """`preflight` of the model `model` names (a bad name is a UsageError here); picklable
+    arguments only, for `pipeir.runtime.forked`."""
+    mark("preflight: started")
+    start = preflight(resolve(model), model, stages, microbatches, steps, **flags)
+    mark("preflight: done")
+    return start
 
 
 def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps: int, *,
@@ -66,10 +81,11 @@ def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps
         raise UsageError("--keep must be at least 0 (0 keeps every checkpoint)")
     if keep is not None and save is None:
         raise UsageError("--keep goes with --save DIR")
-    start = Start(0, None, plan.layouts)
+    layouts = pickle.dumps(plan.layouts)
+    start = Start(0, None, layouts)
     if resume is not None:
         source, step = checkpoint.validate(resume, spec, stages)
-        start = Start(step, source, plan.layouts)
+        start = Start(step, source, layouts)
         if start.step >= steps:
             raise UsageError(f"--resume {resume}: the checkpoint is at step {start.step}; "
                              f"--steps {steps} leaves nothing to train")
@@ -77,13 +93,3 @@ def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps
         checkpoint.check_target(save, resume)
         checkpoint.check_space(save, spec, stages)
     return start
-
-
-class Start(NamedTuple):
-    """Where training starts: the step, and the checkpoint it resumes (None: from scratch);
-    and the shape plan traced for batch(0), for the ranks (`Job.layouts`)."""
-
-    step: int
-    checkpoint: Path | None
-    layouts: dict[Layout, list[Layout]]
-

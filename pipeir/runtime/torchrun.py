@@ -43,8 +43,9 @@ from pipeir.backend.commcheck import prove_file
 from pipeir.backend.program_io import load
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.models.refs import resolve
-from pipeir.runtime.mesh import MeshShape, check_world
-from pipeir.runtime.worker import Job, Progress, run_rank
+from pipeir.runtime.job import Job
+from pipeir.runtime.meshshape import MeshShape, check_world
+from pipeir.runtime.worker import Progress, run_rank
 from pipeir.usercode import stdout_for_good
 
 

@@ -11,12 +11,12 @@ import contextlib
 import functools
 import gc
 import os
+import pickle
 import signal
 import sys
 import time
 import traceback
-from collections.abc import Callable, Mapping, MutableSequence, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, MutableSequence, Sequence
 from types import ModuleType
 from typing import Any
 
@@ -26,7 +26,6 @@ from torch.utils import _pytree as pytree
 from pipeir.backend.instructions import (
     BackwardInput,
     ForwardCheckpoint,
-    Lowered,
     Offload,
     Recompute,
     Reload,
@@ -38,58 +37,14 @@ from pipeir.runtime import checkpoint, shapes
 from pipeir.runtime import dist as pdist
 from pipeir.runtime.context import CommFailure, Context
 from pipeir.runtime.guards import Guard
+from pipeir.runtime.job import LOADING_PC, SAVING_PC, Job
 from pipeir.runtime.mesh import Mesh, mesh_for, shard
+from pipeir.runtime.milestones import mark
 from pipeir.runtime.optim import Optim
-from pipeir.runtime.shapes import Layout, ShapePlan
+from pipeir.runtime.shapes import ShapePlan
 from pipeir.usercode import stdout_for_good
 
 Emit = Callable[[tuple[Any, ...]], None]
-
-#: what a rank reports as its instruction while it saves or loads a checkpoint
-SAVING_PC = -2
-LOADING_PC = -3
-
-
-@dataclass(frozen=True)
-class Job:
-    """Train `model` for `steps` optimizer steps with one compiled schedule."""
-
-    lowered: Lowered
-    sources: tuple[str, ...]  # generated rank files, by rank
-    model: str
-    steps: int
-    collect: bool = False  # report final parameters and last-step gradients (for tests)
-    #: per-step plan (issue 7): a `pipeir.passes.reorder.StepPlanner`; each step, slot k
-    #: runs micro-batch `plan.order(sizes)[k]`, the same order on every rank
-    plan: Any = None
-    save: str | None = None  # checkpoint directory (pipeir.runtime.checkpoint)
-    save_every: int = 0  # save after every N steps (and after the last); 0: after the last
-    keep: int = checkpoint.KEEP  # checkpoints kept in `save` (0: all)
-    #: names this run's temporary checkpoint directories (checkpoint.new_run_id)
-    run_id: str = field(default_factory=checkpoint.new_run_id)
-    resume: str | None = None  # start from the newest checkpoint in this directory
-    #: data-parallel replicas: the job runs on lowered.ranks x dp processes (pipeir.runtime.mesh)
-    dp: int = 1
-    #: a NaN or infinite loss only warns instead of stopping the run (runtime/guards.py)
-    allow_nonfinite: bool = False
-    #: the shape plan the launcher traced (`preflight`): input layout -> each stage's output
-    #: layout; a rank traces only input layouts not in it
-    layouts: Mapping[Layout, Sequence[Layout]] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        """Replicas whose program never all-reduces a stage's gradients train apart without
-        a word (each on its shard); refuse that before any process starts. (Where programs
-        reduce at all, `commcheck` proved at compile time that they reduce every stage.)"""
-        missing = sorted(set(range(self.lowered.stages)) - self.lowered.reduced_stages())
-        if self.dp > 1 and missing:
-            which = "any stage" if len(missing) == self.lowered.stages else \
-                "stage" + "s" * (len(missing) > 1) + " " + ", ".join(map(str, missing))
-            raise ValueError(f"{self.dp} data-parallel replicas, but the program never "
-                             f"all-reduces the gradients of {which} (no `reduce-grad`): the "
-                             f"replicas would train apart; lower a schedule with R ops "
-                             f"(`pipeirc compile --dp {self.dp}` adds them with dp-reduce), "
-                             f"or run {self.lowered.ranks} processes")
-
 
 class Progress:
     """Where a rank is, (job, instruction index), in two slots of memory the launcher shares
@@ -178,7 +133,8 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
         job.save, job.run_id, job.keep, job.model, low.stages,
         checkpoint.model_fingerprints(spec, low.stages))
     plan = ShapePlan(spec, low.stages, device)
-    plan.preset(job.layouts)
+    if job.layouts:
+        plan.preset(pickle.loads(job.layouts))
     # the memory ops move or replay stashes, and an I frees what its W does not need from
     # them: those programs record every step (`SavedActivations.begin_step`)
     stashes = any(isinstance(i, ForwardCheckpoint | Recompute | Offload | Reload | BackwardInput)
@@ -193,6 +149,7 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
     # rank's pause stalls every rank waiting on it. Measured on 10 steps of the built-in mlp
     # (one process): full collections took up to 122 ms (217 ms in all) and 30 ms (41 ms)
     # with what exists before the first step frozen out of collection, as here.
+    mark(f"rank {rank if mesh is None else mesh.rank}: model built")
     gc.freeze()
     n = low.microbatches * low.accumulate
     cpu = time.process_time()
@@ -227,6 +184,8 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
               dict(ctx.saved.per_stage), dict(ctx.saved.inputs_per_stage),
               dict(ctx.saved.w_per_stage)))
         track(index, -1)
+        if step == start:
+            mark(f"rank {rank if mesh is None else mesh.rank}: first step")
         done = step + 1
         saves = mesh is None or mesh.replica == 0  # replicas hold the same state
         if saver is not None and saves and (
@@ -260,9 +219,11 @@ def _numpy(t: torch.Tensor) -> Any:
 
 
 def run_rank(rank: int, world: int, init_method: str, jobs: Sequence[Job], emit: Emit,
-             track: Progress, timeout_s: float) -> None:
+             track: Progress, timeout_s: float) -> torch.device:
+    """Run `jobs` as rank `rank` of `world`; returns the device it ran on."""
     device = pdist.pick_device(rank)
     pdist.init(rank, world, init_method, timeout_s, device)
+    mark(f"rank {rank}: process group")
     try:
         mesh = mesh_for(rank, world, {job.dp for job in jobs},
                         jobs[0].lowered.ranks if jobs else 1, device, timeout_s)
@@ -270,6 +231,7 @@ def run_rank(rank: int, world: int, init_method: str, jobs: Sequence[Job], emit:
             run_job(rank, i, job, device, emit, track, mesh)
     finally:
         pdist.shutdown()
+    return device
 
 
 def _die_with_parent() -> None:
@@ -284,6 +246,7 @@ def _die_with_parent() -> None:
 def main(rank: int, world: int, init_method: str, jobs: Sequence[Job], queue: Any,
          pcs: Any, timeout_s: float) -> None:
     """Process entry point used by the launcher."""
+    mark(f"rank {rank}: started")
     _die_with_parent()
     # the model's output, even written to descriptor 1, goes to stderr: the launcher's stdout
     # is the run's report, and a worker reports through its queue (pipeir.usercode's NOTE)
@@ -291,8 +254,8 @@ def main(rank: int, world: int, init_method: str, jobs: Sequence[Job], queue: An
     torch.set_num_threads(1)
     track = Progress(pcs, rank)
     try:
-        run_rank(rank, world, init_method, jobs, queue.put, track, timeout_s)
-        queue.put(("exit", rank))
+        device = run_rank(rank, world, init_method, jobs, queue.put, track, timeout_s)
+        queue.put(("exit", rank, device.type))
         queue.close()
         queue.join_thread()
     except BaseException as e:
