@@ -16,9 +16,23 @@ that keeps what it does around the call (the context device threads see, debug l
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
-from torch.autograd.graph import GradientEdge, _engine_run_backward
+from torch.autograd.graph import GradientEdge
+
+try:
+    from torch.autograd.graph import _engine_run_backward
+except ImportError:  # a torch without it (private): its public front ends, same results
+    def _engine_run_backward(outputs: Any, grads: Any, keep_graph: bool, create_graph: bool,
+                             inputs: Any, *, allow_unreachable: bool, accumulate_grad: bool
+                             ) -> Any:
+        if accumulate_grad:
+            torch.autograd.backward(outputs, grads, retain_graph=keep_graph,
+                                    create_graph=create_graph, inputs=inputs or None)
+            return ()
+        return torch.autograd.grad(outputs, inputs, grads, retain_graph=keep_graph,
+                                   create_graph=create_graph, allow_unused=allow_unreachable)
 
 
 def _grads(outputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None
