@@ -20,6 +20,15 @@ def _graph(seed: int) -> tuple[torch.Tensor, torch.nn.Linear, torch.Tensor]:
     return x, lin, torch.tanh(lin(x))
 
 
+@pytest.fixture(params=["engine", "public front ends"])
+def entry(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways in: autograd's private engine entry, and the fallback through torch's public
+    front ends for a torch without it."""
+    if request.param == "public front ends":
+        monkeypatch.setattr(autograd, "_engine_run_backward", autograd._public_run_backward)
+
+
+@pytest.mark.usefixtures("entry")
 def test_backward_equals_torch_backward() -> None:
     x1, l1, y1 = _graph(0)
     x2, l2, y2 = _graph(0)
@@ -30,6 +39,7 @@ def test_backward_equals_torch_backward() -> None:
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
+@pytest.mark.usefixtures("entry")
 def test_backward_of_a_scalar_loss_starts_from_one() -> None:
     _, l1, y1 = _graph(1)
     _, l2, y2 = _graph(1)
@@ -38,6 +48,7 @@ def test_backward_of_a_scalar_loss_starts_from_one() -> None:
     torch.testing.assert_close(l1.bias.grad, l2.bias.grad, rtol=0, atol=0)
 
 
+@pytest.mark.usefixtures("entry")
 def test_grad_equals_torch_grad_and_leaves_dot_grad_alone() -> None:
     x, lin, y = _graph(2)
     g = torch.randn(4, 2)
@@ -46,6 +57,17 @@ def test_grad_equals_torch_grad_and_leaves_dot_grad_alone() -> None:
     for a, b in zip(want, got):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
     assert x.grad is None and lin.weight.grad is None
+
+
+@pytest.mark.usefixtures("entry")
+def test_grad_from_edges_equals_torch_grad_restarted_at_the_node() -> None:
+    x, lin, y = _graph(4)
+    g = torch.randn(4, 2)
+    want = torch.autograd.grad([y], [lin.weight, lin.bias], [g], retain_graph=True)
+    got = autograd.grad_from_edges([torch.autograd.graph.get_gradient_edge(y)],
+                                   [lin.weight, lin.bias], [g])
+    for a, b in zip(want, got):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_a_gradient_of_the_wrong_shape_is_refused() -> None:

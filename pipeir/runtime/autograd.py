@@ -15,24 +15,28 @@ that keeps what it does around the call (the context device threads see, debug l
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 from torch.autograd.graph import GradientEdge
 
-try:
-    from torch.autograd.graph import _engine_run_backward
-except ImportError:  # a torch without it (private): its public front ends, same results
-    def _engine_run_backward(outputs: Any, grads: Any, keep_graph: bool, create_graph: bool,
-                             inputs: Any, *, allow_unreachable: bool, accumulate_grad: bool
-                             ) -> Any:
-        if accumulate_grad:
-            torch.autograd.backward(outputs, grads, retain_graph=keep_graph,
-                                    create_graph=create_graph, inputs=inputs or None)
-            return ()
-        return torch.autograd.grad(outputs, inputs, grads, retain_graph=keep_graph,
-                                   create_graph=create_graph, allow_unused=allow_unreachable)
+
+def _public_run_backward(outputs: Any, grads: Any, keep_graph: bool, create_graph: bool,
+                         inputs: Any, *, allow_unreachable: bool, accumulate_grad: bool
+                         ) -> tuple[torch.Tensor | None, ...]:
+    """The engine through torch's public front ends: same results, for a torch without the
+    private entry point."""
+    if accumulate_grad:
+        torch.autograd.backward(outputs, grads, retain_graph=keep_graph,
+                                create_graph=create_graph, inputs=inputs or None)
+        return ()
+    return tuple(torch.autograd.grad(outputs, inputs, grads, retain_graph=keep_graph,
+                                     create_graph=create_graph, allow_unused=allow_unreachable))
+
+
+_engine_run_backward: Callable[..., tuple[torch.Tensor | None, ...]] = (
+    getattr(torch.autograd.graph, "_engine_run_backward", None) or _public_run_backward)
 
 
 def _grads(outputs: Sequence[torch.Tensor], grads: Sequence[torch.Tensor] | None
