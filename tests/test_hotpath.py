@@ -61,7 +61,7 @@ def test_grad_equals_torch_grad_and_leaves_dot_grad_alone() -> None:
 
 @pytest.mark.usefixtures("entry")
 def test_grad_from_edges_equals_torch_grad_restarted_at_the_node() -> None:
-    x, lin, y = _graph(4)
+    _, lin, y = _graph(4)
     g = torch.randn(4, 2)
     want = torch.autograd.grad([y], [lin.weight, lin.bias], [g], retain_graph=True)
     got = autograd.grad_from_edges([torch.autograd.graph.get_gradient_edge(y)],

@@ -111,8 +111,9 @@ def _read(path: Path) -> str:
 
 
 def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
-    """Run `job` as this process's rank of a torchrun / env:// world; 0, or 1 after one
-    message on stderr naming the rank and its groups, or 2 for a world of the wrong size."""
+    """Run `job` as this process's rank of a torchrun / env:// world: the process exits
+    0 when it is done, or 1 after one message on stderr naming the rank and its groups;
+    returns 2 for a world of the wrong size."""
     place = _place(os.environ)
     if isinstance(place, str):
         sys.stderr.write(f"main.py: {place}\n")
@@ -145,7 +146,15 @@ def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
     except Exception as e:
         _report(f"main.py: {_failure(shape, rank, e)}")
         os._exit(1)  # do not wait for peers that may be gone; torchrun stops the rest
-    return 0
+    # NOTE (exit): the rank ends as the launcher's ranks do (multiprocessing ends a child with
+    # os._exit), once its process group is destroyed and its output flushed. Finalizing the
+    # interpreter after an overlapped gloo run aborted one run in four on torch 2.13's CPU
+    # build ("terminate called without an active exception", exit -6, after the last step's
+    # line), the same with pipeir's earlier runtime, and torchrun reports that as a failure.
+    report.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _report(message: str) -> None:
