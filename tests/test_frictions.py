@@ -27,6 +27,23 @@ def test_a_mistyped_model_gets_did_you_mean(cli: Cli) -> None:
                    "'transfomer'\nnote: did you mean 'transformer'?\n")
 
 
+def test_a_mistyped_model_is_refused_before_the_model_check(
+        cli: Cli, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The model check waits for the fork server's import of torch (seconds); a bare word
+    that names nothing importable is refused before it."""
+    from pipeir.runtime import forked, preflight
+
+    def never(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the model check ran")
+
+    monkeypatch.setattr(forked, "call", never)
+    monkeypatch.setattr(preflight, "check_model", never)
+    code, _, err = cli("run", SCHED, "--model", "heavy_lm")
+    assert code == 2
+    assert err == ("error: --model 'heavy_lm': cannot import heavy_lm: No module named "
+                   "'heavy_lm'\nnote: did you mean 'heavy-lm'?\n")
+
+
 def test_a_module_path_model_gets_no_guess(cli: Cli) -> None:
     """A dotted name is a module the user meant, not a slip of a built-in name."""
     code, _, err = cli("run", SCHED, "--model", "no_such_pkg.mlp:spec")

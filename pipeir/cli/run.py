@@ -99,6 +99,9 @@ def _train(args: argparse.Namespace) -> int:
         _use_plan(args)
     elif args.model is None:
         args.model = "mlp"
+    from pipeir.models.refs import check_name
+
+    check_name(args.model)  # a mistyped built-in, before anything waits for torch
     build = compile_args(args)
     mark("launcher: compiled")
     compiled, dp = build.compiled, build.dp

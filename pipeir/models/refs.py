@@ -5,7 +5,9 @@ at named points (`resolve_splittable`), or one cut there (`REF@POINT,POINT...`, 
 
 from __future__ import annotations
 
-from pipeir.diagnostics import UsageError
+import importlib.util
+
+from pipeir.diagnostics import UsageError, did_you_mean
 from pipeir.models import spec as specs
 from pipeir.models.spec import ModelSpec
 from pipeir.models.splittable import Splittable
@@ -23,6 +25,19 @@ def resolve(ref: str) -> ModelSpec:
     if at and "/" not in points:  # (not a directory named x@y)
         return resolve_splittable(base).at([p.strip() for p in points.split(",") if p.strip()])
     return specs.resolve(ref)
+
+
+def check_name(ref: str) -> None:
+    """Refuse a bare word that is neither a built-in nor an importable module, with the
+    message `resolve` gives, without importing anything: `pipeirc run` calls it before its
+    model check, which waits for the fork server's import of torch (seconds), so a mistyped
+    built-in is reported at once. Anything else is left to `resolve`."""
+    base = ref.rpartition("@")[0] or ref
+    if (not base.isidentifier() or base in specs.BUILTINS or base in SPLITTABLE
+            or importlib.util.find_spec(base) is not None):
+        return
+    raise UsageError(f"--model '{ref}': cannot import {base}: No module named '{base}'",
+                     notes=did_you_mean(base, {**specs.BUILTINS, **SPLITTABLE}))
 
 
 def resolve_splittable(ref: str) -> Splittable:
