@@ -285,6 +285,44 @@ def test_the_library_search_and_the_bounds_stay_within_the_time(
     assert "(optimal)" not in out  # at most "optimal in the shapes searched"
 
 
+def test_a_deadline_that_cuts_tunes_search_says_so() -> None:
+    """A deadline already past keeps the first candidate only, and the result says it was cut
+    (synth's warm starts then may lack tune's answer); without one nothing is cut."""
+    import pipeir.search.tune as tune
+
+    whole = tune.search(HETERO, 2, [4], comms=("overlapped",), dp=1)
+    cut = tune.search(HETERO, 2, [4], comms=("overlapped",), dp=1, deadline=0.0)
+    assert not whole.cut and cut.cut
+    assert len(cut.ranked) + len(cut.over_limit) == 1 < len(whole.ranked) + len(whole.over_limit)
+
+
+def test_synth_tells_when_its_time_limit_cut_tunes_search(
+        monkeypatch: pytest.MonkeyPatch, cli, tmp_path: Path) -> None:
+    """Where tune's own search does not fit in synth's share of the time (19 s at p = 32,
+    m = 128), synth may end slower than `pipeirc tune`: the run says so on stderr. A deadline
+    already past stands in for a large problem."""
+    import pipeir.search.tune
+
+    costs = tmp_path / "costs.toml"
+    costs.write_text("F = 1.0\nI = 1.5\nW = 0.5\nlatency = 0.25\n")
+    args = ("synth", "--costs", costs, "--ranks", 2, "--microbatches", 4, "--split-backward",
+            "--v", 1, "--time-limit", 1)
+    code, _, err = cli(*args)
+    assert (code, err) == (0, "")
+    real_search = pipeir.search.tune.search
+
+    def past(*a: object, deadline: float | None = None, **kw: object) -> object:
+        return real_search(*a, deadline=0.0, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(pipeir.search.tune, "search", past)
+    code, out, err = cli(*args)
+    assert code == 0, err
+    assert err == ("note: --time-limit 1 cut tune's library search short, so tune's best "
+                   "schedule may be missing from the warm starts and synth can end slower "
+                   "than `pipeirc tune`; a longer limit keeps it at least as fast\n")
+    assert out.startswith("synth: 2 ranks")
+
+
 def test_shapes_add_the_other_placement_of_tunes_v_while_it_is_small() -> None:
     """At compute-bound's 64 activations (eight whole stages' memory at eight chunks) tune's
     best is an eight-chunk loop; synth also searches the eight-chunk V (where the bound is

@@ -130,6 +130,11 @@ def run(args: argparse.Namespace) -> int:
             f"; not reached within --time-limit {args.time_limit:g}: "
             f"{', '.join(result.unsearched)} (the bound does not cover them)"
             if result.unsearched else ""))
+    if result.library_cut:
+        print(f"note: --time-limit {args.time_limit:g} cut tune's library search short, so "
+              "tune's best schedule may be missing from the warm starts and synth can end "
+              "slower than `pipeirc tune`; a longer limit keeps it at least as fast",
+              file=sys.stderr)
     if args.output is not None:
         verify(result.schedule)
         write_atomic(args.output, print_schedule(result.schedule,

@@ -91,6 +91,7 @@ class Candidate:
 class TuneResult:
     ranked: list[Candidate]  # within the memory limit, fastest first
     over_limit: list[Candidate]
+    cut: bool = False  # the deadline stopped the search before every candidate was simulated
 
     @property
     def best(self) -> Candidate:
@@ -157,8 +158,10 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
     # passes is the library schedule itself (`PassManager.run` returns its input)
     passes = do_reorder or costs.dp > 1  # (costs has dp by now)
     held = 0
+    cut = False
     for n, (m, family, v) in enumerate(specs):
         if plan and deadline is not None and time.perf_counter() > deadline:
+            cut = True
             break
         try:
             base = library.get(family, ranks=ranks, microbatches=m,
@@ -190,6 +193,7 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
         plan += [(base, chunk_costs, family, v, m, split, comm) for split, comm, _ in own]
     for i, (base, chunk_costs, family, v, m, split, comm) in enumerate(plan, 1):
         if i > 1 and deadline is not None and time.perf_counter() > deadline:
+            cut = True
             break
         if progress is not None:
             progress(f"candidate {i}/{len(plan)}: {family} v={v} m={m}"
@@ -211,7 +215,7 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
         least = min((c.peak_memory for c in over), default=0.0)
         raise UsageError(f"no schedule fits --memory-limit {memory_limit:g}: the least "
                          f"memory any candidate needs is --memory-limit {least:g} ({UNIT})")
-    return TuneResult(ranked, over)
+    return TuneResult(ranked, over, cut)
 
 
 #: Library schedules that already split their backwards (I + W): split-backward adds nothing.

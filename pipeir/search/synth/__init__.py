@@ -38,6 +38,7 @@ from pipeir.search.synth.warmstart import (
     MAX_OPS,
     Start,
     library,
+    library_search,
     list_starts,
     quick_starts,
     starts,
@@ -111,6 +112,7 @@ class SynthResult:
     wall: float
     shapes: tuple[str, ...] = ()  # the shapes searched (the bound holds over all of them)
     unsearched: tuple[str, ...] = ()  # shapes left out when bounding them outran the time
+    library_cut: bool = False  # the time limit cut tune's search short (its answer may be lost)
 
     @property
     def gap(self) -> float:
@@ -311,8 +313,8 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
         raise UsageError(f"--v {v}: synth cuts a stage into at most {MAX_V} chunks, as tune "
                          "does (no model has layers for more)")
     make_problem(costs, ranks, microbatches, v or 1)  # a size error before tune's search
-    candidates = library(costs, ranks, microbatches, comm, 8 if v is None else v,
-                         t0 + max(time_limit * LIBRARY_SHARE, FLOOR))
+    candidates, cut = library_search(costs, ranks, microbatches, comm, 8 if v is None else v,
+                                     t0 + max(time_limit * LIBRARY_SHARE, FLOOR))
     # tune's best within the budget (its shape is searched, and warmed first): in bytes,
     # the candidates whose peak bytes fit, else as `_tunes_best` counts
     within = candidates if memory_bytes is None else \
@@ -418,7 +420,7 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
         best.method.replace("meets the lower bound", "meets its shape's lower bound")
     return SynthResult(best.problem, best.schedule, best.step, best.step if optimal else bound,
                        first, method, optimal, time.perf_counter() - t0,
-                       tuple(map(_shape, problems)), tuple(map(_shape, unsearched)))
+                       tuple(map(_shape, problems)), tuple(map(_shape, unsearched)), cut)
 
 
 def _warm_starts(problems: Sequence[Problem], bounds: Sequence[float],

@@ -93,7 +93,15 @@ def sequential(problem: Problem) -> Schedule:
 def library(costs: CostModel, ranks: int, microbatches: int, comm: CommModel,
             max_v: int, deadline: float | None = None) -> list[Candidate]:
     """tune's candidates (within any budget) for `costs` of one stage per rank, as many as
-    start before `deadline` (see `pipeir.search.tune.search`)."""
+    start before `deadline` (see `library_search`)."""
+    return library_search(costs, ranks, microbatches, comm, max_v, deadline)[0]
+
+
+def library_search(costs: CostModel, ranks: int, microbatches: int, comm: CommModel,
+                   max_v: int, deadline: float | None = None
+                   ) -> tuple[list[Candidate], bool]:
+    """`library`'s candidates, and whether `deadline` cut tune's search short (then tune's
+    own answer may be missing from them: see `pipeir.search.tune.search`)."""
     try:
         # dp=1: the model has no gradient reductions, so neither may its warm starts; tune
         # interleaves powers of 2 up to MAX_V chunks, so the largest of those within max_v
@@ -102,8 +110,8 @@ def library(costs: CostModel, ranks: int, microbatches: int, comm: CommModel,
                              max_v=1 << (min(max_v, tune.MAX_V).bit_length() - 1),
                              comms=(comm,), dp=1, deadline=deadline)
     except PipeirError:
-        return []
-    return [*result.ranked, *result.over_limit]
+        return [], False
+    return [*result.ranked, *result.over_limit], result.cut
 
 
 def library_starts(problem: Problem, candidates: Sequence[Candidate]) -> list[Start]:
