@@ -84,7 +84,12 @@ def run(args: argparse.Namespace) -> int:
     with holding(args.save if locks else None) as held:
         if held is not None and held.note:
             print(f"note: {held.note}", file=sys.stderr)
-        return _train(args)
+        code = _train(args)
+    if code == EXIT_OK and forkserver.under_torchrun():  # a rank whose work is done
+        from pipeir.runtime.torchrun import end_rank
+
+        end_rank(code)
+    return code
 
 
 def _train(args: argparse.Namespace) -> int:

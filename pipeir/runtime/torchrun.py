@@ -35,7 +35,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from pipeir.argtypes import positive_int, timeout_seconds
 from pipeir.backend.codegen import rank_source
@@ -83,7 +83,10 @@ def main(directory: Path, argv: list[str]) -> int:
             time.sleep(1.0)
         return e.exit_code
     job = Job(lowered, sources, args.model, args.steps)
-    return run_env(job, args.timeout, args.dp)
+    code = run_env(job, args.timeout, args.dp)
+    if code == 0:
+        end_rank(0)
+    return code
 
 
 def _place(env: Mapping[str, str]) -> tuple[int, int] | str:
@@ -111,9 +114,9 @@ def _read(path: Path) -> str:
 
 
 def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
-    """Run `job` as this process's rank of a torchrun / env:// world: the process exits
-    0 when it is done, or 1 after one message on stderr naming the rank and its groups;
-    returns 2 for a world of the wrong size."""
+    """Run `job` as this process's rank of a torchrun / env:// world; 0 (then the caller
+    ends the rank with `end_rank`), or 2 for a world of the wrong size; on a failure the
+    process exits 1 after one message on stderr naming the rank and its groups."""
     place = _place(os.environ)
     if isinstance(place, str):
         sys.stderr.write(f"main.py: {place}\n")
@@ -146,15 +149,22 @@ def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
     except Exception as e:
         _report(f"main.py: {_failure(shape, rank, e)}")
         os._exit(1)  # do not wait for peers that may be gone; torchrun stops the rest
-    # NOTE (exit): the rank ends as the launcher's ranks do (multiprocessing ends a child with
-    # os._exit), once its process group is destroyed and its output flushed. Finalizing the
-    # interpreter after an overlapped gloo run aborted one run in four on torch 2.13's CPU
-    # build ("terminate called without an active exception", exit -6, after the last step's
-    # line), the same with pipeir's earlier runtime, and torchrun reports that as a failure.
-    report.flush()
+    report.flush()  # (line-buffered: already written)
+    return 0
+
+
+def end_rank(code: int) -> NoReturn:
+    """End this torchrun rank with `code` once its work is done (process group destroyed,
+    files and locks released): output flushed, then `os._exit`.
+
+    NOTE: the rank ends as the launcher's ranks do (multiprocessing ends a child with
+    os._exit). Finalizing the interpreter after an overlapped gloo run aborted one run in four
+    on torch 2.13's CPU build ("terminate called without an active exception", exit -6, after
+    the last step's line), the same with pipeir's earlier runtime, and torchrun reports that
+    as a failure."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def _report(message: str) -> None:
