@@ -11,6 +11,7 @@ from pipeir.diagnostics import UsageError, did_you_mean
 from pipeir.models import spec as specs
 from pipeir.models.spec import ModelSpec
 from pipeir.models.splittable import Splittable
+from pipeir.usercode import import_module
 
 #: Built-in models that can be cut anywhere -> "module:function".
 SPLITTABLE: dict[str, str] = {
@@ -28,16 +29,15 @@ def resolve(ref: str) -> ModelSpec:
 
 
 def check_name(ref: str) -> None:
-    """Refuse a bare word that is neither a built-in nor an importable module, with the
-    message `resolve` gives, without importing anything: `pipeirc run` calls it before its
-    model check, which waits for the fork server's import of torch (seconds), so a mistyped
-    built-in is reported at once. Anything else is left to `resolve`."""
+    """Refuse a bare word that is neither a built-in nor an importable module, as `resolve`
+    does, without importing anything: `pipeirc run` calls it before its model check, which
+    waits for the fork server's import of torch (seconds), so a mistyped built-in is
+    reported at once. Anything else is left to `resolve`."""
     base = ref.rpartition("@")[0] or ref
-    if (not base.isidentifier() or base in specs.BUILTINS or base in SPLITTABLE
-            or importlib.util.find_spec(base) is not None):
-        return
-    raise UsageError(f"--model '{ref}': cannot import {base}: No module named '{base}'",
-                     notes=did_you_mean(base, {**specs.BUILTINS, **SPLITTABLE}))
+    if (base.isidentifier() and base not in specs.BUILTINS and base not in SPLITTABLE
+            and importlib.util.find_spec(base) is None):
+        # (the module does not exist: importing it fails at once, with resolve's message)
+        import_module(base, f"--model '{ref}'", did_you_mean(base, specs.BUILTINS))
 
 
 def resolve_splittable(ref: str) -> Splittable:

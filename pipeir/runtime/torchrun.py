@@ -149,7 +149,6 @@ def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
     except Exception as e:
         _report(f"main.py: {_failure(shape, rank, e)}")
         os._exit(1)  # do not wait for peers that may be gone; torchrun stops the rest
-    report.flush()  # (line-buffered: already written)
     return 0
 
 
