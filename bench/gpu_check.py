@@ -7,7 +7,8 @@ Each check is one `pipeirc` command, run as a user runs it, so the report is wha
   runtime   1F1B on CUDA tensors with `--check` against single-process training: NCCL across
             the GPUs where there are two or more (up to 4), else one rank on the one GPU, plus
             the same run on gloo (CPU, `CUDA_VISIBLE_DEVICES=`) for comparison
-  overlap   the same with asynchronous communication (the NCCL comm stream)
+  blocking  the same with `--blocking` communication (the runtime check above runs the
+            default, asynchronous communication on the NCCL comm stream)
   offload   GPipe with `offload{budget=2}`: the copy stream and pinned host memory; measured
             vs simulated peak of saved activations, gradients checked
   fp16      fp16 autocast with dynamic loss scaling, `--check` against torch.amp.GradScaler
@@ -110,7 +111,7 @@ def make_plan(gpus: int, costs: str) -> Plan:
     run = ("pipeirc", "run")
     checks = [
         Check("runtime", (*run, *pipe, "--model", "mlp", "--check")),
-        Check("overlap", (*run, *pipe, "--model", "mlp", "--overlap", "--check")),
+        Check("blocking", (*run, *pipe, "--model", "mlp", "--blocking", "--check")),
         Check("offload", (*run, *gpipe, "--model", "mlp", "--passes", "offload{budget=2}",
                           "--check")),
         Check("fp16", (*run, *pipe, "--model", f"{HERE}:fp16_spec", "--check")),

@@ -290,7 +290,7 @@ def part_sleep(ranks: int, steps: int, synth_time: float) -> float:
     text = print_schedule(cand.schedule, cand.costs.settings())
     points = [layers[i].name for i in p.planned.cut]
     sched = load(text).schedule
-    low = compile_schedule(sched, "overlap" if cand.comm == "overlapped" else "").lowered
+    low = compile_schedule(sched, overlap=cand.comm == "overlapped").lowered
     job = Job(low, tuple(rank_source(low, r) for r in range(ranks)),
               f"{HERE}:sleepy@{','.join(points)}", steps)
     res = launch([job], ranks, timeout_s=300)

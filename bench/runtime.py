@@ -11,12 +11,13 @@ torch's own schedule class: 1F1B with one stage per rank (`Schedule1F1B`), inter
 with v=2 (`ScheduleInterleaved1F1B`) and ZB-V, two stages per rank in a V
 (`ScheduleZBVZeroBubble`); for the bench's MLP (below: wider than the built-in) and the
 built-in transformer (at one sequence length: torch's stages fix their shapes at the
-first step), at each of --ranks. Runs alternate A/B (pipeir, pipeir+overlap, torch,
-then again), and each system's median over all measured steps (first steps of a run dropped
-as warm-up) is compared. A step's wall time runs from the previous step's end to its own end
-(latest rank), the same for both systems; its CPU time is the CPU time of every rank process
-(all threads) over the same interval, summed over the ranks: on a machine that others load,
-the work done is read from CPU time, the waiting from wall time.
+first step), at each of --ranks. Runs alternate A/B (pipeir as compiled by default, with
+overlapped communication; pipeir --blocking; torch; then again), and each system's median
+over all measured steps (first steps of a run dropped as warm-up) is compared. A step's
+wall time runs from the previous step's end to its own end (latest rank), the same for both
+systems; its CPU time is the CPU time of every rank process (all threads) over the same
+interval, summed over the ranks: on a machine that others load, the work done is read from
+CPU time, the waiting from wall time.
 
 ops: per built-in model and stage (4 stages), median times of F, B, I and W as the runtime
 runs them (I and W split as in `pipeir.runtime.splitgrad`), and of the previous W that took
@@ -236,7 +237,7 @@ def _schedule(kind: str, world: int, m: int) -> pipeir.Schedule:
 
 def run_pipeir(kind: str, world: int, m: int, steps: int, overlap: bool,
                model: str = MODELS["mlp"]) -> tuple[list[float], object, object]:
-    low = pipeir.compile(_schedule(kind, world, m), "overlap" if overlap else "").lowered
+    low = pipeir.compile(_schedule(kind, world, m), overlap=overlap).lowered
     job = Job(low, tuple(rank_source(low, r) for r in range(world)), model, steps)
     res = launch([job], world, timeout_s=120)
     return [res.steps[(0, s)].time for s in range(steps)], res, low
@@ -253,10 +254,10 @@ def mode_real(ranks: list[int], models: list[str], kinds: list[str], m: int, ste
     for model in models:
         for world in ranks:
             for kind in kinds:
-                wall: dict[str, list[float]] = {"pipeir": [], "overlap": [], "torch": []}
+                wall: dict[str, list[float]] = {"pipeir": [], "blocking": [], "torch": []}
                 cpu: dict[str, list[float]] = {k: [] for k in wall}
                 for _ in range(rounds):  # alternating: each system sees the same machine
-                    for key, overlap in (("pipeir", False), ("overlap", True)):
+                    for key, overlap in (("pipeir", True), ("blocking", False)):
                         _, res, _ = run_pipeir(kind, world, m, steps, overlap, MODELS[model])
                         reps = [res.steps[(0, s)] for s in range(warm, steps)]  # type: ignore[attr-defined]
                         wall[key] += [r.time for r in reps]
@@ -275,8 +276,8 @@ def mode_real(ranks: list[int], models: list[str], kinds: list[str], m: int, ste
                 print(f"  {model:<11} p={world} {kind:<11} torch {mw['torch']:7.2f} ms "
                       f"(cpu {mc['torch']:7.2f})  pipeir {mw['pipeir']:7.2f} "
                       f"({mw['pipeir'] / mw['torch']:.2f}x; cpu {mc['pipeir'] / mc['torch']:.2f}x)"
-                      f"  +overlap {mw['overlap']:7.2f} ({mw['overlap'] / mw['torch']:.2f}x; "
-                      f"cpu {mc['overlap'] / mc['torch']:.2f}x)", flush=True)
+                      f"  --blocking {mw['blocking']:7.2f} ({mw['blocking'] / mw['torch']:.2f}x; "
+                      f"cpu {mc['blocking'] / mc['torch']:.2f}x)", flush=True)
 
 
 def _load() -> str:

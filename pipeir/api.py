@@ -39,18 +39,21 @@ def parse(src: str | os.PathLike[str], *, overrides: Mapping[str, Value] | None 
 def compile(schedule: Schedule | Elaborated,
             passes: str | Pipeline | Sequence[PassBase] | None = None, *,
             costs: CostModel | None = None, comm: CommModel | None = None,
-            dp: int | None = None) -> Compiled:
-    """Run `passes` (a pipeline string such as "split-backward,overlap"), lower and prove the
+            dp: int | None = None, overlap: bool = True) -> Compiled:
+    """Run `passes` (a pipeline string such as "split-backward"), lower and prove the
     programs deadlock-free. `costs` place communication and drive cost-aware passes (given
     what `pipeir.load` returns, its file's costs block is the default, as on the command
     line); `comm` defaults to the model the pipeline runs under (overlapped with `overlap`,
     else blocking).
 
+    Communication is asynchronous by default: the `overlap` pass is appended unless `passes`
+    has it (`overlap=False`: blocking sends and receives, as `--blocking` on the command line).
+
     `dp` data-parallel replicas of the pipeline (default: the costs' `dp`, else 1): with more
     than one, a schedule without its own gradient reductions gets the `dp-reduce` pass, as
     `pipeirc compile --dp D` does (both go through `pipeir.driver`).
     """
-    planned = driver.plan_pipeline(passes)
+    planned = driver.plan_pipeline(passes, overlap=overlap)
     for d in planned.warnings:
         warnings.warn(d.message, stacklevel=2)
     target = schedule.schedule if isinstance(schedule, Elaborated) else schedule

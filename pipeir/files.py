@@ -119,13 +119,19 @@ def _new_file_mode() -> int:
     return 0o666 & ~mask
 
 
-def _stage(target: Path, st: os.stat_result | None, data: str | bytes) -> str:
+#: A file's contents: text, bytes, or text in parts, written one after another (never
+#: joined: `pipeir.backend.program_io.dump_parts`).
+Contents = str | bytes | tuple[str, ...]
+
+
+def _stage(target: Path, st: os.stat_result | None, data: Contents) -> str:
     """Write `data` to a temporary file beside `target` with the mode `target` should have;
     returns its path. The caller renames it into place (or removes it)."""
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            f.write(data.encode("utf-8") if isinstance(data, str) else data)
+            for part in (data if isinstance(data, tuple) else (data,)):
+                f.write(part.encode("utf-8") if isinstance(part, str) else part)
             f.flush()
             if st is None:
                 os.fchmod(f.fileno(), _new_file_mode())
@@ -230,7 +236,7 @@ def check_tree(directory: str | os.PathLike[str], marker: str, *, flag: str,
                                      "into it anyway (files of the same names are replaced)")])
 
 
-def write_tree(directory: str | os.PathLike[str], files: Mapping[str, str | bytes],
+def write_tree(directory: str | os.PathLike[str], files: Mapping[str, Contents],
                marker: str, *, flag: str, force: bool) -> None:
     """Write `files` (name -> contents) into `directory` under the output policy.
 
@@ -243,7 +249,7 @@ def write_tree(directory: str | os.PathLike[str], files: Mapping[str, str | byte
     old = _marked(d, marker) or []
     listing = "# written by pipeir; files it removes when it writes here again\n" + \
         "".join(f"{name}\n" for name in files)
-    everything: dict[str, str | bytes] = {**files, marker: listing}
+    everything: dict[str, Contents] = {**files, marker: listing}
     targets = {name: resolve_output(d / name) for name in everything}
     staged: dict[str, str] = {}
     try:

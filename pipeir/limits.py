@@ -7,7 +7,7 @@ CPython 3.11, x86-64, at commit 03cbf00; the interpreter and pipeir's imports ta
 - A schedule costs ~1.9 KB per op (graph node and edges, span, program slot, op object):
   `check --schedule 1f1b --ranks 64` peaks at 164 MB with 512 micro-batches (65,536 ops)
   and 287 MB with 1,024 (131,072 ops). BYTES_PER_OP rounds that up to 2,000.
-- Lowering costs ~5 KB per op and round (the schedule, about four instructions per op, the
+- Lowering costs ~5 KB per op and round (the schedule, four to five instructions per op, the
   communication proof, the generated files): `compile -o DIR` of interleaved 1F1B at p=16,
   v=4 peaks at 127 MB with 128 micro-batches (16,384 ops) and 206 MB with 256 (32,768 ops):
   4.9 KB per op. BYTES_PER_LOWERED_OP rounds that up to 5,500. `accumulate = k` lowers k

@@ -46,7 +46,8 @@ def _small() -> pipeir.Schedule:
 
 def test_emit_lowered_golden(cli, golden, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(EXAMPLES.parent)  # relative paths in the output, on any machine
-    code, out, err = cli("compile", "examples/1f1b.sched", *SMALL, "--emit", "lowered")
+    code, out, err = cli("compile", "examples/1f1b.sched", *SMALL, "--blocking", "--emit",
+                         "lowered")
     assert code == 0, err
     golden("backend/1f1b-p2m2.lowered.expected", out)
     code, out, err = cli("compile", "examples/defer-w.sched", *SMALL, "--passes",
@@ -58,7 +59,8 @@ def test_emit_lowered_golden(cli, golden, monkeypatch: pytest.MonkeyPatch) -> No
 def test_generated_source_golden(cli, golden, tmp_path: Path,
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(EXAMPLES.parent)
-    code, out, err = cli("compile", "examples/1f1b.sched", *SMALL, "-o", tmp_path / "gen")
+    code, out, err = cli("compile", "examples/1f1b.sched", *SMALL, "--blocking", "-o",
+                         tmp_path / "gen")
     assert code == 0, err
     assert "torchrun --nproc-per-node 2" in out
     for name in ("rank0.py", "rank1.py", "main.py"):
@@ -352,6 +354,25 @@ def test_overlap_waits_right_before_the_consumer_and_batches_posts() -> None:
                            or x.mnemonic == "load")
                 assert getattr(nxt, "mb", None) == ins.mb
     assert any(isinstance(i, Batch) for i in low.program(0))
+
+
+@pytest.mark.parametrize("name", ["1f1b", "interleaved-1f1b"])
+def test_overlap_waits_right_before_a_checkpointed_forward(name: str) -> None:
+    """A checkpointed forward (FC, recompute; a subclass of Forward) consumes its activation
+    as a forward does: a pass that looked for forwards by exact class placed the wait where
+    the receive was, and recompute + overlap deadlocked (the proof refused it)."""
+    s = pipeir.library.get(name, 3, 6)
+    low = pipeir.compile(s, "recompute{all=true}").lowered  # overlap by default, proved
+    consumers = []
+    for prog in low.programs:
+        for i, ins in enumerate(prog):
+            if isinstance(ins, WaitRecv) and ins.tensor == "act":
+                nxt = next(x for x in prog[i + 1:] if isinstance(x, COMPUTE))
+                assert (nxt.stage, nxt.mb) == (ins.stage + 1, ins.mb), (ins, nxt)
+                consumers.append(nxt.mnemonic)
+    assert len(consumers) == sum(1 for a, b in s.data_edges() if a.kind == "F"
+                                 and s.rank_of(a) != s.rank_of(b))
+    assert "forward-checkpoint" in consumers
 
 
 @pytest.mark.parametrize(("args", "message"), [

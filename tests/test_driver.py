@@ -180,3 +180,57 @@ def test_the_driver_never_prints() -> None:
             assert not (isinstance(node, ast.Name) and node.id == "print"), path
             assert not (isinstance(node, ast.Attribute) and node.attr in ("stdout", "stderr")), \
                 path
+
+
+def test_both_doors_overlap_by_default_and_block_when_told(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Communication is asynchronous unless `--blocking` / `overlap=False`; both doors agree on
+    both, and the blocking programs have no asynchronous send."""
+    words, build = SCHEDULES["1f1b"]
+    for flags, kw, overlapped in (([], {}, True), (["--blocking"], {"overlap": False}, False),
+                                  (["--passes", "split-backward"], {}, True)):
+        passes = flags[1] if flags[:1] == ["--passes"] else None
+        code, out, err = _cli(["compile", *words, *flags, "--emit", "json"], capsys)
+        assert code == 0, err
+        low = pipeir.compile(build(), passes, **kw).lowered
+        assert out == dumps(low) and low.overlap is overlapped
+        sends = {i.mnemonic for prog in low.programs for i in prog} & {"send", "isend"}
+        assert sends == ({"isend"} if overlapped else {"send"}), (flags, sends)
+
+
+def test_blocking_contradicted_is_refused_through_both_doors(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    words, build = SCHEDULES["1f1b"]
+    code, _, err = _cli(["compile", *words, "--blocking", "--passes", "split-backward,overlap",
+                         "--emit", "json"], capsys)
+    assert code == 2
+    assert "error: blocking communication was asked for, but the pass pipeline includes " \
+        "'overlap'" in err, err
+    with pytest.raises(PipeirError, match="blocking communication was asked for"):
+        pipeir.compile(build(), "overlap", overlap=False)
+    code, _, err = _cli(["compile", *words, "--blocking", "--max-posted", "2", "--emit",
+                         "json"], capsys)
+    assert code == 2 and "error: --max-posted bounds the receives the overlap pass posts " \
+        "ahead; with blocking communication there are none" in err, err
+    code, _, err = _cli(["compile", *words, "--blocking", "--overlap", "--emit", "json"],
+                        capsys)
+    assert code == 2 and "not allowed with argument" in err, err
+    # two bounds for one pass: refused, not one of them dropped
+    code, _, err = _cli(["compile", *words, "--passes", "overlap{max_posted=2}",
+                         "--max-posted", "3", "--emit", "json"], capsys)
+    assert code == 2 and "error: --max-posted 3: the pass pipeline's 'overlap' sets its own " \
+        "bound" in err, err
+
+
+def test_compile_proves_the_programs_it_returns_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last lowered pass's programs, proved after the pass, are not proved again."""
+    from pipeir.passes import manager
+
+    proved: list[object] = []
+    real = manager.check_comm
+    monkeypatch.setattr(manager, "check_comm", lambda low: proved.append(low) or real(low))
+    s = pipeir.library.get("1f1b", 2, 4)
+    for overlap in (True, False):
+        proved.clear()
+        low = pipeir.compile(s, overlap=overlap).lowered
+        assert proved == [low]

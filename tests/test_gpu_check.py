@@ -50,7 +50,7 @@ def test_plan_nccl_one_rank_per_gpu(gc: ModuleType, gpus: int, ranks: int, gloo:
     plan = gc.make_plan(gpus, "costs.json")
     assert (plan.backend, plan.ranks, plan.gloo_ranks) == ("nccl", ranks, gloo)
     names = [c.name for c in plan.checks]
-    assert {"runtime", "overlap", "offload", "fp16", "recompute", "profile",
+    assert {"runtime", "blocking", "offload", "fp16", "recompute", "profile",
             "profiled-run"} <= set(names)
     assert ("runtime-gloo" in names) == (gloo > 0)
     for c in plan.checks:
@@ -93,7 +93,7 @@ def test_a_failing_check_fails_loudly(gc: ModuleType, monkeypatch: pytest.Monkey
     monkeypatch.setattr(gc, "run_command", runner)
     assert gc.main([]) == 1
     out, err = capsys.readouterr()
-    assert ran == ["runtime", "runtime-gloo", "overlap", "offload"]  # stops at the failure
+    assert ran == ["runtime", "runtime-gloo", "blocking", "offload"]  # stops at the failure
     assert err.strip().splitlines() == [
         "gpu_check: error: check 'offload' failed (exit 1): RuntimeError: CUDA error: an "
         "illegal memory access was encountered"]

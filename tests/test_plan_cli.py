@@ -179,6 +179,33 @@ def test_run_plan_bad_usage(cli: Cli, tmp_path: Path, costs_plan: Path, extra: l
     assert message in err and "Traceback" not in err and "training" not in out
 
 
+@pytest.mark.mp
+@pytest.mark.parametrize("extra, message", [
+    (["--model", "mlp"], "a model that can be cut at named points"),
+    ([], "split point 'blocks.7' is not one of the model's"),
+])
+def test_run_plan_cut_is_checked_in_the_forked_preflight(tmp_path: Path, extra: list[str],
+                                                         message: str) -> None:
+    """With the fork server (a real `pipeirc run`), the plan's cut is refused by the model
+    check in its forked process, in the same words, and the launcher imports no torch."""
+    layers = [LayerCost(n, F=1.0, B=2.0, I=1.0, W=1.0) for n in NAMES]
+    p = plan(layers, 2, 4, splits=(None,))
+    cand = p.planned.candidate
+    data = json.loads(to_json(p, "transformer", print_schedule(cand.schedule,
+                                                               cand.costs.settings()), "hand"))
+    far = tmp_path / "far.json"  # a cut of a larger model: the transformer has 4 blocks
+    far.write_text(json.dumps({**data, "points": ["blocks.7", *data["points"][1:]]}))
+    argv = ["run", "--plan", str(far), *extra, "--steps", "1"]
+    code = ("import sys\nfrom pipeir.cli import main\nif __name__ == '__main__':\n"
+            f"    c = main({argv!r})\n"
+            "    print('torch in the launcher:', 'torch' in sys.modules)\n    sys.exit(c)\n")
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=600)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert message in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "torch in the launcher: False" in r.stdout
+
+
 def test_run_plan_takes_an_interleaved_plan(cli: Cli, tmp_path: Path) -> None:
     """A plan with two chunks per rank: 4 stages from 3 points, compiled for 2 ranks (the
     run stops at --nproc, after the plan's schedule and cut have been checked)."""
@@ -191,6 +218,13 @@ def test_run_plan_takes_an_interleaved_plan(cli: Cli, tmp_path: Path) -> None:
     path.write_text(to_json(p, "transformer", print_schedule(cand.schedule,
                                                              cand.costs.settings()), "hand"))
     code, _, err = cli("run", "--plan", path, "--nproc", "3")
+    assert code == 2 and "--nproc 3: the schedule runs on 2 ranks" in err, err
+    # a plan simulated with blocking communication runs blocking, unless the command line
+    # asks for overlap (--max-posted bounds the overlap pass: it asks for it)
+    data = json.loads(path.read_text())
+    data["schedule"]["comm"] = "blocking"
+    path.write_text(json.dumps(data))
+    code, _, err = cli("run", "--plan", path, "--max-posted", "2", "--nproc", "3")
     assert code == 2 and "--nproc 3: the schedule runs on 2 ranks" in err, err
 
 

@@ -139,3 +139,13 @@ def test_a_model_check_that_dies_is_one_line(tmp_path: Path) -> None:
     assert r.returncode == 1 and r.stdout == ""
     assert r.stderr == (f"error: the check of --model {model} died (killed by signal 9) "
                         "before it finished\n")
+
+
+@pytest.mark.mp
+def test_what_the_fork_server_forks_collects_garbage() -> None:
+    """The fork server imports with the garbage collector off (`pipeir.runtime.preload`);
+    what it forks turns it back on, and finds torch's import frozen out of collection."""
+    from pipeir.runtime import forked
+
+    assert forked.call("a check", "gc:isenabled") is True
+    assert forked.call("a check", "gc:get_freeze_count") > 100_000

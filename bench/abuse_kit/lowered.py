@@ -17,9 +17,11 @@ LIB = ["--schedule", "1f1b", "--ranks", "2", "--microbatches", "2"]
 
 
 def _compiled() -> str:
-    """lowered.json of 1F1B on 2 ranks, made once by `pipeirc compile` itself."""
+    """lowered.json of 1F1B on 2 ranks, made once by `pipeirc compile` itself (blocking: the
+    edits below name its plain sends)."""
     if not _LOWERED:
-        r = subprocess.run([sys.executable, "-m", "pipeir", "compile", *LIB, "--emit", "json"],
+        r = subprocess.run([sys.executable, "-m", "pipeir", "compile", *LIB, "--blocking",
+                            "--emit", "json"],
                            capture_output=True, text=True, timeout=60, check=True)
         _LOWERED.append(r.stdout)
     return _LOWERED[0]

@@ -269,7 +269,14 @@ def load(path: str) -> tuple[Lowered, Source]:
 def dumps(lowered: Lowered, proof: str | None = None) -> str:
     """`to_json` as text, one instruction per line. With `proof` (the caller proved the
     programs under the rules `proof` names: `pipeirc compile`), the header records a digest of
-    the text under that proof (`is_proved`).
+    the text under that proof (`is_proved`)."""
+    return "".join(dump_parts(lowered, proof))
+
+
+def dump_parts(lowered: Lowered, proof: str | None = None) -> tuple[str, ...]:
+    """`dumps`'s text in parts (a header, one part per rank, a trailer) that `pipeir.files`
+    writes one after another: the whole text of a large program (35 MB at 65k ops) is never
+    joined into a second copy, nor encoded into a third.
 
     NOTE: written a program at a time with the C encoder (`json.dumps` without `indent`; with
     it the encoder is pure Python, and it was half of compiling a large schedule), then one
@@ -291,7 +298,7 @@ def dumps(lowered: Lowered, proof: str | None = None) -> str:
             h.update(part.encode())
         blank = f'"{PROVED}": "{_UNSIGNED}"'  # (quotes in a string are escaped: the field)
         parts[0] = parts[0].replace(blank, f'"{PROVED}": "{_DIGEST_PREFIX}{h.hexdigest()}"', 1)
-    return "".join(parts)
+    return tuple(parts)
 
 
 # NOTE (the recorded proof): the ranks of a compiled program interpret lowered.json, so

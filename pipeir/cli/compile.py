@@ -25,11 +25,16 @@ MARKER = ".pipeir-compile"
 
 
 def add_backend_args(p: argparse.ArgumentParser) -> None:
-    """--passes / --overlap / --max-posted / --costs, shared with `pipeirc run`."""
+    """--passes / --overlap / --blocking / --max-posted / --costs, shared with `pipeirc run`."""
     p.add_argument("--passes", metavar="SPEC",
-                   help="passes to apply, e.g. 'split-backward,overlap{max_posted=2}'")
-    p.add_argument("--overlap", action="store_true",
-                   help="asynchronous communication (same as --passes overlap)")
+                   help="passes to apply, e.g. 'split-backward,overlap{max_posted=2}'; the "
+                        "overlap pass is appended unless --blocking")
+    comm = p.add_mutually_exclusive_group()
+    comm.add_argument("--overlap", action="store_true",
+                      help="asynchronous communication (the default: the overlap pass)")
+    comm.add_argument("--blocking", action="store_true",
+                      help="blocking communication: every send and receive waited for where "
+                           "it is (no overlap pass)")
     p.add_argument("--max-posted", type=int, metavar="K",
                    help="with overlap: at most K receives posted ahead (0 = no bound)")
     p.add_argument("--dp", type=int, metavar="D",
@@ -44,7 +49,7 @@ def compile_args(args: argparse.Namespace, progress: Callable[[str], None] | Non
     """The schedule the command line names, through its passes, lowered and proved, under its
     costs and data-parallel replicas (`pipeir.driver`); `progress` hears of each phase
     (`pipeir.progress`). Warnings are printed as the driver gives them."""
-    planned = driver.plan_pipeline(args.passes, overlap=args.overlap,
+    planned = driver.plan_pipeline(args.passes, overlap=not args.blocking,
                                    max_posted=args.max_posted)
     show(planned.warnings)
     loaded = load_with_costs(args)

@@ -101,7 +101,7 @@ def _train(args: argparse.Namespace) -> int:
     # started it already)
     fork = not torchrun and forkserver.prestart()
     if args.plan is not None:
-        _use_plan(args)
+        _use_plan(args, check_points=not fork)
     elif args.model is None:
         args.model = "mlp"
     from pipeir.models.refs import check_name
@@ -217,10 +217,12 @@ def _preflight(args: argparse.Namespace, compiled: Compiled, dp: int, *, fork: b
     return start
 
 
-def _use_plan(args: argparse.Namespace) -> None:
-    """Point `args` at the plan's schedule and its model cut at the planned points; a model
-    that cannot be cut at named points, or not at these, is refused here."""
-    from pipeir.models.refs import resolve_splittable
+def _use_plan(args: argparse.Namespace, check_points: bool) -> None:
+    """Point `args` at the plan's schedule and its model cut at the planned points. A model
+    that cannot be cut at named points, or not at these, is refused by the model check
+    (`MODEL@POINT,...` resolves only where it can be cut there): in the forked preflight, so
+    that the launcher imports no torch, or here first (`check_points`) where the launcher
+    checks the model itself anyway."""
     from pipeir.plan import planfile
 
     if args.files or args.schedule is not None:
@@ -230,11 +232,15 @@ def _use_plan(args: argparse.Namespace) -> None:
     if "@" in model:
         raise UsageError(f"--model {model}: with --plan, name the model without split "
                          "points (the plan gives them)")
-    resolve_splittable(model).at(plan.points)  # refuses unknown points before any process
+    if check_points:
+        from pipeir.models.refs import resolve_splittable
+
+        resolve_splittable(model).at(plan.points)
     args.model = f"{model}@{','.join(plan.points)}"
     args.files = [plan.source()]
-    if plan.comm == "overlapped" and args.passes is None:
-        args.overlap = True  # the communication the plan was simulated with
+    if plan.comm == "blocking" and args.passes is None and not args.overlap and \
+            args.max_posted is None:
+        args.blocking = True  # the communication the plan was simulated with
 
 
 def _planner(compiled: Compiled, args: argparse.Namespace) -> StepPlanner | None:

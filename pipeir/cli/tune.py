@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
     if args.output is not None:
         verify(best.schedule)
         write_atomic(args.output, print_schedule(best.schedule, best.costs.settings()), "-o")
-        hint = "" if best.overlap else " --comm blocking"
+        hint = "" if best.overlap else \
+            " --comm blocking; compile or run it with --blocking to run it so"
         print(f"wrote {args.output} (pipeirc simulate {args.output}{hint})")
     return 0

@@ -32,17 +32,28 @@ class Planned:
 PassesArg = str | Pipeline | Sequence[PassBase] | None
 
 
-def plan_pipeline(passes: PassesArg, *, overlap: bool = False, max_posted: int | None = None,
+def plan_pipeline(passes: PassesArg, *, overlap: bool | None = None,
+                  max_posted: int | None = None,
                   extra: Mapping[str, type[PassBase]] | None = None,
                   required: bool = False) -> Planned:
     """The pipeline `passes` names (a pipeline string, a `Pipeline`, passes, or none: a
     blank string is none unless `required`, when it is the parser's "empty pipeline"
-    error), with `overlap` appended when asked (`overlap` or a `max_posted` bound) and not
-    already there. A pass also claimed by an installed plugin, which is ignored, is warned
-    about: the user may believe the plugin runs (`extra` passes, loaded by the caller, are
-    not)."""
+    error). `overlap` is THE communication policy of what is lowered to run (`compile`,
+    `run`, `pipeir.compile`): True (their default) appends the `overlap` pass unless the
+    pipeline has it (with `max_posted` as its bound), False is blocking communication (a
+    pipeline naming `overlap` contradicts it), None leaves the pipeline as given (`opt`).
+    A pass also claimed by an installed plugin, which is ignored, is warned about: the user
+    may believe the plugin runs (`extra` passes, loaded by the caller, are not).
+
+    NOTE (why overlap by default): the simulator's default communication is overlapped, and
+    measured against blocking programs (`bench/runtime.py`: 1F1B, interleaved and ZB-V, an
+    MLP and a transformer, 2 and 4 ranks; docs/performance.md) the overlapped ones were
+    faster in all but one row of one run, often by a third."""
     if max_posted is not None and max_posted < 0:
         raise UsageError("--max-posted must be a non-negative integer")
+    if overlap is False and max_posted is not None:
+        raise UsageError("--max-posted bounds the receives the overlap pass posts ahead; with "
+                         "blocking communication there are none")
     if passes is None or (isinstance(passes, str) and not passes.strip() and not required):
         pipeline = Pipeline.of(())
     elif isinstance(passes, str):
@@ -50,8 +61,15 @@ def plan_pipeline(passes: PassesArg, *, overlap: bool = False, max_posted: int |
     else:
         pipeline = passes if isinstance(passes, Pipeline) else Pipeline.of(passes)
     warnings = shadowed(p.name for p in pipeline.passes if p.name not in (extra or {}))
-    if (overlap or max_posted is not None) and not any(
-            isinstance(p, Overlap) for p in pipeline.passes):
+    has = next((i for i, p in enumerate(pipeline.passes) if isinstance(p, Overlap)), None)
+    if overlap is False and has is not None:
+        raise UsageError("blocking communication was asked for, but the pass pipeline "
+                         "includes 'overlap'", pipeline.spans[has])
+    if max_posted is not None and has is not None:
+        raise UsageError(f"--max-posted {max_posted}: the pass pipeline's 'overlap' sets its "
+                         "own bound (overlap{max_posted=K}); give one of the two",
+                         pipeline.spans[has])
+    if (overlap or max_posted is not None) and has is None:
         pipeline = pipeline.then(Overlap(max_posted=max_posted or 0))
     return Planned(pipeline, warnings)
 

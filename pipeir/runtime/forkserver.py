@@ -22,9 +22,9 @@ import os
 from multiprocessing import forkserver
 from typing import Any
 
-#: what the fork server imports before it forks a rank or the preflight (`torch._dynamo`: see
-#: the NOTE)
-PRELOAD = ["pipeir.runtime.worker", "pipeir.runtime.preflight", "torch._dynamo"]
+#: what the fork server imports before it forks a rank or the preflight: the worker, the
+#: preflight and `torch._dynamo` (see the NOTE), with the garbage collector off
+PRELOAD = ["pipeir.runtime.preload"]
 
 
 def context() -> Any:

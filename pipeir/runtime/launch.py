@@ -20,6 +20,7 @@ server and the resource tracker see their own pipes close and exit too.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import queue as queue_mod
 import signal
@@ -165,7 +166,9 @@ def start_owned(ctx: Any, target: Callable[..., None],
 def _on_leash(leash: Any, env: dict[str, str], target: Callable[..., None], *args: Any
               ) -> None:
     """A worker's entry: take the launcher's environment, die when the launcher's end of the
-    leash closes, then run."""
+    leash closes, then run (with the garbage collector on: the fork server turns it off,
+    `pipeir.runtime.preload`)."""
+    gc.enable()
     os.environ.clear()
     os.environ.update(env)
     def wait() -> None:
