@@ -223,9 +223,14 @@ def test_split_backward_equals_full_backward_and_w_skips_the_input_path(
     assert all(p.grad is None for p in mod.parameters())  # I leaves the weights alone
     in_i = set(ran)
     ran.clear()
+    needs = set(splitgrad.weight_nodes(work) or ())  # what the memory release keeps for W
     splitgrad.backward_weight(work)
     for h in handles:
         h.remove()
+    # exactly what W ran, by torch's engine (the parameters' AccumulateGrad nodes, which
+    # autograd.grad reads without running, besides)
+    assert set(ran) <= needs
+    assert {n.name() for n in needs - set(ran)} <= {"torch::autograd::AccumulateGrad"}
     for k, p in mod.named_parameters():
         torch.testing.assert_close(p.grad, want[k], msg=k)
     assert ran

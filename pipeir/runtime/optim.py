@@ -19,8 +19,9 @@ tied sum, unscale (fp16), skip if any rank saw inf/NaN, clip, step, scheduler.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -36,11 +37,23 @@ if TYPE_CHECKING:
 INIT_SCALE, GROWTH, BACKOFF, GROWTH_INTERVAL = 2.0**16, 2.0, 0.5, 2000
 
 
-@dataclass
 class StepStats:
-    grad_norm: float | None  # the global norm before clipping (fp16: unscaled); None until a step
-    skipped: bool  # fp16: non-finite gradients, no update
-    lr: float | None  # the step's learning rate (this rank's first optimizer)
+    """What an optimizer step reports: the global gradient norm before clipping (fp16:
+    unscaled; None until a step), whether fp16 skipped the update for non-finite gradients,
+    and the step's learning rate (this rank's first optimizer). The norm may still be on its
+    way (`Optim.step`'s NOTE): reading it waits for it."""
+
+    def __init__(self, grad_norm: float | Callable[[], float] | None, skipped: bool,
+                 lr: float | None):
+        self._norm = grad_norm
+        self.skipped = skipped
+        self.lr = lr
+
+    @property
+    def grad_norm(self) -> float | None:
+        if callable(self._norm):
+            self._norm = self._norm()
+        return self._norm
 
 
 @dataclass
@@ -70,6 +83,7 @@ class Optim:
         self.norm_group = None if mesh is None else mesh.pp_group
         #: the norm is summed over ranks only where the pipeline has more than one
         self.norm_reduce = distributed and dist.get_world_size(self.norm_group) > 1
+        self._pending: Any = None  # the norm's all-reduce still running (`step`'s NOTE)
         self.mesh = mesh
         #: every parameter of the rank's stages, once (zero_grad sets their gradients to None
         #: without walking the modules)
@@ -126,6 +140,7 @@ class Optim:
             p.grad = None
 
     def step(self) -> StepStats:
+        self.settle()
         self._sum_tied()
         grads = self._grads()
         if self.fp16:
@@ -136,13 +151,27 @@ class Optim:
         # scalar all-reduce among the pipeline ranks (bench/grad_norm.py measures it against
         # the step). Only clipping and fp16 act on it: a non-finite norm skips the step there
         # alone, as before.
-        norm = self._global_norm(grads)
-        skipped = (self.spec.clip_grad_norm is not None or self.fp16) and not math.isfinite(norm)
+        acts = self.spec.clip_grad_norm is not None or self.fp16  # the step needs the norm
+        norm: float | Callable[[], float]
+        if acts or not self.norm_reduce:
+            norm = self._global_norm(grads)
+        else:
+            # NOTE: a norm only shown (the progress line, --metrics) is summed over the
+            # pipeline ranks in the background: a blocking all-reduce here made each rank
+            # wait, after its last backward, for the rank that finishes last: one round trip
+            # on the critical path of every step (two-rank 1F1B: 5-10 % of the step). The
+            # last rank, which reports it, waits for it after its step; the others before
+            # their next collective (`settle`).
+            sq = self._local_sq(grads)
+            self._pending = dist.all_reduce(sq, group=self.norm_group, async_op=True)
+            norm = functools.partial(self._reported, sq)
+        skipped = isinstance(norm, float) and acts and not math.isfinite(norm)
         if skipped:
             self.scale *= BACKOFF
             self.good_steps = 0
         else:
             if self.spec.clip_grad_norm is not None:
+                assert isinstance(norm, float)
                 coef = min(1.0, self.spec.clip_grad_norm / (norm + 1e-6))
                 for g in grads:
                     g.mul_(coef)
@@ -179,17 +208,31 @@ class Optim:
     def _global_norm(self, grads: list[torch.Tensor]) -> float:
         """The L2 norm of all stages' gradients (tied groups once), over all ranks; inf or NaN
         when any gradient is not finite."""
+        sq = self._local_sq(grads)
+        if self.norm_reduce:
+            dist.all_reduce(sq, group=self.norm_group)
+        return float(sq.sqrt())
+
+    def _local_sq(self, grads: list[torch.Tensor]) -> torch.Tensor:
+        """The squared L2 norm of this rank's gradients (tied groups once), in float64."""
         repeated = {id(p.grad) for t in self.tied for i, (_, p) in enumerate(t.members)
                     if (i > 0 or not t.first) and p.grad is not None}
         counted = [g.float() for g in grads if id(g) not in repeated]
         if counted:  # one norm per gradient in one call, as clip_grad_norm_; summed in float64
-            sq = torch.stack(torch._foreach_norm(counted)).double().square().sum()
-        else:
-            sq = torch.zeros((), dtype=torch.float64,
-                             device=grads[0].device if grads else torch.device("cpu"))
-        if self.norm_reduce:
-            dist.all_reduce(sq, group=self.norm_group)
+            return torch.stack(torch._foreach_norm(counted)).double().square().sum()
+        return torch.zeros((), dtype=torch.float64,
+                           device=grads[0].device if grads else torch.device("cpu"))
+
+    def _reported(self, sq: torch.Tensor) -> float:
+        self.settle()
         return float(sq.sqrt())
+
+    def settle(self) -> None:
+        """Wait for the background all-reduce of the last step's norm, if any (before any
+        other collective of this rank, and before the process group ends)."""
+        if self._pending is not None:
+            work, self._pending = self._pending, None
+            work.wait()
 
     # ---- checkpoints ----------------------------------------------------------------------------
     def stage_state(self, s: int) -> dict[str, Any]:

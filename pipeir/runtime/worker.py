@@ -190,10 +190,12 @@ def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
         saves = mesh is None or mesh.replica == 0  # replicas hold the same state
         if saver is not None and saves and (
                 done == job.steps or (job.save_every and done % job.save_every == 0)):
+            optim.settle()  # (the norm's all-reduce, before the save's collectives)
             track(index, SAVING_PC)
             saver.save(done, modules, optim, rank, None if mesh is None else mesh.pp_group,
                        lambda text: emit(("note", index, text)))
             track(index, -1)
+    optim.settle()  # the last step's norm, before the next job or the group's end
     if job.collect:
         emit(("params", index, rank if mesh is None else mesh.rank,
               {s: {k: _numpy(v) for k, v in m.state_dict().items()}
