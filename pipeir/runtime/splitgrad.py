@@ -174,8 +174,9 @@ def weight_nodes(work: WeightWork) -> list[Node] | None:
     if work.full is not None:
         return None
     out: dict[Node, None] = {}
-    for (nodes, params), side in zip(work.groups, work.sides):
-        if len(nodes) == 1:
+    sides: list[set[Node] | None] = [*work.sides] or [None] * len(work.groups)
+    for (nodes, params), side in zip(work.groups, sides, strict=True):
+        if len(nodes) == 1 and side is not None:
             # NOTE: one boundary node: what W runs is the node and the part of its side
             # branches that leads to its parameters (their AccumulateGrad nodes, which the
             # side walk met). Nothing below the node on the input path leads to them: a node
