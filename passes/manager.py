@@ -228,7 +228,6 @@ class PassManager:
         schedule, context = done.schedule, done.context
         self._phase(f"lowering {len(schedule):,} ops")
         lowered = lower(schedule, context.costs)
-        proved = False  # (the programs as they are now: proved once, not again at the end)
         for i in range(n, len(passes)):
             p = passes[i]
             assert isinstance(p, LoweredPass)
@@ -238,7 +237,6 @@ class PassManager:
                     out = p.run(lowered, context)
             except PipeirError as e:
                 raise self._blame(e, i, during=True) from None
-            proved = False
             if self.verify_each:
                 self._phase(f"proving {sum(map(len, out.programs)):,} instructions "
                             "deadlock-free")
@@ -246,9 +244,8 @@ class PassManager:
                     check_comm(out)
                 except PipeirError as e:
                     raise self._blame(e, i, during=False) from None
-                proved = True
             lowered = out
-        if not proved:
+        if not (self.verify_each and n < len(passes)):  # (else proved after the last pass)
             self._phase(f"proving {sum(map(len, lowered.programs)):,} instructions "
                         "deadlock-free")
             check_comm(lowered)

@@ -22,7 +22,7 @@ value I saved, so nothing is counted twice (the input path between them is recom
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch.autograd.graph import GradientEdge, Node
@@ -34,15 +34,13 @@ Grads = tuple[torch.Tensor | None, ...]
 
 @dataclass
 class WeightWork:
-    """What I leaves for W: groups of boundary nodes, each with its parameters; the gradients
-    I saved per node (`full` holds the output and its gradient instead when nothing was split:
-    the input needed no gradient)."""
+    """What I leaves for W: groups of boundary nodes, each with the nodes of its side branches
+    and its parameters; the gradients I saved per node (`full` holds the output and its
+    gradient instead when nothing was split: the input needed no gradient)."""
 
-    groups: list[tuple[list[Node], list[torch.Tensor]]]
+    groups: list[tuple[list[Node], set[Node], list[torch.Tensor]]]
     saved: dict[Node, Grads]
     full: tuple[Sequence[torch.Tensor], Sequence[torch.Tensor] | None] | None = None
-    #: per group, the nodes of its side branches (`weight_nodes`)
-    sides: list[set[Node]] = field(default_factory=list)
 
 
 def _node_of(t: torch.Tensor) -> Node | None:
@@ -155,9 +153,7 @@ def backward_input_many(outputs: Sequence[torch.Tensor],
     finally:
         for h in handles:
             h.remove()
-    groups = _groups(boundary)
-    return list(gxs), WeightWork([(nodes, ps) for nodes, _, ps in groups], saved,
-                                 sides=[side for _, side, _ in groups])
+    return list(gxs), WeightWork(_groups(boundary), saved)
 
 
 def _saver(saved: dict[Node, Grads], node: Node) -> Callable[[Grads], None]:
@@ -174,9 +170,8 @@ def weight_nodes(work: WeightWork) -> list[Node] | None:
     if work.full is not None:
         return None
     out: dict[Node, None] = {}
-    sides: list[set[Node] | None] = [*work.sides] or [None] * len(work.groups)
-    for (nodes, params), side in zip(work.groups, sides, strict=True):
-        if len(nodes) == 1 and side is not None:
+    for nodes, side, params in work.groups:
+        if len(nodes) == 1:
             # NOTE: one boundary node: what W runs is the node and the part of its side
             # branches that leads to its parameters (their AccumulateGrad nodes, which the
             # side walk met). Nothing below the node on the input path leads to them: a node
@@ -198,7 +193,7 @@ def backward_weight(work: WeightWork) -> None:
         outputs, grads = work.full  # the input needs no gradient: W is the whole backward
         autograd.backward(outputs, grads)
         return
-    for nodes, params in work.groups:
+    for nodes, _, params in work.groups:
         edges: list[GradientEdge] = []
         given: list[torch.Tensor] = []
         for node in nodes:
