@@ -53,7 +53,7 @@ class DpReduce(Pass):
         last: dict[int, int] = {}  # stage -> index of its last weight-gradient op
         for i, op in enumerate(ops):
             if op.kind in ("B", "W"):
-                partner = schedule.graph.nodes[op].get("pair_next")
+                partner = schedule.pair_next(op)
                 last[op.stage] = i + 1 if partner is not None else i
         after: dict[int, list[Op]] = {}
         for stage, i in sorted(last.items(), key=lambda kv: kv[1]):

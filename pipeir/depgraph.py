@@ -17,7 +17,7 @@ and reachability, which no valid order changes).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -79,6 +79,46 @@ class DepGraph:
         return cls(ops, index, tuple(preds), tuple(data_preds),
                    tuple(tuple(s) for s in succs), waits,
                    _static_order(node_order, preds, waits))
+
+    @classmethod
+    def number(cls, programs: Sequence[Sequence[Op]], where: Iterable[Op],
+               pairs: Iterable[tuple[Op, Op]],
+               inputs: Callable[[Op, Callable[[str, int, int], Op | None]], list[Op]]
+               ) -> DepGraph:
+        """Number a schedule given without its graph: `where` lists its ops in the graph's
+        node order, `inputs(op, lookup)` gives each op's data inputs (looked up by kind,
+        stage and micro-batch). The result equals `of` on the graph the schedule would build:
+        each op's program-order predecessor first, then its data inputs in `inputs` order."""
+        ops = tuple(op for prog in programs for op in prog)
+        index = {op: i for i, op in enumerate(ops)}
+        by_key = {(op.kind, op.stage, op.mb): op for op in ops}.get
+
+        def lookup(kind: str, s: int, m: int) -> Op | None:
+            return by_key((kind, s, m))
+        preds: list[tuple[int, ...]] = []
+        data_preds: list[tuple[int, ...]] = []
+        j = 0
+        for prog in programs:
+            for k, op in enumerate(prog):
+                data = [index[p] for p in inputs(op, lookup)]
+                if not k:
+                    ps = ds = tuple(data)
+                elif j - 1 in data:
+                    ps = ds = (j - 1, *[d for d in data if d != j - 1])
+                else:
+                    ps, ds = (j - 1, *data), tuple(data)
+                preds.append(ps)
+                data_preds.append(ds)
+                j += 1
+        succs: list[list[int]] = [[] for _ in ops]
+        for j, ps in enumerate(preds):
+            for i in ps:
+                succs[i].append(j)
+        waits = tuple((p, index[first], index[second]) for first, second in pairs
+                      for p in data_preds[index[second]] if p != index[first])
+        return cls(ops, index, tuple(preds), tuple(data_preds),
+                   tuple(map(tuple, succs)), waits,
+                   _static_order([index[op] for op in where], preds, waits))
 
     def __len__(self) -> int:
         return len(self.ops)

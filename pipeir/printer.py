@@ -37,9 +37,9 @@ def print_schedule(schedule: Schedule, costs: Mapping[str, Any] | None = None) -
         out.append(f"    rank {r} {{")
         line = "       "
         for op in prog:
-            if schedule.graph.nodes[op].get("pair_prev") is not None:
+            if schedule.pair_prev(op) is not None:
                 continue  # printed with its partner
-            partner = schedule.graph.nodes[op].get("pair_next")
+            partner = schedule.pair_next(op)
             text = f" overlap {{ {op} {partner} }}" if partner is not None else f" {op}"
             if len(line) + len(text) > WIDTH:
                 out.append(line)

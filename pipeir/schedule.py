@@ -87,16 +87,36 @@ class Schedule:
     def __init__(self, config: PipelineConfig, graph: nx.DiGraph, name: str = "schedule",
                  span: Span | None = None):
         self.config = config
-        self.graph = graph
         self.name = name
         #: where the schedule is defined, for errors that no single op can carry
         self.span = span
         #: the library name and the place a file used this schedule by (`schedule = 1f1b`):
         #: findings that point into the library name that place too (`pipeir.verify`)
         self.used_as: tuple[str, Span] | None = None
+        self._graph: nx.DiGraph | None = graph
+        #: op -> (rank, position, span), in the order the ops were added (the graph's)
+        self._where: dict[Op, tuple[int, int, Span | None]] | None = None
         self._programs: tuple[tuple[Op, ...], ...] | None = None
         self._pairs: tuple[tuple[Op, Op], ...] | None = None
+        self._next: dict[Op, Op] | None = None
+        self._prev: dict[Op, Op] | None = None
         self._deps: DepGraph | None = None
+
+    @classmethod
+    def _compact(cls, config: PipelineConfig, where: dict[Op, tuple[int, int, Span | None]],
+                 programs: tuple[tuple[Op, ...], ...], pairs: Sequence[tuple[Op, Op]],
+                 name: str, span: Span | None) -> Schedule:
+        """A schedule without its networkx graph, which is built on first use of `graph`.
+
+        NOTE: at scale the graph is most of a schedule's memory (about 1.6 KB per op of
+        node, adjacency and edge dicts) and a fifth of building it, while compiling reads
+        only the programs and `deps`; `deps` is numbered here straight from the programs,
+        as `DepGraph.of` would number the graph (tests/test_schedule.py checks they agree).
+        """
+        made = cls(config, None, name, span)  # type: ignore[arg-type]
+        made._where, made._programs = where, programs
+        made._next = dict(pairs)
+        return made
 
     # ---- construction -------------------------------------------------------------------
     @classmethod
@@ -127,7 +147,7 @@ class Schedule:
                       config: PipelineConfig | None = None) -> Schedule:
         """A new schedule with other programs. Spans of ops that survive are kept, and so are
         overlapped pairs whose two ops are still next to each other, in order, on one rank."""
-        spans = {op: self.graph.nodes[op]["span"] for op in self.graph}
+        spans = self.spans()
         pairs = dict(self.pairs)
         if pairs:
             kept: list[list[Op | tuple[Op, Op]]] = []
@@ -147,12 +167,27 @@ class Schedule:
 
     # ---- views ------------------------------------------------------------------------------
     @property
+    def graph(self) -> nx.DiGraph:
+        """The dependency graph (networkx; see the module docstring), built on first use."""
+        if self._graph is None:
+            where, programs = self._places(), self.programs
+            self._graph = _digraph(where, _edges(self.config, where, programs),
+                                   self.pairs)
+        return self._graph
+
+    def _places(self) -> dict[Op, tuple[int, int, Span | None]]:
+        if self._where is None:
+            self._where = {op: (a["rank"], a["pos"], a["span"])
+                           for op, a in self.graph.nodes(data=True)}
+        return self._where
+
+    @property
     def programs(self) -> tuple[tuple[Op, ...], ...]:
-        """Each rank's ops in program order, derived from the graph."""
+        """Each rank's ops in program order."""
         if self._programs is None:
             progs: list[list[tuple[int, Op]]] = [[] for _ in range(self.config.ranks)]
-            for op, attrs in self.graph.nodes(data=True):
-                progs[attrs["rank"]].append((attrs["pos"], op))
+            for op, (rank, pos, _) in self._places().items():
+                progs[rank].append((pos, op))
             self._programs = tuple(tuple(op for _, op in sorted(p, key=_first)) for p in progs)
         return self._programs
 
@@ -161,15 +196,25 @@ class Schedule:
         return self.programs[rank]
 
     def rank_of(self, op: Op) -> int:
-        return int(self.graph.nodes[op]["rank"])
+        return self._places()[op][0]
+
+    def position_of(self, op: Op) -> int:
+        """`op`'s index in its rank's program."""
+        return self._places()[op][1]
+
+    def _pair_next(self) -> dict[Op, Op]:
+        if self._next is None:
+            self._next = {op: p for op, p in self.graph.nodes(data="pair_next")
+                          if p is not None}
+        return self._next
 
     @property
     def pairs(self) -> tuple[tuple[Op, Op], ...]:
         """Overlapped pairs (first, second), in program order."""
         if self._pairs is None:
-            nxt = {op: p for op, p in self.graph.nodes(data="pair_next") if p is not None}
-            self._pairs = tuple((op, nxt[op]) for prog in self.programs for op in prog
-                                if op in nxt)
+            nxt = self._pair_next()
+            self._pairs = () if not nxt else tuple(
+                (op, nxt[op]) for prog in self.programs for op in prog if op in nxt)
         return self._pairs
 
     @property
@@ -177,28 +222,47 @@ class Schedule:
         """The dependency graph numbered once (`pipeir.depgraph`): what verify, timing,
         lowering and synth read, built on first use and cached with this schedule."""
         if self._deps is None:
-            self._deps = DepGraph.of(self.programs, self.graph, self.pairs)
+            if self._graph is None:
+                self._deps = DepGraph.number(
+                    self.programs, self._places(), self.pairs,
+                    lambda op, lookup: _predecessors(op, lookup, self.config.stages,
+                                                     self.config.microbatches))
+            else:
+                self._deps = DepGraph.of(self.programs, self._graph, self.pairs)
         return self._deps
 
     def pair_of(self, op: Op) -> Op | None:
         """The op `op` runs together with, if it is half of an overlapped pair."""
-        attrs = self.graph.nodes[op]
-        partner: Op | None = attrs.get("pair_next") or attrs.get("pair_prev")
-        return partner
+        return self.pair_next(op) or self.pair_prev(op)
+
+    def pair_next(self, op: Op) -> Op | None:
+        """The second op of the overlapped pair `op` opens, if it opens one."""
+        return self._pair_next().get(op)
+
+    def pair_prev(self, op: Op) -> Op | None:
+        """The first op of the overlapped pair `op` closes, if it closes one."""
+        if not self._pair_next():
+            return None
+        if self._prev is None:
+            self._prev = {b: a for a, b in self._pair_next().items()}
+        return self._prev.get(op)
 
     def span_of(self, op: Op) -> Span | None:
-        span: Span | None = self.graph.nodes[op]["span"]
-        return span
+        return self._places()[op][2]
+
+    def spans(self) -> dict[Op, Span | None]:
+        """Every op's span (None where it has none), in graph order."""
+        return {op: w[2] for op, w in self._places().items()}
 
     def __contains__(self, op: object) -> bool:
-        return op in self.graph
+        return op in self._places()
 
     def __iter__(self) -> Iterator[Op]:
         for prog in self.programs:
             yield from prog
 
     def __len__(self) -> int:
-        return int(self.graph.number_of_nodes())
+        return len(self._places())
 
     def data_edges(self) -> Iterator[tuple[Op, Op]]:
         for u, v, k in self.graph.edges(data="kind"):
@@ -281,29 +345,35 @@ class ScheduleBuilder:
         self._pairs.append((first, second))
 
     def build(self) -> Schedule:
-        where = self._where
-        # Plain ints, not EdgeKind members: IntFlag arithmetic is slow at this scale, and
-        # `kind & EdgeKind.DATA` reads the same either way.
-        edges: dict[tuple[Op, Op], int] = {}
-        order, data = int(EdgeKind.ORDER), int(EdgeKind.DATA)
-        for prog in self._programs:
-            for a, b in pairwise(prog):
-                edges[a, b] = order
-        # Look ops up by plain tuples and reuse the stored Op objects, so that dict lookups
-        # compare by identity instead of calling the dataclass __eq__.
-        index = {(op.kind, op.stage, op.mb): op for op in where}
-        get_op = index.get
+        return Schedule._compact(self.config, self._where,
+                                 tuple(tuple(p) for p in self._programs), self._pairs,
+                                 self.name, self.span)
 
-        def lookup(kind: str, s: int, m: int) -> Op | None:
-            return get_op((kind, s, m))  # type: ignore[arg-type]
-        stages, microbatches = self.config.stages, self.config.microbatches
-        get = edges.get
-        for op in where:
-            for pred in _predecessors(op, lookup, stages, microbatches):
-                key = (pred, op)
-                edges[key] = get(key, 0) | data
-        g = _digraph(where, edges, self._pairs)
-        return Schedule(self.config, g, self.name, self.span)
+
+def _edges(config: PipelineConfig, where: dict[Op, tuple[int, int, Span | None]],
+           programs: Sequence[Sequence[Op]]) -> dict[tuple[Op, Op], int]:
+    """Every edge with its kind: program order rank by rank, then each op's data inputs."""
+    # Plain ints, not EdgeKind members: IntFlag arithmetic is slow at this scale, and
+    # `kind & EdgeKind.DATA` reads the same either way.
+    edges: dict[tuple[Op, Op], int] = {}
+    order, data = int(EdgeKind.ORDER), int(EdgeKind.DATA)
+    for prog in programs:
+        for a, b in pairwise(prog):
+            edges[a, b] = order
+    # Look ops up by plain tuples and reuse the stored Op objects, so that dict lookups
+    # compare by identity instead of calling the dataclass __eq__.
+    index = {(op.kind, op.stage, op.mb): op for op in where}
+    get_op = index.get
+
+    def lookup(kind: str, s: int, m: int) -> Op | None:
+        return get_op((kind, s, m))  # type: ignore[arg-type]
+    stages, microbatches = config.stages, config.microbatches
+    get = edges.get
+    for op in where:
+        for pred in _predecessors(op, lookup, stages, microbatches):
+            key = (pred, op)
+            edges[key] = get(key, 0) | data
+    return edges
 
 
 def _digraph(where: dict[Op, tuple[int, int, Span | None]],

@@ -19,7 +19,7 @@ from pipeir.diagnostics import Diagnostic, Note, Span, UsageError, VerifyError
 from pipeir.memmodel import WHOLE, StageMemory, live_memory
 from pipeir.memunit import COUNTING
 from pipeir.ops import MEMORY_KINDS, NO_MB, REDUCE, Op
-from pipeir.schedule import EdgeKind, Schedule
+from pipeir.schedule import Schedule
 
 MAX_LISTED = 8  # diagnostics listed per failing check before "... and N more"
 
@@ -148,7 +148,7 @@ def check_completeness(schedule: Schedule) -> list[Diagnostic]:
     tuples in one set: building ten `Op`s per pair and asking the graph made it half of
     `verify` (1.9 s of 3.0 at p = 32, v = 4, m = 256)."""
     c = schedule.config
-    have = {(op.kind, op.stage, op.mb) for op in schedule.graph}
+    have = {(op.kind, op.stage, op.mb) for op in schedule}
     memory_ops = any(k in MEMORY_KINDS for k, _, _ in have)
     out = []
     for s in range(c.stages):
@@ -229,8 +229,7 @@ def check_reductions(schedule: Schedule) -> list[Diagnostic]:
     rank (B or W of each micro-batch), and not half of an overlapped pair. The optimizer step
     closes every rank's program, so an R always precedes it (lowering waits for it there)."""
     c = schedule.config
-    g = schedule.graph
-    reduced = [s for s in range(c.stages) if Op(REDUCE, s, NO_MB) in g]
+    reduced = [s for s in range(c.stages) if Op(REDUCE, s, NO_MB) in schedule]
     if not reduced:
         return []
     out = []
@@ -248,7 +247,7 @@ def check_reductions(schedule: Schedule) -> list[Diagnostic]:
             if schedule.span_of(first) is not None else ()))
     for s in reduced:
         r = Op(REDUCE, s, NO_MB)
-        pos = g.nodes[r]["pos"]
+        pos = schedule.position_of(r)
         if schedule.pair_of(r) is not None:
             out.append(Diagnostic(f"{r} is half of an overlapped pair: a reduction runs on "
                                   "its own channel and cannot be paired", schedule.span_of(r)))
@@ -265,11 +264,13 @@ def check_reductions(schedule: Schedule) -> list[Diagnostic]:
 
 def check_pairs(schedule: Schedule) -> list[Diagnostic]:
     """The two ops of an overlapped pair must not depend on each other: they run together."""
-    g = schedule.graph
+    if not schedule.pairs:
+        return []
+    deps = schedule.deps
     out = []
     for a, b in schedule.pairs:
         for x, y in ((a, b), (b, a)):
-            if g.has_edge(x, y) and g.edges[x, y]["kind"] & EdgeKind.DATA:
+            if deps.index[x] in deps.data_preds[deps.index[y]]:
                 out.append(Diagnostic(f"overlap pair {a} + {b}: {y} needs {x}'s result, so "
                                       "they cannot run together", schedule.span_of(a)))
     return out

@@ -53,8 +53,11 @@ def _oracle_graph(s: Schedule) -> nx.DiGraph:
 
 
 def _check(s: Schedule) -> None:
-    deps = s.deps
+    deps = s.deps  # numbered from the programs, before the graph exists
     g = s.graph
+    twin = Schedule(s.config, g).deps  # numbered from the graph, as a graph-built one is
+    for field in ("ops", "preds", "data_preds", "succs", "pair_waits", "order"):
+        assert getattr(deps, field) == getattr(twin, field), field
     ops = deps.ops
     assert deps is s.deps  # built once
     assert ops == tuple(op for prog in s.programs for op in prog)

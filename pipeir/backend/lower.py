@@ -75,7 +75,7 @@ def lower(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
     cfg = schedule.config
     limits.check_lowering(f"lowering '{schedule.name}'" + (
         f" ({cfg.accumulate} rounds: accumulate)" if cfg.accumulate > 1 else ""),
-        len(schedule.graph), cfg.accumulate)
+        len(schedule), cfg.accumulate)
     times, topo = _times(schedule, costs if costs is not None else CostModel())
     ops = _Ops(schedule)
     rounds = [_lower_round(schedule, times, topo, r, ops) for r in range(cfg.accumulate)]
@@ -166,7 +166,7 @@ class _Ops:
         self.next = dict(schedule.pairs)
         self.prev = {b: a for a, b in schedule.pairs}
         self.by_key = {(op.kind, op.stage, op.mb): op for op in schedule}
-        self.spans = dict(schedule.graph.nodes(data="span"))
+        self.spans = schedule.spans()
         self._origins: dict[Op, dict[str, Any]] = {}
         self._lines: dict[tuple[str, int], str] = {}
 

@@ -47,8 +47,8 @@ def compute_actions(schedule: Schedule) -> list[list[Action]]:
             if skip:
                 skip = False
                 continue
-            partner = schedule.pair_of(op)
-            if partner is not None and schedule.graph.nodes[op].get("pair_next") is not None:
+            partner = schedule.pair_next(op)
+            if partner is not None:
                 row.append(Action(-1, OVERLAP, None, (_act(op.kind, op.stage, op.mb),
                                                       _act(partner.kind, partner.stage,
                                                            partner.mb))))

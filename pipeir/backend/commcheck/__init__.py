@@ -162,7 +162,7 @@ def prove_file(lowered: Lowered, source: Source) -> None:
 def schedule_locator(schedule: Schedule) -> PlainLocator:
     """Points findings in `schedule`'s lowered programs at the ops' `.sched` spans."""
     spans = {}
-    for op in schedule.graph.nodes:
+    for op in schedule:
         span = schedule.span_of(op)
         if span is not None:
             spans[str(op)] = span
