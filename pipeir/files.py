@@ -24,7 +24,7 @@ import contextlib
 import os
 import stat
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
 from pipeir.diagnostics import Note, UsageError, is_input
@@ -120,8 +120,9 @@ def _new_file_mode() -> int:
 
 
 #: A file's contents: text, bytes, or text in parts, written one after another (never
-#: joined: `pipeir.backend.program_io.dump_parts`).
-Contents = str | bytes | tuple[str, ...]
+#: joined), or made by a function as they are written (never whole in memory:
+#: `pipeir.backend.program_io.dump_parts`).
+Contents = str | bytes | tuple[str, ...] | Callable[[], Iterable[str]]
 
 
 def _stage(target: Path, st: os.stat_result | None, data: Contents) -> str:
@@ -130,7 +131,8 @@ def _stage(target: Path, st: os.stat_result | None, data: Contents) -> str:
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
-            for part in (data if isinstance(data, tuple) else (data,)):
+            parts = data() if callable(data) else data if isinstance(data, tuple) else (data,)
+            for part in parts:
                 f.write(part.encode("utf-8") if isinstance(part, str) else part)
             f.flush()
             if st is None:

@@ -10,7 +10,7 @@ import json
 import math
 import operator
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import MISSING, fields
 from typing import Any, get_args, get_type_hints
 
@@ -268,43 +268,47 @@ def load(path: str) -> tuple[Lowered, Source]:
 
 def dumps(lowered: Lowered, proof: str | None = None) -> str:
     """`to_json` as text, one instruction per line. With `proof` (the caller proved the
-    programs under the rules `proof` names: `pipeirc compile`), the header records a digest of
-    the text under that proof (`is_proved`)."""
+    programs under the rules `proof` names: `pipeirc compile`), the last line records a digest
+    of the text under that proof (`is_proved`)."""
     return "".join(dump_parts(lowered, proof))
 
 
-def dump_parts(lowered: Lowered, proof: str | None = None) -> tuple[str, ...]:
-    """`dumps`'s text in parts (a header, one part per rank, a trailer) that `pipeir.files`
-    writes one after another: the whole text of a large program (35 MB at 65k ops) is never
-    joined into a second copy, nor encoded into a third.
+def dump_parts(lowered: Lowered, proof: str | None = None) -> Iterator[str]:
+    """`dumps`'s text in parts (a header, one part per rank, a trailer), each made when it is
+    asked for: `pipeir.files` writes each before the next is made, so the text of a large
+    program (35 MB at 65k ops, 0.7 KB per op) never exists whole, nor encoded whole.
 
     NOTE: written a program at a time with the C encoder (`json.dumps` without `indent`; with
     it the encoder is pure Python, and it was half of compiling a large schedule), then one
     line per instruction by breaking between instruction objects: the text `}, {"i": ` cannot
     occur inside a JSON string (its quotes would be escaped), so only object boundaries match.
+    The digest (the NOTE on the recorded proof) is in the trailer, hashed as the parts go by.
     """
-    header = _header_json(lowered)
-    if proof is not None:
-        header[PROVED] = _UNSIGNED
-    parts = [json.dumps(header)[:-1], ',\n "programs": [']
-    for r, prog in enumerate(lowered.programs):
-        body = json.dumps([_instr_json(i) for i in prog])
-        parts.append(("\n  " if r == 0 else ",\n  ")
-                     + body.replace('}, {"i": ', '},\n   {"i": '))
-    parts.append(f'\n ],\n "overlap": {json.dumps(lowered.overlap)}\n}}\n')
-    if proof is not None:  # the digest is hashed part by part: no second copy of the text
-        h = _hasher(proof)
-        for part in parts:
+    h = _hasher(proof) if proof is not None else None
+
+    def seen(part: str) -> str:
+        if h is not None:
             h.update(part.encode())
-        blank = f'"{PROVED}": "{_UNSIGNED}"'  # (quotes in a string are escaped: the field)
-        parts[0] = parts[0].replace(blank, f'"{PROVED}": "{_DIGEST_PREFIX}{h.hexdigest()}"', 1)
-    return tuple(parts)
+        return part
+    yield seen(json.dumps(_header_json(lowered))[:-1] + ',\n "programs": [')
+    for r, prog in enumerate(lowered.programs):
+        with paused_gc():  # (pipeir._gc: the JSON objects of a program, no cycles)
+            body = json.dumps([_instr_json(i) for i in prog])
+        yield seen(("\n  " if r == 0 else ",\n  ") + body.replace('}, {"i": ', '},\n   {"i": '))
+    tail = f'\n ],\n "overlap": {json.dumps(lowered.overlap)}'
+    if h is None:
+        yield tail + "\n}\n"
+        return
+    # (quotes in a string are escaped: this is the field, nothing inside a value)
+    blank = f',\n "{PROVED}": "{_UNSIGNED}"\n}}\n'
+    h.update((tail + blank).encode())
+    yield tail + blank.replace(_UNSIGNED, _DIGEST_PREFIX + h.hexdigest())
 
 
 # NOTE (the recorded proof): the ranks of a compiled program interpret lowered.json, so
 # main.py must run only what `check --lowered` would accept; proving it again on every rank
 # costs as much as the check (seconds at 100k instructions). `pipeirc compile` proves the
-# programs before it writes them and records in the header a digest of the file's text (with
+# programs before it writes them and records in the trailer a digest of the file's text (with
 # the digest itself blanked) and of the rules that proved it (`commcheck.rules_id`). main.py
 # proves again only when the digest it computes differs: any edit of the file (a tag, a peer,
 # a dropped instruction, the header) or other rules. It is a check against edits
@@ -313,6 +317,7 @@ def dump_parts(lowered: Lowered, proof: str | None = None) -> tuple[str, ...]:
 PROVED = "proved"
 _DIGEST_PREFIX = "sha256:"
 _UNSIGNED = _DIGEST_PREFIX + "0" * 64
+_TRAILER = 256  # bytes: the trailer (`dump_parts`) is shorter
 _RECORDED = re.compile(rb'"proved": "(sha256:[0-9a-f]{64})"')
 
 
@@ -326,7 +331,7 @@ def is_proved(text: str, proof: str) -> bool:
     """Whether `text`, a lowered.json, is exactly what `dumps` wrote of programs proved under
     `proof` (the NOTE above): its recorded digest is the one of its text."""
     data = text.encode()
-    found = _RECORDED.search(data, 0, data.find(b"\n"))  # the header line holds the digest
+    found = _RECORDED.search(data, max(0, len(data) - _TRAILER))  # the trailer holds it
     if found is None:
         return False
     start, end = found.span(1)
