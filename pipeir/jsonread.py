@@ -31,11 +31,13 @@ class _Duplicate(ValueError):
 
 def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     """An object whose keys differ: `json` keeps the last of two silently."""
-    out: dict[str, Any] = {}
-    for k, v in pairs:
-        if k in out:
-            raise _Duplicate(k)
-        out[k] = v
+    out = dict(pairs)
+    if len(out) < len(pairs):
+        seen: set[str] = set()
+        for k, _ in pairs:
+            if k in seen:
+                raise _Duplicate(k)
+            seen.add(k)
     return out
 
 

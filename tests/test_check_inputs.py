@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import pipeir
 from pipeir.backend.lower import lower
@@ -386,3 +388,67 @@ def test_lowered_takes_the_directory_compile_wrote(cli: Cli, tmp_path: Path) -> 
     assert out.startswith(f"{gen / 'lowered.json'}: lowered ok"), out
     code, out, err = cli("check", gen)  # without --lowered a directory is still no .sched file
     assert code == 2 and err.startswith(f"error: {gen}: is a directory, not a .sched file"), err
+
+
+# ---- the fast reader accepts exactly what the checking reader accepts -------------------------
+
+def _instruction_objects() -> list[dict[str, Any]]:
+    """Every instruction object of an overlapped zero-bubble lowering with gradient
+    reductions: batches of posts, waits, losses (a float), pairs, reductions."""
+    from pipeir.passes.dp_reduce import DpReduce
+    from pipeir.passes.overlap import Overlap
+
+    s = DpReduce().run(pipeir.library.get("zb-v", 2, 4))
+    data = to_json(Overlap().run(lower(s)))
+    return [ins for prog in data["programs"] for ins in prog]
+
+
+_ODD = (-1, 0, 7, 2**63, 2**63 - 1, True, False, 1.5, float("nan"), float("inf"), "x", "act",
+        "input", None, [], [{"i": "send"}], {})
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.data())
+def test_the_fast_reader_agrees_with_the_checking_reader(data: st.DataObject) -> None:
+    """`_fast` (program_io's NOTE on the fast reader) reads an instruction object exactly
+    when `_instr_from`, the reader that explains every fault, accepts it, and reads it to
+    the same instruction: the oracle is the checking reader, on mutated objects."""
+    import copy
+
+    from pipeir.backend.program_io import _fast, _Fault, _instr_from
+
+    objects = _instruction_objects()
+    d = copy.deepcopy(data.draw(st.sampled_from(objects)))
+    target = d
+    if "posts" in d and data.draw(st.booleans()):
+        target = data.draw(st.sampled_from(d["posts"]))
+    how = data.draw(st.sampled_from(("keep", "drop", "add", "set", "rename")))
+    keys = sorted(target)
+    if how == "drop":
+        del target[data.draw(st.sampled_from(keys))]
+    elif how == "add":
+        target[data.draw(st.sampled_from(("extra", "paired", "scale", "tag")))] = \
+            data.draw(st.sampled_from(_ODD))
+    elif how == "set":
+        target[data.draw(st.sampled_from(keys))] = data.draw(st.sampled_from(_ODD))
+    elif how == "rename":
+        target["i"] = data.draw(st.sampled_from(("send", "irecv", "batch", "forward", "loss",
+                                                 "nope", "wait-recv")))
+    try:
+        slow = _instr_from(d, "here", ())
+    except _Fault:
+        slow = None
+    fast = _fast(d, {})
+    assert fast == slow, (how, d)
+    if how == "keep":
+        assert fast is not None
+
+
+def test_the_fast_reader_reads_every_valid_instruction() -> None:
+    from pipeir.backend.program_io import _fast, _instr_from
+
+    objects = _instruction_objects()
+    assert {o["i"] for o in objects} >= {"batch", "wait-recv", "loss", "forward", "handoff",
+                                          "reduce-grad"}
+    for o in objects:
+        assert _fast(o, {}) == _instr_from(o, "here", ())
