@@ -30,7 +30,7 @@ the pair's first carry `paired` so that later passes put nothing in between.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -166,8 +166,8 @@ class _Ops:
         self.next = dict(schedule.pairs)
         self.prev = {b: a for a, b in schedule.pairs}
         self.by_key = {(op.kind, op.stage, op.mb): op for op in schedule}
-        self.spans = schedule.spans()
-        self._origins: dict[Op, dict[str, Any]] = {}
+        self.span_of = schedule.span_of
+        self._origins: dict[Op, tuple[str, str]] = {}
         self._lines: dict[tuple[str, int], str] = {}
 
     def unit(self, op: Op) -> tuple[Op, ...]:
@@ -190,15 +190,15 @@ class _Ops:
             raise AssertionError(f"no consumer of the {tensor} of stage {stage}, mb {mb}")
         return found
 
-    def origin(self, op: Op) -> dict[str, Any]:
+    def origin(self, op: Op) -> tuple[str, str]:
         """The op's name and `.sched` line, made once per op and shared by its instructions
         (one string each per op, not per instruction)."""
         o = self._origins.get(op)
         if o is None:
-            span = self.spans[op]
+            span = self.span_of(op)
             at = "" if span is None else self._lines.setdefault(
                 (span.file, span.line), f"{span.file}:{span.line}")
-            o = self._origins[op] = {"op": str(op), "at": at}
+            o = self._origins[op] = (str(op), at)
         return o
 
 
@@ -223,9 +223,12 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
     scale = 1.0 / (cfg.microbatches * cfg.accumulate)
     busy = [sorted(times[op] for op in prog if op.kind != "R") for prog in schedule.programs]
     final = rnd == cfg.accumulate - 1  # reductions run once per step, after the last round
-    # (sort key, the op whose receives are waited for first, or None; the rank and its
-    # instructions)
-    events: list[tuple[tuple[Any, ...], Op | None, int, Sequence[Instr]]] = []
+    # Each event is its sort key followed by: the op whose receives are waited for first (or
+    # None), the rank, and its instruction or instructions. NOTE: flat, not (key, payload):
+    # no two keys are equal over their common length (they differ by time, then posts first,
+    # then by the op's topological place, then compute before its sends, then by consumer),
+    # so the sort never compares a payload, and a large lowering holds a tuple less per event.
+    events: list[tuple[Any, ...]] = []
     waits: dict[Op, list[Instr]] = {}
     origin, placement, stages = ops.origin, cfg.placement, cfg.stages
 
@@ -235,8 +238,9 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
                 continue  # lowered with the first op of its pair
             if op.kind == "R":
                 if final:
-                    events.append(((times[op][0], 0, topo[op], 0, rank, pos), None, rank,
-                                   (ReduceGrad(op.stage, **origin(op)),)))
+                    name, at = origin(op)
+                    events.append((times[op][0], 0, topo[op], 0, rank, pos, None, rank,
+                                   ReduceGrad(op.stage, op=name, at=at)))
                 continue
             unit = ops.unit(op)
             start, end = times[op][0], times[unit[-1]][1]
@@ -250,56 +254,56 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
                     peer = placement[dst]
                     tag = tag_of(tensor, s, mb, stages)
                     if peer == rank:
-                        after.append(Handoff(tensor, s, mb, **oo))
+                        after.append(Handoff(tensor, s, mb, op=oo[0], at=oo[1]))
                         continue
                     consumer = ops.consumer(tensor, dst, o.mb)
                     co = origin(consumer)
                     post = _in_progress(busy[peer], end)
-                    events.append(((end, 0, topo[op], 1, rank, pos, k, dst), None, rank,
-                                   (Send(tensor, s, mb, peer, tag, **oo),)))
-                    events.append(((post, -1, end, rank, pos, k, dst), None, peer,
-                                   (IRecv(tensor, s, mb, rank, tag, **co),)))
+                    events.append((end, 0, topo[op], 1, rank, pos, k, dst, None, rank,
+                                   Send(tensor, s, mb, peer, tag, op=oo[0], at=oo[1])))
+                    events.append((post, -1, end, rank, pos, k, dst, None, peer,
+                                   IRecv(tensor, s, mb, rank, tag, op=co[0], at=co[1])))
                     waits.setdefault(ops.first_of(consumer), []).append(
-                        WaitRecv(tensor, s, mb, rank, tag, **co))
+                        WaitRecv(tensor, s, mb, rank, tag, op=co[0], at=co[1]))
             if len(unit) > 1:  # a pair: nothing may come between its instructions
                 body = body[:1] + [replace(b, paired=True) for b in body[1:]]
-            events.append(((start, 0, topo[op], 0, rank, pos), op, rank, body))
+            events.append((start, 0, topo[op], 0, rank, pos, op, rank, body))
             if after:
-                events.append(((end, 0, topo[op], 1, rank, pos, -1), None, rank, after))
+                events.append((end, 0, topo[op], 1, rank, pos, -1, None, rank, after))
     out: list[list[Instr]] = [[] for _ in range(cfg.ranks)]
-    events.sort(key=_event_key)
-    for _, computed, r, instrs in events:
+    events.sort()
+    for e in events:
+        computed, r, instrs = e[-3], e[-2], e[-1]
         if computed is not None:  # compute: its waits first (in the order their sends happen)
             out[r].extend(waits.pop(computed, []))
-        out[r].extend(instrs)
+        if type(instrs) is list:
+            out[r].extend(instrs)
+        else:
+            out[r].append(instrs)
     return out
 
 
-def _event_key(event: tuple[tuple[Any, ...], Op | None, int, Sequence[Instr]]
-               ) -> tuple[Any, ...]:
-    return event[0]
-
-
-def compute_instrs(op: Op, mb: int, last: int, scale: float, o: dict[str, Any]) -> list[Instr]:
-    """The compute instructions of one op."""
+def compute_instrs(op: Op, mb: int, last: int, scale: float, o: tuple[str, str]) -> list[Instr]:
+    """The compute instructions of one op; `o` is its origin (name, `.sched` line)."""
     s = op.stage
+    name, at = o
     if op.kind == "F" or op.kind == "FC":
-        body: list[Instr] = [Load(mb, "input", **o)] if s == 0 else []
-        body.append(Forward(s, mb, **o) if op.kind == "F" else ForwardCheckpoint(s, mb, **o))
+        body: list[Instr] = [Load(mb, "input", op=name, at=at)] if s == 0 else []
+        body.append((Forward if op.kind == "F" else ForwardCheckpoint)(s, mb, op=name, at=at))
         if s == last:
-            body += [Load(mb, "target", **o), Loss(s, mb, scale, **o)]
+            body += [Load(mb, "target", op=name, at=at), Loss(s, mb, scale, op=name, at=at)]
         return body
     if op.kind == "B":
-        return [Backward(s, mb, **o)]
+        return [Backward(s, mb, op=name, at=at)]
     if op.kind == "I":
-        return [BackwardInput(s, mb, **o)]
+        return [BackwardInput(s, mb, op=name, at=at)]
     if op.kind == "RC":
-        return [Recompute(s, mb, **o)]
+        return [Recompute(s, mb, op=name, at=at)]
     if op.kind == "OFF":
-        return [Offload(s, mb, **o)]
+        return [Offload(s, mb, op=name, at=at)]
     if op.kind == "RELOAD":
-        return [Reload(s, mb, **o)]
-    return [BackwardWeight(s, mb, **o)]
+        return [Reload(s, mb, op=name, at=at)]
+    return [BackwardWeight(s, mb, op=name, at=at)]
 
 
 def outputs_of(op: Op, stages: int) -> list[tuple[Tensor, int]]:

@@ -99,7 +99,6 @@ def _instructions(a: Action, rank: int, imp: Imported, op: str, at: str) -> list
     if a.kind not in COMPUTE:
         return []  # UNSHARD, RESHARD, REDUCE_GRAD: no data moves (see `interop.check`)
     assert a.mb is not None
-    o: dict[str, str] = {"op": op, "at": at}
     s, mb = a.stage, a.mb
     out: list[Instr] = []
     src, needs = (s - 1, "act") if a.kind == "F" else (s + 1, "grad")
@@ -107,7 +106,7 @@ def _instructions(a: Action, rank: int, imp: Imported, op: str, at: str) -> list
         t_in: Tensor = needs  # type: ignore[assignment]
         out.append(WaitRecv(t_in, src, mb, place[src], tag_of(t_in, src, mb, cfg.stages),
                             op=op, at=at))
-    out += compute_instrs(a.op, mb, last, 1.0 / cfg.microbatches, o)
+    out += compute_instrs(a.op, mb, last, 1.0 / cfg.microbatches, (op, at))
     for t, dst in outputs_of(a.op, cfg.stages):
         if place[dst] == rank:
             out.append(Handoff(t, s, mb, op=op, at=at))
