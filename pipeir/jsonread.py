@@ -12,6 +12,8 @@ it: a lowered program file can hold hundreds of thousands of values.
 from __future__ import annotations
 
 import json
+import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +64,62 @@ def loads(src: Source, what: str, key_noun: str = "key") -> Any:
     except ValueError:  # Python refuses to convert integers of more than 4,300 digits
         raise UsageError(f"{src.name}: malformed {what}: a number has too many digits to read "
                          "(thousands)") from None
+
+
+_WS = re.compile(r"[ \t\n\r]*")
+
+
+def loads_streamed(src: Source, member: str, each: Callable[[int, Any], Any]
+                   ) -> dict[str, Any] | None:
+    """A top-level JSON object read as `loads` reads it, except that the elements of its
+    array `member` are passed to `each` (index, value) one at a time as they are read, and
+    what `each` returns is kept instead: only one element's JSON values exist at once (a
+    lowered.json holds a dict per instruction, 4 KB per op if read whole). None for any text
+    `loads` might refuse or read otherwise (not an object, a fault, a key given twice): the
+    caller then reads it with `loads`, which explains. Exceptions from `each` propagate."""
+    text, dec, ws = src.text, json.JSONDecoder(object_pairs_hook=_unique), _WS.match
+    out: dict[str, Any] = {}
+    try:
+        i = ws(text, 0).end()
+        if text[i:i + 1] != "{":
+            return None
+        i = ws(text, i + 1).end()
+        closed = text[i:i + 1] == "}"
+        i += closed
+        while not closed:
+            if text[i:i + 1] != '"':
+                return None
+            key, i = dec.raw_decode(text, i)
+            i = ws(text, i).end()
+            if key in out or text[i:i + 1] != ":":
+                return None
+            i = ws(text, i + 1).end()
+            if key == member and text[i:i + 1] == "[":
+                items: list[Any] = []
+                i = ws(text, i + 1).end()
+                done = text[i:i + 1] == "]"
+                i += done
+                while not done:
+                    item, i = dec.raw_decode(text, i)
+                    items.append(each(len(items), item))
+                    i = ws(text, i).end()
+                    c, i = text[i:i + 1], i + 1
+                    if c not in (",", "]"):
+                        return None
+                    done = c == "]"
+                    i = ws(text, i).end()
+                out[key] = items
+            else:
+                out[key], i = dec.raw_decode(text, i)
+            i = ws(text, i).end()
+            c, i = text[i:i + 1], i + 1
+            if c not in (",", "}"):
+                return None
+            closed = c == "}"
+            i = ws(text, i).end()
+        return out if ws(text, i).end() == len(text) else None
+    except (ValueError, RecursionError):  # (a JSONDecodeError, a key given twice, digits)
+        return None
 
 
 def _key_at(text: str, quoted: str, start: int) -> int:

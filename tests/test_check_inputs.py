@@ -452,3 +452,76 @@ def test_the_fast_reader_reads_every_valid_instruction() -> None:
                                           "reduce-grad"}
     for o in objects:
         assert _fast(o, {}) == _instr_from(o, "here", ())
+
+
+# ---- lowered.json read a program at a time: the same as reading it whole ----------------------
+
+_JSON_TEXT = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=4),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=3), inner,
+                                                                 max_size=3),
+    max_leaves=8)
+
+
+@st.composite
+def _texts(draw: st.DrawFn) -> str:
+    """JSON-ish text: a top-level object (often with a "programs" array) written with random
+    spacing, then perhaps damaged (a character dropped or changed, a key repeated, something
+    after the end), so that both well-formed and malformed texts come up."""
+    members = draw(st.dictionaries(st.text(max_size=3), _JSON_TEXT, max_size=3))
+    if draw(st.booleans()):
+        members["programs"] = draw(st.lists(_JSON_TEXT, max_size=3))
+    space = draw(st.sampled_from(("", " ", "\n  ", "\t")))
+    text = "{" + f",{space}".join(f"{space}{json.dumps(k)}{space}:{space}{json.dumps(v)}"
+                                  for k, v in members.items()) + space + "}"
+    if members and draw(st.booleans()):
+        k = next(iter(members))
+        text = text[:-1] + f", {json.dumps(k)}: 1}}"  # a key given twice
+    if text and draw(st.booleans()):
+        i = draw(st.integers(0, len(text) - 1))
+        text = text[:i] + draw(st.sampled_from(("", "{", "]", ",", ":", '"', "x"))) + \
+            text[i + 1:]
+    return (draw(st.sampled_from(("", " ", "\n"))) + text +
+            draw(st.sampled_from(("", "\n", " x", "}", "{}"))))
+
+
+@settings(max_examples=500, deadline=None)
+@given(_texts())
+def test_reading_an_array_member_piece_by_piece_reads_what_json_reads(text: str) -> None:
+    """`jsonread.loads_streamed` against `json.loads` (the oracle): the same value for every
+    text json reads as an object, and None (so the caller asks `loads`, which explains) for
+    every text json refuses or would read with a key given twice."""
+    from pipeir import jsonread
+    from pipeir.diagnostics import Source
+
+    seen: list[int] = []
+
+    def each(k: int, v: Any) -> Any:
+        seen.append(k)
+        return v
+    got = jsonread.loads_streamed(Source("t.json", text), "programs", each)
+    try:
+        want = json.loads(text, object_pairs_hook=jsonread._unique)
+    except ValueError:  # malformed, or a key given twice
+        want = None
+    if want is None or type(want) is not dict:
+        assert got is None
+    else:
+        assert got == want
+        if isinstance(want.get("programs"), list):
+            assert seen == list(range(len(want["programs"])))
+
+
+def test_a_lowered_json_read_a_program_at_a_time_is_the_one_read_whole(tmp_path: Path) -> None:
+    """`program_io.load` (the streamed reader) against `from_json` over `json.loads` of the
+    same file, on compiled programs with every instruction kind."""
+    from pipeir.backend.program_io import dumps, from_json, load
+    from pipeir.passes.dp_reduce import DpReduce
+    from pipeir.passes.overlap import Overlap
+
+    for low in (lower(pipeir.library.get("1f1b", 2, 2)),
+                Overlap().run(lower(DpReduce().run(pipeir.library.get("zb-v", 2, 4))))):
+        path = tmp_path / "lowered.json"
+        path.write_text(dumps(low, "some rules"), encoding="utf-8")
+        read, _ = load(str(path))
+        assert read == low == from_json(json.loads(path.read_text(encoding="utf-8")))

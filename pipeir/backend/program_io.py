@@ -214,7 +214,7 @@ def _header(data: object) -> dict[str, Any]:
         raise _Fault(("placement",), f"rank {idle} owns no stage ({stages} stages on {ranks} "
                          f"ranks, \"placement\": {_shown(placement)})")
     for r, prog in enumerate(programs):
-        if type(prog) is not list:
+        if type(prog) is not list and type(prog) is not tuple:  # (tuple: read already, `load`)
             raise _Fault(("programs", r), f"the program of rank {r} must be a list of "
                              f"instructions, got {_shown(prog)}")
     # NOTE: the checks run over every (stage, micro-batch): a header that claims far more
@@ -345,10 +345,35 @@ def _span_at(source: Source, path: jsonread.Path) -> Span:
 
 def load(path: str) -> tuple[Lowered, Source]:
     """The lowered programs in the file `path` (`pipeirc check --lowered`, a compiled
-    directory's main.py) and its text; every malformed input is one UsageError at the fault."""
+    directory's main.py) and its text; every malformed input is one UsageError at the fault.
+
+    NOTE: read a program at a time (`jsonread.loads_streamed`, `_fast`), so the JSON objects
+    of one rank's instructions exist at once, not of all; anything that reader would have to
+    explain sends the whole file through `from_json`, which explains it as it always has."""
     source = limits.read_input(path, "lowered-program JSON", limits.BYTES_PER_JSON_BYTE)
-    return from_json(jsonread.loads(source, "lowered-program JSON file", "field"), path,
-                     source), source
+    texts: dict[str, str] = {}
+
+    def program(r: int, prog: Any) -> Any:
+        if type(prog) is not list:
+            raise _Fault(("programs", r), "")
+        out = []
+        for ins in prog:
+            read = _fast(ins, texts)
+            if read is None:
+                raise _Fault(("programs", r), "")
+            out.append(read)
+        return tuple(out)
+    with paused_gc():  # (pipeir._gc: an instruction object per JSON object, no cycles)
+        try:
+            data = jsonread.loads_streamed(source, "programs", program)
+            d = _header(data) if data is not None else None
+        except _Fault:
+            d = None
+    if d is None:
+        return from_json(jsonread.loads(source, "lowered-program JSON file", "field"), path,
+                         source), source
+    return Lowered(d["name"], d["ranks"], d["stages"], d["microbatches"], d["accumulate"],
+                   tuple(d["placement"]), tuple(d["programs"]), d.get("overlap", False)), source
 
 
 def dumps(lowered: Lowered, proof: str | None = None) -> str:
@@ -403,7 +428,8 @@ PROVED = "proved"
 _DIGEST_PREFIX = "sha256:"
 _UNSIGNED = _DIGEST_PREFIX + "0" * 64
 _TRAILER = 256  # bytes: the trailer (`dump_parts`) is shorter
-_RECORDED = re.compile(rb'"proved": "(sha256:[0-9a-f]{64})"')
+_RECORDED = re.compile(r'"proved": "(sha256:[0-9a-f]{64})"')
+_CHUNK = 1 << 20
 
 
 def _hasher(proof: str) -> hashlib._Hash:
@@ -415,14 +441,13 @@ def _hasher(proof: str) -> hashlib._Hash:
 def is_proved(text: str, proof: str) -> bool:
     """Whether `text`, a lowered.json, is exactly what `dumps` wrote of programs proved under
     `proof` (the NOTE above): its recorded digest is the one of its text."""
-    data = text.encode()
-    found = _RECORDED.search(data, max(0, len(data) - _TRAILER))  # the trailer holds it
+    found = _RECORDED.search(text, max(0, len(text) - _TRAILER))  # the trailer holds it
     if found is None:
         return False
     start, end = found.span(1)
-    view = memoryview(data)
     h = _hasher(proof)
-    h.update(view[:start])
+    for k in range(0, start, _CHUNK):  # encoded a piece at a time: no copy of the whole
+        h.update(text[k:min(k + _CHUNK, start)].encode())
     h.update(_UNSIGNED.encode())
-    h.update(view[end:])
-    return h.hexdigest().encode() == found.group(1)[len(_DIGEST_PREFIX):]
+    h.update(text[end:].encode())
+    return h.hexdigest() == found.group(1)[len(_DIGEST_PREFIX):]
