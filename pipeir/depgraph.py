@@ -91,7 +91,8 @@ class DepGraph:
         each op's program-order predecessor first, then its data inputs in `inputs` order."""
         ops = tuple(op for prog in programs for op in prog)
         index = {op: i for i, op in enumerate(ops)}
-        by_key = {(op.kind, op.stage, op.mb): op for op in ops}.get
+        keys: dict[tuple[str, int, int], Op] = {(op.kind, op.stage, op.mb): op for op in ops}
+        by_key = keys.get
 
         def lookup(kind: str, s: int, m: int) -> Op | None:
             return by_key((kind, s, m))

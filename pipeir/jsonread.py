@@ -69,6 +69,12 @@ def loads(src: Source, what: str, key_noun: str = "key") -> Any:
 _WS = re.compile(r"[ \t\n\r]*")
 
 
+def _skip(text: str, i: int) -> int:
+    """The index of the first character at or after `i` that is not JSON whitespace."""
+    m = _WS.match(text, i)
+    return m.end() if m is not None else i
+
+
 def loads_streamed(src: Source, member: str, each: Callable[[int, Any], Any]
                    ) -> dict[str, Any] | None:
     """A top-level JSON object read as `loads` reads it, except that the elements of its
@@ -77,47 +83,47 @@ def loads_streamed(src: Source, member: str, each: Callable[[int, Any], Any]
     lowered.json holds a dict per instruction, 4 KB per op if read whole). None for any text
     `loads` might refuse or read otherwise (not an object, a fault, a key given twice): the
     caller then reads it with `loads`, which explains. Exceptions from `each` propagate."""
-    text, dec, ws = src.text, json.JSONDecoder(object_pairs_hook=_unique), _WS.match
+    text, dec = src.text, json.JSONDecoder(object_pairs_hook=_unique)
     out: dict[str, Any] = {}
     try:
-        i = ws(text, 0).end()
+        i = _skip(text, 0)
         if text[i:i + 1] != "{":
             return None
-        i = ws(text, i + 1).end()
+        i = _skip(text, i + 1)
         closed = text[i:i + 1] == "}"
         i += closed
         while not closed:
             if text[i:i + 1] != '"':
                 return None
             key, i = dec.raw_decode(text, i)
-            i = ws(text, i).end()
+            i = _skip(text, i)
             if key in out or text[i:i + 1] != ":":
                 return None
-            i = ws(text, i + 1).end()
+            i = _skip(text, i + 1)
             if key == member and text[i:i + 1] == "[":
                 items: list[Any] = []
-                i = ws(text, i + 1).end()
+                i = _skip(text, i + 1)
                 done = text[i:i + 1] == "]"
                 i += done
                 while not done:
                     item, i = dec.raw_decode(text, i)
                     items.append(each(len(items), item))
-                    i = ws(text, i).end()
+                    i = _skip(text, i)
                     c, i = text[i:i + 1], i + 1
                     if c not in (",", "]"):
                         return None
                     done = c == "]"
-                    i = ws(text, i).end()
+                    i = _skip(text, i)
                 out[key] = items
             else:
                 out[key], i = dec.raw_decode(text, i)
-            i = ws(text, i).end()
+            i = _skip(text, i)
             c, i = text[i:i + 1], i + 1
             if c not in (",", "}"):
                 return None
             closed = c == "}"
-            i = ws(text, i).end()
-        return out if ws(text, i).end() == len(text) else None
+            i = _skip(text, i)
+        return out if _skip(text, i) == len(text) else None
     except (ValueError, RecursionError):  # (a JSONDecodeError, a key given twice, digits)
         return None
 

@@ -148,7 +148,7 @@ def check_completeness(schedule: Schedule) -> list[Diagnostic]:
     tuples in one set: building ten `Op`s per pair and asking the graph made it half of
     `verify` (1.9 s of 3.0 at p = 32, v = 4, m = 256)."""
     c = schedule.config
-    have = {(op.kind, op.stage, op.mb) for op in schedule}
+    have: set[tuple[str, int, int]] = {(op.kind, op.stage, op.mb) for op in schedule}
     memory_ops = any(k in MEMORY_KINDS for k, _, _ in have)
     out = []
     for s in range(c.stages):

@@ -32,6 +32,9 @@ from pipeir.backend.instructions import (
 #: may sit inside an overlapped pair.
 _COMPUTE_TYPES = frozenset({*COMPUTE, ForwardCheckpoint})
 _PAIRABLE = frozenset({*_COMPUTE_TYPES, Load})
+#: What sends on an activation (a forward) and an input gradient (a backward), by exact type.
+_FORWARDS = frozenset({Forward, ForwardCheckpoint})
+_BACKWARDS = frozenset({Backward, BackwardInput})
 
 
 class Local(Programs):
@@ -39,19 +42,22 @@ class Local(Programs):
 
     def _inputs(self, ins: Instr) -> list[tuple[Key, int]]:
         """What a compute instruction consumes from another stage: (key, producing rank)."""
-        place = self.low.placement
-        if isinstance(ins, Forward) and 0 < ins.stage <= self.last:
-            return [(("act", ins.stage - 1, ins.mb), place[ins.stage - 1])]
-        if isinstance(ins, (Backward, BackwardInput)) and 0 <= ins.stage < self.last:
-            return [(("grad", ins.stage + 1, ins.mb), place[ins.stage + 1])]
+        place, t = self.low.placement, type(ins)
+        if t in _FORWARDS and 0 < ins.stage <= self.last:  # type: ignore[attr-defined]
+            s, mb = ins.stage, ins.mb  # type: ignore[attr-defined]
+            return [(("act", s - 1, mb), place[s - 1])]
+        if t in _BACKWARDS and 0 <= ins.stage < self.last:  # type: ignore[attr-defined]
+            s, mb = ins.stage, ins.mb  # type: ignore[attr-defined]
+            return [(("grad", s + 1, mb), place[s + 1])]
         return []
 
     def _output(self, ins: Instr) -> Key | None:
         """The tensor a compute instruction produces for another stage."""
-        if isinstance(ins, Forward) and ins.stage < self.last:
-            return ("act", ins.stage, ins.mb)
-        if isinstance(ins, (Backward, BackwardInput)) and ins.stage > 0:
-            return ("grad", ins.stage, ins.mb)
+        t = type(ins)
+        if t in _FORWARDS and ins.stage < self.last:  # type: ignore[attr-defined]
+            return ("act", ins.stage, ins.mb)  # type: ignore[attr-defined]
+        if t in _BACKWARDS and ins.stage > 0:  # type: ignore[attr-defined]
+            return ("grad", ins.stage, ins.mb)  # type: ignore[attr-defined]
         return None
 
     def _placement(self, site: Site, c: Comm) -> Finding | None:
@@ -140,7 +146,14 @@ class Local(Programs):
                     elif ct is not Send:
                         outstanding.setdefault((send, key), []).append(post)
                 if t is WaitSend or t is WaitRecv:
-                    yield from self._wait(Site(rank, pc, ins), outstanding, received)
+                    key, send = ins.key, t is WaitSend  # type: ignore[attr-defined]
+                    posted = outstanding.get((send, key))
+                    if posted:  # (`_wait`'s way, inline: every wait passes here)
+                        posted.pop(0)
+                        if not send:
+                            received.add(key)
+                    else:
+                        yield from self._wait(Site(rank, pc, ins), outstanding, received)
                 elif t is Handoff:
                     key = (ins.tensor, ins.stage, ins.mb)  # type: ignore[attr-defined]
                     if key not in held:

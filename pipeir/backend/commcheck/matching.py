@@ -34,7 +34,6 @@ from pipeir.backend.instructions import (
 _COMPUTE_KIND: dict[type[Instr], str] = {
     Forward: "F", ForwardCheckpoint: "FC", Recompute: "RC", Offload: "OFF", Reload: "RELOAD",
     Loss: "L", Backward: "B", BackwardInput: "I", BackwardWeight: "W"}
-_STAGED = (Forward, Recompute, Offload, Reload, Loss, Backward, BackwardInput, BackwardWeight)
 _WHY = "every stage runs one forward and one backward (B, or I then W) per micro-batch"
 _NOUNS = {"F": "forward", "FC": "checkpointed forward", "RC": "recompute", "OFF": "offload",
           "RELOAD": "reload", "L": "loss", "B": "backward", "I": "input gradient (I)",
@@ -91,10 +90,10 @@ class Matching(Programs):
         for rank, prog in enumerate(self.low.programs):
             for pc, ins in enumerate(prog):
                 kind = _COMPUTE_KIND.get(type(ins))
-                if kind is not None and isinstance(ins, _STAGED):
-                    runs.setdefault((ins.stage, ins.mb), {}).setdefault(kind, []).append(
-                        Site(rank, pc, ins))
-                elif isinstance(ins, Load):
+                if kind is not None:  # (each of those types has a stage and a micro-batch)
+                    runs.setdefault((ins.stage, ins.mb), {}).setdefault(  # type: ignore[attr-defined]
+                        kind, []).append(Site(rank, pc, ins))
+                elif type(ins) is Load:
                     loads.setdefault((ins.part, ins.mb), []).append(Site(rank, pc, ins))
         for s in range(self.last + 1):
             rank = self.low.placement[s]

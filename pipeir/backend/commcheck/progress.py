@@ -74,10 +74,15 @@ def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channe
            ) -> list[tuple[int, int, tuple[int, ...]]]:
     """Per instruction of `rank`: the channel side it waits on (-1: none) and the index there
     that must be posted, and the channel sides it posts to (numbered in `channels`)."""
+    sides: dict[tuple[bool, int], tuple[int, int]] = {}  # (a few peers per rank)
+
     def side(send: bool, peer: int) -> tuple[int, int]:
-        ch = (rank, peer) if send else (peer, rank)
-        return (channels.setdefault((send, ch), len(channels)),
-                channels.setdefault((not send, ch), len(channels)))
+        found = sides.get((send, peer))
+        if found is None:
+            ch = (rank, peer) if send else (peer, rank)
+            found = sides[send, peer] = (channels.setdefault((send, ch), len(channels)),
+                                         channels.setdefault((not send, ch), len(channels)))
+        return found
 
     own: dict[int, int] = {}  # channel side -> posts so far
     handle: dict[tuple[bool, Key], int] = {}  # a post's index, for its wait
