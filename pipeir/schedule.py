@@ -1,4 +1,5 @@
-"""The schedule IR: a pipeline config plus a networkx DiGraph whose nodes are ops.
+"""The schedule IR: a pipeline config plus each rank's ops in order, viewed as a dependency
+graph (a networkx DiGraph whose nodes are the ops).
 
 Node attributes: ``rank`` (who runs it), ``pos`` (index in that rank's program) and ``span``
 (where the user wrote it, or None); the two ops of an overlapped pair (run together, as in
@@ -8,11 +9,14 @@ Edge attribute ``kind`` is an `EdgeKind` flag set: DATA for a tensor dependency,
 parallelism) has a DATA edge from every weight-gradient op of its stage and none out: only
 the optimizer step, outside the schedule, waits for it.
 
-NOTE: the graph is the single source of truth. Per-rank programs are derived from it (and
-cached, so treat a built Schedule as immutable: passes build new schedules), and so is its
-numbered dependency index, `Schedule.deps` (`pipeir.depgraph`), which the verifier, the
-simulator, lowering and synth read instead of walking the graph themselves. A Schedule can
-never hold the same op twice, because ops are the node keys; the builder rejects duplicates.
+NOTE: the per-rank programs are the schedule; the dependency rules (`data_predecessors`)
+derive its edges. Two views are built from them on first use and cached (so treat a built
+Schedule as immutable: passes build new schedules): the numbered dependency index,
+`Schedule.deps` (`pipeir.depgraph`), which the verifier, the simulator, lowering and synth
+read, and the networkx graph, `Schedule.graph`, which compiling never builds (it is most of a
+large schedule's memory). A schedule made from a graph (`Schedule(config, graph)`) reads its
+programs from the graph instead. A Schedule can never hold the same op twice: the builder
+rejects duplicates.
 """
 
 from __future__ import annotations
@@ -289,7 +293,7 @@ def _first(pair: tuple[int, Op]) -> int:
 
 
 class ScheduleBuilder:
-    """Collects ops rank by rank, then builds the graph in one go.
+    """Collects ops rank by rank, then builds the schedule in one go.
 
     >>> from pipeir.ops import F, B
     >>> b = ScheduleBuilder(PipelineConfig.make(ranks=1, microbatches=1))
