@@ -385,3 +385,68 @@ def test_compile_rejects_bad_input(cli, args: tuple[str, ...], message: str) -> 
     code, _, err = cli("compile", EXAMPLES / "1f1b.sched", *args)
     assert code == 2
     assert message in err and "Traceback" not in err
+
+
+# ---- lowered.json's fast writer writes what json.dumps writes -------------------------------
+
+_VALUES_POOL = st.one_of(
+    st.integers(-3, 2**64), st.booleans(), st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=6), st.sampled_from(("act", "grad", "input", "target", "", "F(1,2)")),
+    st.none(), st.just([]), st.just(()))
+
+
+@st.composite
+def _any_instruction(draw: st.DrawFn, depth: int = 0) -> object:
+    """An instruction of any class with well-typed fields, or fields of any type (the
+    dataclasses do not check them): what the writer must either write as json does or
+    hand to json."""
+    from dataclasses import fields
+
+    from pipeir.backend.instructions import MNEMONICS
+
+    cls = draw(st.sampled_from(sorted(MNEMONICS, key=lambda c: c.__name__)))
+    kw = {}
+    for f in fields(cls):
+        if f.name == "posts":
+            kw[f.name] = tuple(draw(st.lists(_any_instruction(depth + 1), max_size=2))) \
+                if depth < 1 and draw(st.booleans()) else draw(_VALUES_POOL)
+        elif draw(st.integers(0, 3)) == 0:  # now and then a value of any type
+            kw[f.name] = draw(_VALUES_POOL)
+        elif f.type in ("int",):
+            kw[f.name] = draw(st.integers(0, 2**63 - 1))
+        elif f.type == "float":  # (json writes NaN and Infinity, which the reader refuses)
+            kw[f.name] = draw(st.floats() | st.sampled_from((float("nan"), float("-inf"))))
+        elif f.type == "bool":
+            kw[f.name] = draw(st.booleans())
+        else:
+            kw[f.name] = draw(st.text(max_size=8) | st.sampled_from(("act", "grad", "input")))
+    return cls(**kw)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_any_instruction(), min_size=1, max_size=4))
+def test_the_fast_writer_writes_what_json_dumps_writes(prog: list[object]) -> None:
+    """program_io's NOTE on the fast writer, against `json.dumps` of the instruction dicts
+    (the oracle, and the writer it replaced): the same text, or the same refusal."""
+    from pipeir.backend.program_io import _instr_json, _program_text
+
+    try:
+        want: str | type[Exception] = json.dumps([_instr_json(i) for i in prog])  # type: ignore[arg-type]
+    except Exception as e:  # (what the old writer raised on such fields, the new one must)
+        want = type(e)
+    try:
+        got: str | type[Exception] = _program_text(prog, {})  # type: ignore[arg-type]
+    except Exception as e:
+        got = type(e)
+    assert got == want
+
+
+def test_the_fast_writer_writes_every_lowered_program_as_json_dumps_does() -> None:
+    from pipeir.backend.program_io import _instr_json, _program_text
+
+    for name in ("1f1b", "zb-v", "dualpipe-v", "interleaved-1f1b"):
+        for low in (lower(pipeir.library.get(name, 2, 4)),
+                    Overlap().run(lower(pipeir.library.get(name, 2, 4)))):
+            strs: dict[str, str] = {}
+            for prog in low.programs:
+                assert _program_text(prog, strs) == json.dumps([_instr_json(i) for i in prog])

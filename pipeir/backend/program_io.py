@@ -10,7 +10,7 @@ import json
 import math
 import operator
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import MISSING, fields
 from typing import Any, get_args, get_type_hints
 
@@ -313,6 +313,76 @@ def _fast(d: object, texts: dict[str, str], in_batch: bool = False) -> Instr | N
     return cls(**kw)  # type: ignore[no-any-return]
 
 
+# NOTE (the fast writer): `json.dumps` of `_instr_json`'s dict per instruction was most of
+# writing a large lowered.json (a dict built, then encoded: 0.9 s at 65k ops). `_ENCODERS`
+# holds, per instruction class, a function generated once from its fields (as `dataclasses`
+# generates `__init__`) that writes the same text straight from the fields, each string
+# encoded once per file (the op and `.sched` line repeat on every instruction). It gives up
+# (None) on any value of another type than the field's, and `_program_text` then encodes
+# that instruction through `json.dumps`: the text is the same either way
+# (tests/test_backend.py compares them).
+def _encoder(cls: type) -> Callable[..., str | None]:
+    lines = ["def encode(ins, strs, string, posts):", "    v = values(ins)"]
+    text = "{{" + json.dumps("i") + ": " + json.dumps(MNEMONICS[cls])  # (an f-string's braces)
+    for k, (name, hint, _) in enumerate(_FIELDS[cls]):
+        want, x, key = _spec(hint), f"v[{k}]", json.dumps(name)
+        if name == "paired":
+            lines += [f"    if type({x}) is not bool: return None",
+                      f"    b{k} = {', ' + key + ': true'!r} if {x} else ''"]
+            text += f"{{b{k}}}"
+        elif want is _STR or isinstance(want, frozenset):
+            lines.append(f"    if type({x}) is not str: return None")
+            text += f", {key}: {{strs.get({x}) or string({x})}}"
+        elif want is _INT:
+            lines.append(f"    if type({x}) is not int: return None")
+            text += f", {key}: {{int_repr({x})}}"
+        elif want is _FLOAT:
+            lines.append(f"    if type({x}) is not float or not isfinite({x}): return None")
+            text += f", {key}: {{float_repr({x})}}"
+        elif want is _BOOL:
+            lines += [f"    if type({x}) is not bool: return None",
+                      f"    b{k} = 'true' if {x} else 'false'"]
+            text += f", {key}: {{b{k}}}"
+        else:  # a batch's posts
+            lines += [f"    p{k} = posts({x}, strs, string)", f"    if p{k} is None: return None"]
+            text += f", {key}: {{p{k}}}"
+    lines.append(f"    return f{text + '}}'!r}")
+    scope: dict[str, Any] = {"values": _VALUES[cls], "int_repr": int.__repr__,
+                             "float_repr": float.__repr__, "isfinite": math.isfinite}
+    exec("\n".join(lines), scope)
+    return scope["encode"]  # type: ignore[no-any-return]
+
+
+def _posts(items: object, strs: dict[str, str], string: Callable[[str], str]) -> str | None:
+    if type(items) is not tuple:
+        return None
+    out = []
+    for ins in items:
+        encode = _ENCODERS.get(type(ins))
+        text = encode(ins, strs, string, _posts) if encode is not None else None
+        if text is None:
+            return None
+        out.append(text)
+    return "[" + ", ".join(out) + "]"
+
+
+_ENCODERS: dict[type, Callable[..., str | None]] = {cls: _encoder(cls) for cls in MNEMONICS}
+
+
+def _program_text(prog: Sequence[Instr], strs: dict[str, str]) -> str:
+    """`json.dumps([_instr_json(i) for i in prog])`, written faster (the NOTE above); `strs`
+    holds the strings encoded so far."""
+    def string(s: str) -> str:
+        strs[s] = text = json.dumps(s)
+        return text
+    out = []
+    for ins in prog:
+        encode = _ENCODERS.get(type(ins))
+        text = encode(ins, strs, string, _posts) if encode is not None else None
+        out.append(text if text is not None else json.dumps(_instr_json(ins)))
+    return "[" + ", ".join(out) + "]"
+
+
 @paused_gc()  # (pipeir._gc: an instruction object per JSON object, no cycles)
 def from_json(data: object, where: str = "lowered JSON", source: Source | None = None) -> Lowered:
     """Read what `to_json` wrote; malformed input is a UsageError naming the rank, the
@@ -401,9 +471,9 @@ def dump_parts(lowered: Lowered, proof: str | None = None) -> Iterator[str]:
             h.update(part.encode())
         return part
     yield seen(json.dumps(_header_json(lowered))[:-1] + ',\n "programs": [')
+    strs: dict[str, str] = {}
     for r, prog in enumerate(lowered.programs):
-        with paused_gc():  # (pipeir._gc: the JSON objects of a program, no cycles)
-            body = json.dumps([_instr_json(i) for i in prog])
+        body = _program_text(prog, strs)
         yield seen(("\n  " if r == 0 else ",\n  ") + body.replace('}, {"i": ', '},\n   {"i": '))
     tail = f'\n ],\n "overlap": {json.dumps(lowered.overlap)}'
     if h is None:
