@@ -97,7 +97,9 @@ class Overlap(LoweredPass):
             r = q.popleft()
             if q:
                 heapq.heappush(heads, (consumer[q[0].key], k, peer))
-            out.append(IRecv(r.tensor, r.stage, r.mb, r.peer, r.tag, op=r.op, at=r.at))
+            # (an unpaired IRecv is its own post: kept, not built again)
+            out.append(r if type(r) is IRecv and not r.paired else
+                       IRecv(r.tensor, r.stage, r.mb, r.peer, r.tag, op=r.op, at=r.at))
             outstanding.add(r.key)
             return r.key
 
@@ -110,6 +112,8 @@ class Overlap(LoweredPass):
         waits_at: dict[int, list[Recv | IRecv]] = {}
         for r in recvs:
             waits_at.setdefault(consumer[r.key], []).append(r)
+        # the program's own waits, kept where they are what this pass would build
+        had = {ins.key: ins for ins in prog if type(ins) is WaitRecv}  # type: ignore[attr-defined]
         # (`type(x) is C`, a fifth of `isinstance`'s cost on every instruction: none of
         # these classes has a subclass; `ForwardCheckpoint`, a `Forward`, is named in
         # `_consumers`)
@@ -123,7 +127,10 @@ class Overlap(LoweredPass):
             if waiting is not None:
                 for r in waiting:
                     post_upto(r.key)
-                    out.append(WaitRecv(r.tensor, r.stage, r.mb, r.peer, r.tag, op=r.op,
+                    w = had.get(r.key)
+                    out.append(w if w is not None and not w.paired and w.peer == r.peer and
+                               w.tag == r.tag and w.op == r.op and w.at == r.at else
+                               WaitRecv(r.tensor, r.stage, r.mb, r.peer, r.tag, op=r.op,
                                         at=r.at))
                     outstanding.discard(r.key)
                     post_upto(None)
