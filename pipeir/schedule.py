@@ -115,7 +115,7 @@ class Schedule:
         NOTE: at scale the graph is most of a schedule's memory (about 1.6 KB per op of
         node, adjacency and edge dicts) and a fifth of building it, while compiling reads
         only the programs and `deps`; `deps` is numbered here straight from the programs,
-        as `DepGraph.of` would number the graph (tests/test_schedule.py checks they agree).
+        as `DepGraph.of` would number the graph (tests/test_depgraph.py checks they agree).
         """
         made = cls(config, None, name, span)  # type: ignore[arg-type]
         made._where, made._programs = where, programs
@@ -349,8 +349,9 @@ class ScheduleBuilder:
         self._pairs.append((first, second))
 
     def build(self) -> Schedule:
-        return Schedule._compact(self.config, self._where,
-                                 tuple(tuple(p) for p in self._programs), self._pairs,
+        # (copies: the builder may go on adding and build again)
+        return Schedule._compact(self.config, dict(self._where),
+                                 tuple(tuple(p) for p in self._programs), tuple(self._pairs),
                                  self.name, self.span)
 
 

@@ -85,3 +85,19 @@ def test_a_schedule_pickled_in_one_process_works_in_another(tmp_path: Path) -> N
         subprocess.run([sys.executable, "-c", code, str(path), str(EXAMPLE)], check=True,
                        timeout=120,
                        env={**os.environ, "PYTHONHASHSEED": seed})
+
+
+def test_a_builder_that_goes_on_after_build_leaves_the_built_schedule_alone() -> None:
+    """A built schedule keeps what the builder held then (it shares none of its state)."""
+    from pipeir.schedule import ScheduleBuilder
+
+    b = ScheduleBuilder(pipeir.PipelineConfig.make(ranks=1, microbatches=2))
+    b.add(0, F(0, 0))
+    b.add(0, B(0, 0))
+    first = b.build()
+    b.add(0, F(0, 1))
+    b.add(0, B(0, 1))
+    second = b.build()
+    assert (len(first), len(second)) == (2, 4)
+    assert F(0, 1) not in first and first.program(0) == (F(0, 0), B(0, 0))
+    assert set(first.graph) == {F(0, 0), B(0, 0)}
