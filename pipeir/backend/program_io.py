@@ -497,7 +497,7 @@ def dump_parts(lowered: Lowered, proof: str | None = None) -> Iterator[str]:
 PROVED = "proved"
 _DIGEST_PREFIX = "sha256:"
 _UNSIGNED = _DIGEST_PREFIX + "0" * 64
-_TRAILER = 256  # bytes: the trailer (`dump_parts`) is shorter
+_TRAILER = 256  # characters: the trailer (`dump_parts`) is shorter
 _RECORDED = re.compile(r'"proved": "(sha256:[0-9a-f]{64})"')
 _CHUNK = 1 << 20
 
