@@ -196,6 +196,9 @@ def _render_one(severity: str, message: str, span: Span | None,
         same_line = span.end_line == span.line
         col = span.col - 1
         width = (span.end_col - span.col) if same_line else len(text) - col
+        # (before stripping: a line of only a tab and a control character such as \x1f,
+        # which `rstrip` takes for space, keeps its tab above the carets)
+        head = text[:col]
         text = text.rstrip()
         if len(text) > SHOWN_COLUMNS:  # a window around the span (a 16,000-digit number...)
             start = max(0, min(col - 20, len(text) - SHOWN_COLUMNS))
@@ -204,9 +207,10 @@ def _render_one(severity: str, message: str, span: Span | None,
             shown = text[start:start + SHOWN_COLUMNS]
             width = min(width, len(shown) - (col - start))
             text, col = pre + shown + post, len(pre) + col - start
+            head = text[:col]
         out.append("    " + text)
         # tabs under tabs: the carets line up whatever width the terminal gives a tab
-        pad = "".join("\t" if c == "\t" else " " for c in text[:col]).ljust(col)
+        pad = "".join("\t" if c == "\t" else " " for c in head).ljust(col)
         out.append("    " + pad + "^" * max(1, width))
     return out
 

@@ -20,7 +20,7 @@ from importlib.resources import files
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 import pipeir
@@ -367,6 +367,7 @@ def test_cli_agrees_with_the_api_on_mutated_files(seed: str, edit_list: list[Edi
 
 @FUZZ
 @given(st.text(max_size=200))
+@example("\t\x1f")  # a tab, then a character `str.rstrip` takes for space: the tab stays
 def test_random_text_gives_only_diagnostics(text: str) -> None:
     # One line naming a file that exists is a path to `pipeir.parse`, as documented; Hypothesis
     # draws such strings from the package's own constants ("/proc/meminfo", pipeir/limits.py).
