@@ -539,9 +539,9 @@ def test_generated_program_refuses_a_lowered_json_that_would_deadlock(
 def test_generated_program_proves_a_lowered_json_edited_under_its_recorded_digest(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """compile records a digest of what it proved in lowered.json's header, and main.py skips
-    the proof only for exactly that text: a tag edited in place (the header line and its
-    digest untouched) is proved again and refused with check's own line and exit code."""
+    """compile records a digest of what it proved in lowered.json's trailer, and main.py skips
+    the proof only for exactly that text: a tag edited in place (the trailer and its digest
+    untouched) is proved again and refused with check's own line and exit code."""
     from pipeir.cli import main
     from pipeir.runtime.torchrun import main as torchrun_main
 
@@ -550,7 +550,7 @@ def test_generated_program_proves_a_lowered_json_edited_under_its_recorded_diges
                  "--blocking", "-o", str(gen)]) == 0
     path = gen / "lowered.json"
     text = path.read_text()
-    assert '"proved": "sha256:' in text.splitlines()[0]
+    assert '"proved": "sha256:' in text.splitlines()[-2]
     line = next(ln for ln in text.splitlines() if '"i": "send"' in ln)
     tag = int(line.split('"tag": ')[1].rstrip("},"))
     path.write_text(text.replace(line, line.replace(f'"tag": {tag}', f'"tag": {tag + 7}'), 1))
