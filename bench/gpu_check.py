@@ -13,7 +13,9 @@ Each check is one `pipeirc` command, run as a user runs it, so the report is wha
             vs simulated peak of saved activations, gradients checked
   fp16      fp16 autocast with dynamic loss scaling, `--check` against torch.amp.GradScaler
   recompute `recompute{all=true}` on a model with dropout: the replayed forward must draw the
-            same CUDA random numbers, or `--check` fails
+            same CUDA random numbers, so every step's loss and gradient norm equal those of
+            the same run without recompute (`--check` cannot judge dropout: its single
+            process draws from the CPU generator)
   profile   `pipeirc profile` writes a cost file, `pipeirc run --costs` prints the measured vs
             simulated bubble from it
 
@@ -83,6 +85,9 @@ class Check:
     #: report lines worth quoting start with one of these (the rest goes to the log)
     keep: tuple[str, ...] = ("median step", "bubble", "peak", "check", "stage", "rank",
                              "    ", "largest", "wrote", "loss scale", "skipped")
+    #: the name of an earlier check whose steps' losses and gradient norms this one's must
+    #: equal (its `step` lines, as printed)
+    same_steps_as: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,8 +120,9 @@ def make_plan(gpus: int, costs: str) -> Plan:
         Check("offload", (*run, *gpipe, "--model", "mlp", "--passes", "offload{budget=2}",
                           "--check")),
         Check("fp16", (*run, *pipe, "--model", f"{HERE}:fp16_spec", "--check")),
+        Check("dropout", (*run, *gpipe, "--model", f"{HERE}:dropout_spec")),
         Check("recompute", (*run, *gpipe, "--model", f"{HERE}:dropout_spec", "--passes",
-                            "recompute{all=true}", "--check")),
+                            "recompute{all=true}"), same_steps_as="dropout"),
         Check("profile", ("pipeirc", "profile", "--model", "mlp", "--nproc", str(ranks),
                           "--microbatches", str(MICROBATCHES), "-o", costs)),
         Check("profiled-run", (*run, *pipe, "--model", "mlp", "--costs", costs)),
@@ -153,8 +159,9 @@ def run_command(check: Check, timeout_s: float) -> tuple[int, str]:
     try:
         p = subprocess.run(argv, env=env, capture_output=True, text=True,
                            timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired as e:
-        out = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode()
+    except subprocess.TimeoutExpired as e:  # (the ranks' errors are on stderr)
+        out = "".join(x if isinstance(x, str) else (x or b"").decode()
+                      for x in (e.stdout, e.stderr))
         return 124, out
     return p.returncode, p.stdout + p.stderr
 
@@ -184,8 +191,25 @@ def run_plan(plan: Plan, runner: Runner = run_command, log: Callable[[str], None
         for line in lines:
             if line.strip() and line.lstrip().startswith(c.keep):
                 log(f"   {line}")
+        if c.same_steps_as is not None:
+            want = steps(next(o.output for o in outcomes if o.check.name == c.same_steps_as))
+            got = steps(out)
+            log(f"   steps (loss, gradient norm): {got}")
+            if not got or got != want:
+                raise CheckFailed(f"check '{c.name}': steps {got or 'not found'} differ from "
+                                  f"'{c.same_steps_as}''s {want}")
         outcomes.append(Outcome(c, took, out))
     return outcomes
+
+
+def steps(output: str) -> list[tuple[str, str]]:
+    """Each `step` line's loss and gradient norm, as printed."""
+    found = []
+    for line in output.splitlines():
+        words = line.split()
+        if words[:1] == ["step"] and "loss" in words and "norm" in words:
+            found.append((words[words.index("loss") + 1], words[words.index("norm") + 1]))
+    return found
 
 
 def describe(plan: Plan) -> str:

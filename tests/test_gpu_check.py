@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -59,8 +60,12 @@ def test_plan_nccl_one_rank_per_gpu(gc: ModuleType, gpus: int, ranks: int, gloo:
         if c.argv[1] == "run":
             want = gloo if cuda_hidden else ranks
             assert c.argv[c.argv.index("--ranks") + 1] == str(want)
-            assert ("--check" in c.argv) == (c.name != "profiled-run")
+            assert ("--check" in c.argv) == (c.name not in ("profiled-run", "dropout",
+                                                            "recompute"))
     assert names.index("profile") < names.index("profiled-run")
+    recompute = plan.checks[names.index("recompute")]
+    assert recompute.same_steps_as == "dropout" and names.index("dropout") < names.index(
+        "recompute")
     profiled = plan.checks[names.index("profiled-run")]
     assert profiled.argv[profiled.argv.index("--costs") + 1] == "costs.json"
     with pytest.raises(ValueError):
@@ -117,3 +122,28 @@ def test_the_gloo_comparison_runs_on_cpu(gc: ModuleType) -> None:
     rc, out = gc.run_command(gloo, 240)
     assert rc == 0, out
     assert "median step time" in out and "Traceback" not in out
+
+
+def test_recompute_fails_when_its_steps_differ_from_the_run_without_it(gc: ModuleType) -> None:
+    plan = gc.make_plan(2, "costs.json")
+    line = "step    {}/6  loss {}  5.7 ms  11307.8 samples/s  lr 0.05  grad norm 0.202\n"
+
+    def runner(c: object, t: float) -> tuple[int, str]:
+        loss = "1.06958" if c.name == "recompute" else "1.06957"  # type: ignore[attr-defined]
+        return 0, "".join(line.format(k, loss) for k in range(1, 3))
+    with pytest.raises(gc.CheckFailed, match=r"check 'recompute': steps .* differ from "
+                                             r"'dropout''s"):
+        gc.run_plan(plan, runner, log=lambda line: None)
+    same = gc.run_plan(plan, lambda c, t: (0, line.format(1, "1.0")), log=lambda line: None)
+    assert [o.check.name for o in same][-2:] == ["profile", "profiled-run"]
+
+
+@pytest.mark.mp
+def test_recompute_with_dropout_steps_as_the_run_without_it_on_cpu(gc: ModuleType) -> None:
+    """The recompute pair of checks, run on CPU: the oracle is the same run without
+    recompute (the replayed forwards draw the same dropout masks)."""
+    plan = gc.make_plan(1, "costs.json")
+    pair = [replace(c, env={"CUDA_VISIBLE_DEVICES": ""}) for c in plan.checks
+            if c.name in ("dropout", "recompute")]
+    done = gc.run_plan(replace(plan, checks=tuple(pair)), gc.run_command, log=lambda x: None)
+    assert len(gc.steps(done[1].output)) == 6

@@ -850,3 +850,26 @@ def test_a_rank_imports_neither_pipelining_nor_dynamo_and_the_launcher_starts_li
     # neither the command line's entry (which starts the fork server) nor a rank imports the
     # compiler (networkx, lark): `import pipeir` loads its public names on first use
     assert out == ["False", "False", "False", "False", "False"]
+
+
+@pytest.mark.mp
+@pytest.mark.parametrize("schedule", [
+    ("--schedule", "interleaved-1f1b", "--ranks", "2", "--v", "2"),
+    ("--schedule", "zb-v", "--ranks", "2", "--blocking"),
+    ("--schedule", "1f1b", "--ranks", "2", "--dp", "2"),
+], ids=["interleaved-overlap", "zbv-blocking", "1f1b-dp2"])
+def test_one_group_per_channel_trains_as_one_process(schedule: tuple[str, ...]) -> None:
+    """The point-to-point path NCCL takes (`pipeir.runtime.dist`'s NOTE: a two-rank group per
+    directed channel, batches split by group), forced on gloo: gradients equal
+    single-process training's (`--check`), the oracle; without the variable the same runs
+    use one group."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PIPEIR_P2P_GROUPS": "channel"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "pipeir", "run", *schedule, "--microbatches", "4",
+         "--steps", "2", "--check"], capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "of single-process training" in proc.stdout, proc.stdout[-2000:]

@@ -34,6 +34,7 @@ from torch.utils import _pytree as pytree
 
 from pipeir.models.spec import ModelSpec, autocast_dtype, call_stage
 from pipeir.runtime import autograd, shapes, splitgrad
+from pipeir.runtime import dist as pdist
 from pipeir.runtime.memory import SavedActivations
 from pipeir.runtime.mesh import Mesh
 from pipeir.runtime.optim import Optim, StepStats
@@ -326,6 +327,12 @@ class Context:
         """The global rank of pipeline rank `peer` in this replica."""
         return peer if self.mesh is None else self.mesh.peer(peer)
 
+    def _group(self, kind: str, peer: int) -> Any:
+        """The group a send to / receive from pipeline rank `peer` goes through (None: the
+        default group; on NCCL, its channel's: `pipeir.runtime.dist`'s NOTE)."""
+        me, other = dist.get_rank(), self._peer(peer)
+        return pdist.channel(me, other) if kind == "send" else pdist.channel(other, me)
+
     # ---- communication ---------------------------------------------------------------------
     def send(self, tensor: str, stage: int, mb: int, peer: int, tag: int) -> None:
         t0 = self._enter()
@@ -354,16 +361,24 @@ class Context:
         """Post several (kind, tensor, stage, mb, peer, tag) at once (batch_isend_irecv)."""
         t0 = self._enter()
         handles = [self._handle(*p) for p in posts]
-        ops = [dist.P2POp(dist.isend if h.kind == "send" else dist.irecv, h.buf,
-                          self._peer(peer), tag=tag)
-               for h, (_, _, _, _, peer, tag) in zip(handles, posts)]
-        works = self._run_comm(lambda: dist.batch_isend_irecv(ops))
+        # one batch per channel group (torch batches one group at a time; on NCCL each
+        # direction is a group of its own: `pdist`'s NOTE), in posting order
+        by_group: dict[int, tuple[Any, list[tuple[Handle, dist.P2POp]]]] = {}
+        for h, (_, _, _, _, peer, tag) in zip(handles, posts):
+            group = self._group(h.kind, peer)
+            op = dist.P2POp(dist.isend if h.kind == "send" else dist.irecv, h.buf,
+                            self._peer(peer), group=group, tag=tag)
+            by_group.setdefault(id(group), (group, []))[1].append((h, op))
+        for _, pairs in by_group.values():
+            ops = [op for _, op in pairs]
+            works = self._run_comm(lambda ops=ops: dist.batch_isend_irecv(ops))
+            for i, (h, _) in enumerate(pairs):
+                # NCCL coalesces a batch into one work object; gloo returns one per op.
+                h.work = works[i] if len(works) == len(pairs) else works[-1]
         if self.comm_stream is not None:
             for h in handles:
                 h.buf.record_stream(self.comm_stream)
-        for i, h in enumerate(handles):
-            # NCCL coalesces a batch into one work object; gloo returns one per op.
-            h.work = works[i] if len(works) == len(handles) else works[-1]
+        for h in handles:
             if h.kind == "send":
                 self.sends.append(h)
         self._leave(t0)
@@ -398,7 +413,8 @@ class Context:
               ) -> Handle:
         h = self._handle(kind, tensor, stage, mb, peer, tag)
         op = dist.isend if kind == "send" else dist.irecv
-        h.work = self._run_comm(lambda: op(h.buf, self._peer(peer), tag=tag))
+        group = self._group(kind, peer)
+        h.work = self._run_comm(lambda: op(h.buf, self._peer(peer), group=group, tag=tag))
         if self.comm_stream is not None:  # the comm stream uses a compute-stream allocation
             h.buf.record_stream(self.comm_stream)
         return h

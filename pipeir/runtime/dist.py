@@ -3,16 +3,34 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
+# NOTE (point-to-point on NCCL): NCCL runs the operations of one communicator on one stream,
+# in the order they were posted, and a receive holds that stream until its data arrives. The
+# programs post receives early (the `overlap` pass; `lower`'s early `irecv`), which gloo
+# allows: on one communicator, rank 0's early receive of a gradient would hold its send of
+# the activation that gradient needs, and both ranks would wait forever. So on NCCL every
+# directed channel (sender, receiver) gets a communicator of its own (a two-rank group): it
+# carries one direction only, its sends and receives run in posting order, which is the
+# per-channel FIFO order the communication proof matches transfers in (`commcheck`), and
+# channels do not wait on each other. gloo keeps one group (`PIPEIR_P2P_GROUPS=channel` makes
+# it use channel groups too, which is how the CPU tests run this path).
+P2P_GROUPS = "PIPEIR_P2P_GROUPS"
+#: (global sender, global receiver) -> the group of that channel
+_channels: dict[tuple[int, int], Any] = {}
 
-def pick_device(rank: int) -> torch.device:
-    """cuda:<local rank> when CUDA is available, else CPU."""
+
+def pick_device(rank: int, local_rank: int | None = None) -> torch.device:
+    """cuda:<local rank> when CUDA is available, else CPU. `local_rank`: torchrun's
+    LOCAL_RANK; the launcher's ranks use their rank (a LOCAL_RANK they inherit from the
+    shell that started `pipeirc` would put them all on one device)."""
     if torch.cuda.is_available():
-        local = int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count()
+        local = (rank if local_rank is None else local_rank) % torch.cuda.device_count()
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
     return torch.device("cpu")
@@ -33,7 +51,37 @@ def init(rank: int, world: int, init_method: str, timeout_s: float,
     dist.barrier()
 
 
+def per_channel(device: torch.device) -> bool:
+    """Whether point-to-point runs one group per directed channel (the NOTE above)."""
+    mode = os.environ.get(P2P_GROUPS, "auto")
+    if mode not in ("auto", "channel", "default"):
+        raise ValueError(f"{P2P_GROUPS}={mode!r}: expected auto, channel or default")
+    return mode == "channel" or (mode == "auto" and device.type == "cuda")
+
+
+def open_channels(pairs: Iterable[tuple[int, int]], device: torch.device) -> None:
+    """Make the group of every directed channel in `pairs` (global ranks) that does not exist
+    yet. Every rank calls this with the same pairs (group creation is collective), and each
+    group's first operation (its communicator's set-up) runs here, in one order on every
+    rank, rather than at a first transfer whose peer may be busy elsewhere."""
+    if not per_channel(device):
+        return
+    fresh = sorted(set(pairs) - set(_channels))
+    for src, dst in fresh:
+        _channels[src, dst] = dist.new_group([src, dst])
+    me = dist.get_rank()
+    for src, dst in fresh:
+        if me in (src, dst):
+            dist.barrier(group=_channels[src, dst])
+
+
+def channel(src: int, dst: int) -> Any:
+    """The group of the channel from global rank `src` to `dst` (None: the default group)."""
+    return _channels.get((src, dst))
+
+
 def shutdown() -> None:
+    _channels.clear()
     if dist.is_initialized():
         dist.destroy_process_group()
 

@@ -194,7 +194,10 @@ class SavedActivations:
                 out.copy_(t, non_blocking=True)
             else:
                 out = t.to(to, non_blocking=True)
-        t.record_stream(stream)  # the allocator must not reuse t before the copy is done
+        # the allocator must not reuse t before the copy is done; a pinned host tensor has no
+        # record_stream (the pinned allocator tracks its own non-blocking copies)
+        if t.is_cuda:
+            t.record_stream(stream)
         return out
 
     def ready(self, key: Key) -> None:

@@ -220,8 +220,17 @@ class Optim:
         counted = [g.float() for g in grads if id(g) not in repeated]
         if counted:  # one norm per gradient in one call, as clip_grad_norm_; summed in float64
             return torch.stack(torch._foreach_norm(counted)).double().square().sum()
+        # (no gradients: on the rank's device all the same, where NCCL all-reduces it)
         return torch.zeros((), dtype=torch.float64,
-                           device=grads[0].device if grads else torch.device("cpu"))
+                           device=grads[0].device if grads else self._device())
+
+    def _device(self) -> torch.device:
+        """This rank's device, for a norm of no gradients (NCCL all-reduces on it)."""
+        if self.params:
+            return self.params[0].device
+        if dist.is_initialized() and dist.get_backend() == "nccl":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     def _reported(self, sq: torch.Tensor) -> float:
         self.settle()

@@ -25,10 +25,16 @@ from torch.utils import _pytree as pytree
 
 from pipeir.backend.instructions import (
     BackwardInput,
+    Batch,
     ForwardCheckpoint,
+    IRecv,
+    ISend,
+    Lowered,
     Offload,
     Recompute,
+    Recv,
     Reload,
+    Send,
 )
 from pipeir.backend.table import Row, rank_table
 from pipeir.models.refs import resolve
@@ -115,9 +121,27 @@ def size(x: Any) -> int:
     return sum(t.numel() for t in shapes.tensor_leaves(x))
 
 
+def channels(low: Lowered, mesh: Mesh | None) -> set[tuple[int, int]]:
+    """Every directed channel (global sender, global receiver) `low`'s programs transfer on,
+    in every replica."""
+    pairs: set[tuple[int, int]] = set()
+    for r, prog in enumerate(low.programs):
+        for ins in prog:
+            for c in (ins.posts if isinstance(ins, Batch) else (ins,)):
+                if isinstance(c, Send | ISend):
+                    pairs.add((r, c.peer))
+                elif isinstance(c, Recv | IRecv):
+                    pairs.add((c.peer, r))
+    if mesh is None:
+        return pairs
+    at = mesh.shape.rank
+    return {(at(a, d), at(b, d)) for a, b in pairs for d in range(mesh.shape.dp)}
+
+
 def run_job(rank: int, index: int, job: Job, device: torch.device, emit: Emit,
             track: Progress, mesh: Mesh | None = None) -> None:
     low = job.lowered
+    pdist.open_channels(channels(low, mesh), device)  # (NCCL: every rank, the same order)
     spec = resolve(job.model)
     rank = rank if mesh is None else mesh.pp_rank
     track(index, -1)  # the job, once: each instruction then sets only its index
@@ -221,9 +245,11 @@ def _numpy(t: torch.Tensor) -> Any:
 
 
 def run_rank(rank: int, world: int, init_method: str, jobs: Sequence[Job], emit: Emit,
-             track: Progress, timeout_s: float) -> torch.device:
-    """Run `jobs` as rank `rank` of `world`; returns the device it ran on."""
-    device = pdist.pick_device(rank)
+             track: Progress, timeout_s: float, local_rank: int | None = None
+             ) -> torch.device:
+    """Run `jobs` as rank `rank` of `world` (`local_rank`: its device index under torchrun);
+    returns the device it ran on."""
+    device = pdist.pick_device(rank, local_rank)
     pdist.init(rank, world, init_method, timeout_s, device)
     mark(f"rank {rank}: process group")
     try:
