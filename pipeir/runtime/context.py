@@ -370,8 +370,7 @@ class Context:
                             self._peer(peer), group=group, tag=tag)
             by_group.setdefault(id(group), (group, []))[1].append((h, op))
         for _, pairs in by_group.values():
-            ops = [op for _, op in pairs]
-            works = self._run_comm(lambda ops=ops: dist.batch_isend_irecv(ops))
+            works = self._batch_works([op for _, op in pairs])
             for i, (h, _) in enumerate(pairs):
                 # NCCL coalesces a batch into one work object; gloo returns one per op.
                 h.work = works[i] if len(works) == len(pairs) else works[-1]
@@ -383,6 +382,9 @@ class Context:
                 self.sends.append(h)
         self._leave(t0)
         return handles
+
+    def _batch_works(self, ops: list[dist.P2POp]) -> Any:
+        return self._run_comm(lambda: dist.batch_isend_irecv(ops))
 
     def wait_send(self, h: Handle) -> None:
         t0 = self._enter()
