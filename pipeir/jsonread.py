@@ -108,24 +108,24 @@ def loads_streamed(src: Source, member: str, each: Callable[[int, Any], Any]
                 while not done:
                     item, i = dec.raw_decode(text, i)
                     items.append(each(len(items), item))
-                    i = _skip(text, i)
-                    c, i = text[i:i + 1], i + 1
-                    if c not in (",", "]"):
-                        return None
-                    done = c == "]"
-                    i = _skip(text, i)
+                    i, done = _next(text, i, "]")
                 out[key] = items
             else:
                 out[key], i = dec.raw_decode(text, i)
-            i = _skip(text, i)
-            c, i = text[i:i + 1], i + 1
-            if c not in (",", "}"):
-                return None
-            closed = c == "}"
-            i = _skip(text, i)
+            i, closed = _next(text, i, "}")
         return out if _skip(text, i) == len(text) else None
     except (ValueError, RecursionError):  # (a JSONDecodeError, a key given twice, digits)
         return None
+
+
+def _next(text: str, i: int, close: str) -> tuple[int, bool]:
+    """After a member or element ending at `i`: where the next one starts, and whether `close`
+    ended its container instead. Anything but a comma or `close` is a ValueError."""
+    i = _skip(text, i)
+    c = text[i:i + 1]
+    if c != "," and c != close:
+        raise ValueError(f"expected ',' or '{close}'")
+    return _skip(text, i + 1), c == close
 
 
 def _key_at(text: str, quoted: str, start: int) -> int:
