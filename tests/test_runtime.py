@@ -6,6 +6,7 @@ one after another (`launch` takes a list of jobs), with explicit timeouts.
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -852,24 +853,45 @@ def test_a_rank_imports_neither_pipelining_nor_dynamo_and_the_launcher_starts_li
     assert out == ["False", "False", "False", "False", "False"]
 
 
+NCCL_EMULATION = Path(__file__).parent / "nccl_emulation.py"
+
+
+def _run_emulated(groups: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """`pipeirc run ARGS --check` on gloo with NCCL's launch order emulated
+    (tests/nccl_emulation.py) and point-to-point through `groups`."""
+    import os
+    import sys
+
+    env = {**os.environ, "PIPEIR_P2P_GROUPS": groups, "EMULATED_NCCL_TIMEOUT": "10"}
+    return subprocess.run(
+        [sys.executable, "-m", "pipeir", "run", *args, "--microbatches", "4", "--steps", "2",
+         "--model", str(NCCL_EMULATION), "--check"],
+        capture_output=True, text=True, timeout=240, env=env)
+
+
 @pytest.mark.mp
 @pytest.mark.parametrize("schedule", [
     ("--schedule", "interleaved-1f1b", "--ranks", "2", "--v", "2"),
     ("--schedule", "zb-v", "--ranks", "2", "--blocking"),
     ("--schedule", "1f1b", "--ranks", "2", "--dp", "2"),
 ], ids=["interleaved-overlap", "zbv-blocking", "1f1b-dp2"])
-def test_one_group_per_channel_trains_as_one_process(schedule: tuple[str, ...]) -> None:
-    """The point-to-point path NCCL takes (`pipeir.runtime.dist`'s NOTE: a two-rank group per
-    directed channel, batches split by group), forced on gloo: gradients equal
-    single-process training's (`--check`), the oracle; without the variable the same runs
-    use one group."""
-    import os
-    import subprocess
-    import sys
-
-    env = {**os.environ, "PIPEIR_P2P_GROUPS": "channel"}
-    proc = subprocess.run(
-        [sys.executable, "-m", "pipeir", "run", *schedule, "--microbatches", "4",
-         "--steps", "2", "--check"], capture_output=True, text=True, timeout=240, env=env)
+def test_a_group_per_channel_trains_under_nccls_launch_order(schedule: tuple[str, ...]
+                                                             ) -> None:
+    """The point-to-point path pipeir takes on NCCL (`pipeir.runtime.dist`'s NOTE: a
+    two-rank group per directed channel, batches posted one transfer at a time), run on gloo
+    with NCCL's one-launch-at-a-time order per communicator emulated: gradients equal
+    single-process training's (`--check`)."""
+    proc = _run_emulated("channel", *schedule)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "of single-process training" in proc.stdout, proc.stdout[-2000:]
+
+
+@pytest.mark.mp
+def test_one_group_deadlocks_under_nccls_launch_order() -> None:
+    """What the channel groups are for, and that the emulation can tell: with one group, rank
+    0's early-posted receive of a gradient holds the send of the activation that gradient
+    needs, and the ranks stop (one line naming the emulated deadlock, non-zero exit)."""
+    proc = _run_emulated("default", "--schedule", "1f1b", "--ranks", "2", "--blocking")
+    assert proc.returncode != 0
+    assert "emulated NCCL" in proc.stderr and "deadlock" in proc.stderr, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr

@@ -86,6 +86,8 @@ class Context:
         self.cuda = device.type == "cuda"
         self.comm_stream = (torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
                             if self.cuda else None)
+        #: a group per directed channel (NCCL: `pipeir.runtime.dist`'s NOTE)
+        self.per_channel = pdist.per_channel(device)
         #: saved activations per (stage, micro-batch), their bytes, offloads and recomputes
         #: (`record_every_step` False: only steps with new micro-batch layouts are recorded,
         #: see `SavedActivations.begin_step`; a program with memory ops or split backwards
@@ -358,25 +360,29 @@ class Context:
         return h
 
     def batch(self, *posts: tuple[str, str, int, int, int, int]) -> list[Handle]:
-        """Post several (kind, tensor, stage, mb, peer, tag) at once (batch_isend_irecv)."""
+        """Post several (kind, tensor, stage, mb, peer, tag) at once (batch_isend_irecv).
+
+        NOTE: with a group per channel (NCCL: `pipeir.runtime.dist`'s NOTE) each post goes
+        on its own. NCCL runs a batch as one grouped kernel with one work for all of it, so
+        waiting for a batch's first receive would wait for its last, whose sender may need
+        this rank to go on first; on a channel, posts in order already run in order, and a
+        send and a receive to one peer are on two channels that cannot hold each other."""
         t0 = self._enter()
         handles = [self._handle(*p) for p in posts]
-        # one batch per channel group (torch batches one group at a time; on NCCL each
-        # direction is a group of its own: `pdist`'s NOTE), in posting order
-        by_group: dict[int, tuple[Any, list[tuple[Handle, dist.P2POp]]]] = {}
-        for h, (_, _, _, _, peer, tag) in zip(handles, posts):
-            group = self._group(h.kind, peer)
-            op = dist.P2POp(dist.isend if h.kind == "send" else dist.irecv, h.buf,
-                            self._peer(peer), group=group, tag=tag)
-            by_group.setdefault(id(group), (group, []))[1].append((h, op))
-        for _, pairs in by_group.values():
-            works = self._batch_works([op for _, op in pairs])
-            for i, (h, _) in enumerate(pairs):
+        if self.per_channel:
+            for h, (_, _, _, _, peer, tag) in zip(handles, posts):
+                self._issue(h, peer, tag)
+        else:
+            ops = [dist.P2POp(dist.isend if h.kind == "send" else dist.irecv, h.buf,
+                              self._peer(peer), tag=tag)
+                   for h, (_, _, _, _, peer, tag) in zip(handles, posts)]
+            works = self._batch_works(ops)
+            for i, h in enumerate(handles):
                 # NCCL coalesces a batch into one work object; gloo returns one per op.
-                h.work = works[i] if len(works) == len(pairs) else works[-1]
-        if self.comm_stream is not None:
-            for h in handles:
-                h.buf.record_stream(self.comm_stream)
+                h.work = works[i] if len(works) == len(handles) else works[-1]
+            if self.comm_stream is not None:
+                for h in handles:
+                    h.buf.record_stream(self.comm_stream)
         for h in handles:
             if h.kind == "send":
                 self.sends.append(h)
@@ -414,12 +420,16 @@ class Context:
     def _post(self, kind: str, tensor: str, stage: int, mb: int, peer: int, tag: int
               ) -> Handle:
         h = self._handle(kind, tensor, stage, mb, peer, tag)
-        op = dist.isend if kind == "send" else dist.irecv
-        group = self._group(kind, peer)
+        self._issue(h, peer, tag)
+        return h
+
+    def _issue(self, h: Handle, peer: int, tag: int) -> None:
+        """Post `h`'s transfer on its own, through its channel's group."""
+        op = dist.isend if h.kind == "send" else dist.irecv
+        group = self._group(h.kind, peer)
         h.work = self._run_comm(lambda: op(h.buf, self._peer(peer), group=group, tag=tag))
         if self.comm_stream is not None:  # the comm stream uses a compute-stream allocation
             h.buf.record_stream(self.comm_stream)
-        return h
 
     def _run_comm(self, post: Callable[[], Any], stream: bool = True) -> Any:
         try:

@@ -18,8 +18,11 @@ import torch.distributed as dist
 # directed channel (sender, receiver) gets a communicator of its own (a two-rank group): it
 # carries one direction only, its sends and receives run in posting order, which is the
 # per-channel FIFO order the communication proof matches transfers in (`commcheck`), and
-# channels do not wait on each other. gloo keeps one group (`PIPEIR_P2P_GROUPS=channel` makes
-# it use channel groups too, which is how the CPU tests run this path).
+# channels do not wait on each other. A batch is posted a transfer at a time there
+# (`Context.batch`: NCCL would run it as one kernel that ends with its last transfer). gloo
+# keeps one group; `PIPEIR_P2P_GROUPS=channel` makes it take this path, and
+# tests/nccl_emulation.py (NCCL's launch order emulated on gloo) shows one group deadlocking
+# and a group per channel training as one process.
 P2P_GROUPS = "PIPEIR_P2P_GROUPS"
 #: (global sender, global receiver) -> the group of that channel
 _channels: dict[tuple[int, int], Any] = {}
