@@ -525,3 +525,16 @@ def test_a_lowered_json_read_a_program_at_a_time_is_the_one_read_whole(tmp_path:
         path.write_text(dumps(low, "some rules"), encoding="utf-8")
         read, _ = load(str(path))
         assert read == low == from_json(json.loads(path.read_text(encoding="utf-8")))
+
+
+def test_the_fast_reader_refuses_a_batch_of_other_posts() -> None:
+    """A batch holds isend and irecv posts only: a send (the same fields as an isend) or a
+    wait inside one is refused by both readers."""
+    from pipeir.backend.program_io import _Fault, _fast, _instr_from
+
+    batch = next(o for o in _instruction_objects() if o["i"] == "batch")
+    for other in ("send", "recv", "wait-recv", "wait-send"):
+        bad = {**batch, "posts": [{**batch["posts"][0], "i": other}]}
+        assert _fast(bad, {}) is None
+        with pytest.raises(_Fault, match="a batch holds only isend and irecv posts"):
+            _instr_from(bad, "here", ())

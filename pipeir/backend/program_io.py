@@ -230,7 +230,8 @@ def _header(data: object) -> dict[str, Any]:
 
 # NOTE (the fast reader): `_instr_from` names the fault exactly, and costs 5 µs per
 # instruction doing it (a quarter of `check --lowered` at 65k ops). `_fast` reads the common
-# case, a well-formed instruction, in one pass over per-class field specs, and gives up
+# case, a well-formed instruction, with a reader generated per class from its fields (one
+# straight pass, as `dataclasses` generates `__init__`: `_reader`), and gives up
 # (None) at the first thing it would have to explain; `_instr_from` then reads the same
 # object and raises. So the two accept exactly the same objects (tests/test_check_inputs.py
 # compares them on mutated instructions). Strings repeat on every instruction (the op, its
@@ -263,54 +264,73 @@ _SPECS: dict[str, tuple[type, frozenset[str], frozenset[str],
 _MAX = limits.MAX_INT
 
 
+def _reader(cls: type) -> Callable[..., Instr | None]:
+    """The fast reader of one instruction class (the NOTE above), generated from its fields
+    as `_encoder` is: one straight pass, no loop over the fields."""
+    _, required, known, specs = _SPECS[MNEMONICS[cls]]
+    defaults = {f.name: f.default for f in fields(cls)}
+    lines = ["def read(d, texts):", "    keys = d.keys()",
+             "    if not (required <= keys and keys <= known): return None"]
+    plain, kw = [], []
+    scope: dict[str, Any] = {"cls": cls, "required": required, "known": known, "MAX": _MAX,
+                             "isfinite": math.isfinite, "overflow": limits.int_overflow,
+                             "posts": _fast_posts}
+    for k, (name, want) in enumerate(specs):
+        x = f"v{k}"
+        if name in required:
+            lines.append(f"    {x} = d[{name!r}]")
+        else:
+            scope[f"d{k}"] = defaults[name]
+            lines.append(f"    {x} = d.get({name!r}, d{k})")
+        if want is _STR:
+            lines += [f"    if type({x}) is not str: return None",
+                      f"    {x} = texts.setdefault({x}, {x})"]
+        elif want is _INT:
+            lines.append(f"    if type({x}) is not int or not 0 <= {x} <= MAX: return None")
+        elif want is _BOOL:
+            lines.append(f"    if type({x}) is not bool: return None")
+        elif want is _FLOAT:
+            lines.append(f"    if not ((type({x}) is float and isfinite({x})) or "
+                         f"(type({x}) is int and not overflow({x}))): return None")
+        elif want is _POSTS:
+            lines += [f"    if type({x}) is not list or not {x}: return None",
+                      f"    {x} = posts({x}, texts)",
+                      f"    if {x} is None: return None"]
+        else:  # a Literal of strings
+            scope[f"c{k}"] = want
+            lines += [f"    if type({x}) is not str or {x} not in c{k}: return None",
+                      f"    {x} = texts.setdefault({x}, {x})"]
+        (kw if cls.__dataclass_fields__[name].kw_only else plain).append((name, x))
+    args = [x for _, x in plain] + [f"{name}={x}" for name, x in kw]
+    lines.append(f"    return cls({', '.join(args)})")
+    exec("\n".join(lines), scope)
+    return scope["read"]  # type: ignore[no-any-return]
+
+
+def _fast_posts(items: list[Any], texts: dict[str, str]) -> tuple[Instr, ...] | None:
+    out = []
+    for p in items:
+        post = _fast(p, texts, True)
+        if post is None:
+            return None
+        out.append(post)
+    return tuple(out)
+
+
+_READERS: dict[str, Callable[..., Instr | None]] = {
+    name: _reader(cls) for name, cls in BY_MNEMONIC.items()}
+_POSTABLE = frozenset({MNEMONICS[ISend], MNEMONICS[IRecv]})
+
+
 def _fast(d: object, texts: dict[str, str], in_batch: bool = False) -> Instr | None:
     """`d` as an instruction if `_instr_from` would accept it, else None (the NOTE above)."""
     if type(d) is not dict:
         return None
     name = d.get("i")
-    spec = _SPECS.get(name) if type(name) is str else None
-    if spec is None:
+    read = _READERS.get(name) if type(name) is str else None
+    if read is None or (in_batch and name not in _POSTABLE):
         return None
-    cls, required, known, specs = spec
-    keys = d.keys()
-    if not (required <= keys and keys <= known) or (in_batch and cls not in (ISend, IRecv)):
-        return None
-    kw: dict[str, Any] = {}
-    for field_name, want in specs:
-        if field_name not in d:
-            continue
-        v = d[field_name]
-        t = type(v)
-        if want is _STR:
-            if t is not str:
-                return None
-            v = texts.setdefault(v, v)
-        elif want is _INT:
-            if t is not int or not 0 <= v <= _MAX:
-                return None
-        elif want is _BOOL:
-            if t is not bool:
-                return None
-        elif want is _FLOAT:
-            if not ((t is float and math.isfinite(v)) or
-                    (t is int and not limits.int_overflow(v))):
-                return None
-        elif want is _POSTS:
-            if t is not list or not v:
-                return None
-            posts = []
-            for p in v:
-                post = _fast(p, texts, True)
-                if post is None:
-                    return None
-                posts.append(post)
-            v = tuple(posts)
-        elif t is not str or v not in want:  # type: ignore[operator]
-            return None
-        else:
-            v = texts.setdefault(v, v)
-        kw[field_name] = v
-    return cls(**kw)  # type: ignore[no-any-return]
+    return read(d, texts)
 
 
 # NOTE (the fast writer): `json.dumps` of `_instr_json`'s dict per instruction was most of
