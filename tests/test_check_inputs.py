@@ -530,7 +530,7 @@ def test_a_lowered_json_read_a_program_at_a_time_is_the_one_read_whole(tmp_path:
 def test_the_fast_reader_refuses_a_batch_of_other_posts() -> None:
     """A batch holds isend and irecv posts only: a send (the same fields as an isend) or a
     wait inside one is refused by both readers."""
-    from pipeir.backend.program_io import _Fault, _fast, _instr_from
+    from pipeir.backend.program_io import _fast, _Fault, _instr_from
 
     batch = next(o for o in _instruction_objects() if o["i"] == "batch")
     for other in ("send", "recv", "wait-recv", "wait-send"):
