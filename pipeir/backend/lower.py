@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from bisect import bisect_right
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pipeir import limits
@@ -76,9 +76,9 @@ def lower(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
     limits.check_lowering(f"lowering '{schedule.name}'" + (
         f" ({cfg.accumulate} rounds: accumulate)" if cfg.accumulate > 1 else ""),
         len(schedule), cfg.accumulate)
-    times, topo = _times(schedule, costs if costs is not None else CostModel())
+    times = _times(schedule, costs if costs is not None else CostModel())
     ops = _Ops(schedule)
-    rounds = [_lower_round(schedule, times, topo, r, ops) for r in range(cfg.accumulate)]
+    rounds = [_lower_round(schedule, times, r, ops) for r in range(cfg.accumulate)]
     programs = []
     for rank in range(cfg.ranks):
         prog: list[Instr] = [ZeroGrad()]
@@ -120,8 +120,22 @@ def _post_early(prog: list[Instr]) -> list[Instr]:
     return [prog[k % n] for k in key]
 
 
-def _times(schedule: Schedule, costs: CostModel
-           ) -> tuple[dict[Op, tuple[float, float]], dict[Op, int]]:
+@dataclass(frozen=True, slots=True)
+class _Times:
+    """When each op runs, by its number in `Schedule.deps` (lists, not dicts keyed by op: a
+    large lowering's peak memory is these and its events), and per rank the spans of its
+    computes, sorted (`_in_progress`)."""
+
+    index: Mapping[Op, int]
+    start: list[float]
+    end: list[float]
+    #: each op's place in the topological order (`_times`)
+    place: list[int]
+    busy_starts: list[list[float]]
+    busy_ends: list[list[float]]
+
+
+def _times(schedule: Schedule, costs: CostModel) -> _Times:
     """Start and end of every op as the simulator times it (overlapped communication). The
     two ops of an overlapped pair run as one unit: both get the pair's start and end (their
     outputs leave when the pair is done). Also each op's place in a topological order, which
@@ -132,25 +146,41 @@ def _times(schedule: Schedule, costs: CostModel
     if not timing.complete:  # pragma: no cover - verify() rejected deadlocks already
         raise AssertionError("schedule deadlocks after verification")
     t = timing.sweep([costs.cost(op) for op in timing.ops])
-    times = {op: (t.start[i], t.end[i]) for i, op in enumerate(timing.ops)}
+    deps = schedule.deps
+    index, start, end = deps.index, t.start, t.end  # (the sweep's own lists, numbered as deps)
     # a reduction is issued when its rank reaches it (its channel may start it later)
+    computes: list[list[int]] = []
     for prog in schedule.programs:
         reached = 0.0
+        mine = []
         for op in prog:
+            i = index[op]
             if op.kind == "R":
-                times[op] = (reached, reached)
+                start[i] = end[i] = reached
             else:
-                reached = times[op][1]
+                reached = end[i]
+                mine.append(i)
+        computes.append(mine)
     for first, second in schedule.pairs:
-        times[first] = times[second] = (times[first][0], times[second][1])
-    return times, schedule.deps.place()
+        i, j = index[first], index[second]
+        start[i], end[i], start[j], end[j] = start[i], end[j], start[i], end[j]
+    place = [0] * len(start)
+    for k, i in enumerate(deps.order):
+        place[i] = k
+    starts, ends = [], []
+    for mine in computes:
+        mine.sort(key=lambda i: (start[i], end[i]))
+        starts.append([start[i] for i in mine])
+        ends.append([end[i] for i in mine])
+    return _Times(index, start, end, place, starts, ends)
 
 
-def _in_progress(spans: list[tuple[float, float]], t: float) -> float:
-    """The start of the op running at time `t` in `spans` (sorted), or `t` when none is."""
-    k = bisect_right(spans, (t, float("inf"))) - 1
-    if k >= 0 and spans[k][0] < t < spans[k][1]:
-        return spans[k][0]
+def _in_progress(starts: list[float], ends: list[float], t: float) -> float:
+    """The start of the op running at time `t` among spans (`starts`, `ends`: sorted by start,
+    then end), or `t` when none is."""
+    k = bisect_right(starts, t) - 1
+    if k >= 0 and starts[k] < t < ends[k]:
+        return starts[k]
     return t
 
 
@@ -202,8 +232,8 @@ class _Ops:
         return o
 
 
-def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
-                 topo: Mapping[Op, int], rnd: int, ops: _Ops) -> list[list[Instr]]:
+def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
+                 ) -> list[list[Instr]]:
     """One round's instructions per rank, in the global event order (see the module NOTE).
 
     NOTE (blocking placement): a blocking send at time t waits for its receiver to post the
@@ -221,7 +251,8 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
     last = cfg.stages - 1
     offset = rnd * cfg.microbatches
     scale = 1.0 / (cfg.microbatches * cfg.accumulate)
-    busy = [sorted(times[op] for op in prog if op.kind != "R") for prog in schedule.programs]
+    index, t_start, t_end, topo = times.index, times.start, times.end, times.place
+    busy_starts, busy_ends = times.busy_starts, times.busy_ends
     final = rnd == cfg.accumulate - 1  # reductions run once per step, after the last round
     # Each event is its sort key followed by: the op whose receives are waited for first (or
     # None), the rank, and its instruction or instructions. NOTE: flat, not (key, payload):
@@ -239,11 +270,13 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
             if op.kind == "R":
                 if final:
                     name, at = origin(op)
-                    events.append((times[op][0], 0, topo[op], 0, rank, pos, None, rank,
+                    i = index[op]
+                    events.append((t_start[i], 0, topo[i], 0, rank, pos, None, rank,
                                    ReduceGrad(op.stage, op=name, at=at)))
                 continue
             unit = ops.unit(op)
-            start, end = times[op][0], times[unit[-1]][1]
+            i = index[op]
+            start, end, at_place = t_start[i], t_end[index[unit[-1]]], topo[i]
             body: list[Instr] = []
             after: list[Instr] = []
             for k, o in enumerate(unit):
@@ -258,8 +291,8 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
                         continue
                     consumer = ops.consumer(tensor, dst, o.mb)
                     co = origin(consumer)
-                    post = _in_progress(busy[peer], end)
-                    events.append((end, 0, topo[op], 1, rank, pos, k, dst, None, rank,
+                    post = _in_progress(busy_starts[peer], busy_ends[peer], end)
+                    events.append((end, 0, at_place, 1, rank, pos, k, dst, None, rank,
                                    Send(tensor, s, mb, peer, tag, op=oo[0], at=oo[1])))
                     events.append((post, -1, end, rank, pos, k, dst, None, peer,
                                    IRecv(tensor, s, mb, rank, tag, op=co[0], at=co[1])))
@@ -267,9 +300,9 @@ def _lower_round(schedule: Schedule, times: Mapping[Op, tuple[float, float]],
                         WaitRecv(tensor, s, mb, rank, tag, op=co[0], at=co[1]))
             if len(unit) > 1:  # a pair: nothing may come between its instructions
                 body = body[:1] + [replace(b, paired=True) for b in body[1:]]
-            events.append((start, 0, topo[op], 0, rank, pos, op, rank, body))
+            events.append((start, 0, at_place, 0, rank, pos, op, rank, body))
             if after:
-                events.append((end, 0, topo[op], 1, rank, pos, -1, None, rank, after))
+                events.append((end, 0, at_place, 1, rank, pos, -1, None, rank, after))
     out: list[list[Instr]] = [[] for _ in range(cfg.ranks)]
     events.sort()
     for e in events:
