@@ -260,10 +260,12 @@ def write_tree(directory: str | os.PathLike[str], files: Mapping[str, Contents],
             staged[name] = _stage(target, st, data)
         for name, tmp in staged.items():
             os.replace(tmp, targets[name][0])
-    except OSError as e:
+    except BaseException as e:  # (contents made while written can fail, or be interrupted)
         for tmp in staged.values():
             Path(tmp).unlink(missing_ok=True)
-        raise UsageError(f"{flag} {d}: cannot write: {_why(e)}") from None
+        if isinstance(e, OSError):
+            raise UsageError(f"{flag} {d}: cannot write: {_why(e)}") from None
+        raise
     for name in old:
         if name not in everything:
             stale = d / name

@@ -85,6 +85,7 @@ def loads_streamed(src: Source, member: str, each: Callable[[int, Any], Any]
     caller then reads it with `loads`, which explains. Exceptions from `each` propagate."""
     text, dec = src.text, json.JSONDecoder(object_pairs_hook=_unique)
     out: dict[str, Any] = {}
+    in_each = False
     try:
         i = _skip(text, 0)
         if text[i:i + 1] != "{":
@@ -107,7 +108,9 @@ def loads_streamed(src: Source, member: str, each: Callable[[int, Any], Any]
                 i += done
                 while not done:
                     item, i = dec.raw_decode(text, i)
+                    in_each = True
                     items.append(each(len(items), item))
+                    in_each = False
                     i, done = _next(text, i, "]")
                 out[key] = items
             else:
@@ -115,6 +118,8 @@ def loads_streamed(src: Source, member: str, each: Callable[[int, Any], Any]
             i, closed = _next(text, i, "}")
         return out if _skip(text, i) == len(text) else None
     except (ValueError, RecursionError):  # (a JSONDecodeError, a key given twice, digits)
+        if in_each:
+            raise
         return None
 
 

@@ -259,7 +259,10 @@ class Schedule:
         return {op: w[2] for op, w in self._places().items()}
 
     def __contains__(self, op: object) -> bool:
-        return op in self._places()
+        try:
+            return op in self._places()
+        except TypeError:  # unhashable: not an op
+            return False
 
     def __iter__(self) -> Iterator[Op]:
         for prog in self.programs:

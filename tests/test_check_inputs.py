@@ -538,3 +538,17 @@ def test_the_fast_reader_refuses_a_batch_of_other_posts() -> None:
         assert _fast(bad, {}) is None
         with pytest.raises(_Fault, match="a batch holds only isend and irecv posts"):
             _instr_from(bad, "here", ())
+
+
+def test_what_the_streamed_reader_is_handed_to_raises_propagates() -> None:
+    """`loads_streamed` gives up (None) on text it cannot read, never on its callback's own
+    errors, ValueError included."""
+    from pipeir import jsonread
+    from pipeir.diagnostics import Source
+
+    def each(k: int, v: Any) -> Any:
+        raise ValueError("from the callback")
+    with pytest.raises(ValueError, match="from the callback"):
+        jsonread.loads_streamed(Source("t.json", '{"programs": [[1]]}'), "programs", each)
+    assert jsonread.loads_streamed(Source("t.json", '{"programs": [[1]'), "programs",
+                                   lambda k, v: v) is None

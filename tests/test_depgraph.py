@@ -118,6 +118,19 @@ def test_library_schedules(name: str) -> None:
     _check(library.get(name, 4, 8))
 
 
+@pytest.mark.parametrize("name, pipeline", [
+    (name, pipeline) for name in ("1f1b", "interleaved-1f1b", "zb-v", "dualpipe-v")
+    for pipeline in ("dp-reduce", "recompute{all=true}", "offload{budget=2}", "split-backward",
+                     "split-backward,dp-reduce")
+    if (name, pipeline) != ("zb-v", "offload{budget=2}")])  # (its rank 1 cannot fit 2)
+def test_library_schedules_after_passes(name: str, pipeline: str) -> None:
+    """Gradient reductions, memory ops and split backwards, numbered from the programs as
+    from the graph."""
+    from pipeir.passes import PassManager, parse_pipeline
+
+    _check(PassManager(parse_pipeline(pipeline)).optimize(library.get(name, 2, 4)).schedule)
+
+
 @settings(max_examples=100, deadline=None)
 @given(st.integers(1, 12).flatmap(lambda n: st.tuples(
     st.permutations(range(n)),

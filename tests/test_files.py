@@ -283,3 +283,23 @@ def test_no_command_writes_over_a_python_file_it_imported(name: str, cli: Cli, t
     _one_error(code, err)
     assert "is an input of this command" in err, err
     assert src.read_text() == text
+
+
+@pytest.mark.parametrize("failure", [RuntimeError("a bug while encoding"), KeyboardInterrupt()])
+def test_contents_that_fail_while_written_leave_nothing_behind(tmp_path: Path,
+                                                               failure: BaseException) -> None:
+    """A file whose contents are made as they are written (lowered.json) can fail or be
+    interrupted after other files are staged: none of them stays, the directory is as it
+    was, and the failure propagates as it is."""
+    out = tmp_path / "out"
+    files.write_tree(out, {"a.py": "old a\n"}, ".marker", flag="-o", force=False)
+    before = sorted(p.name for p in out.iterdir())
+
+    def parts() -> Iterator[str]:
+        yield "{"
+        raise failure
+    with pytest.raises(type(failure)):
+        files.write_tree(out, {"a.py": "new a\n", "b.py": "b\n", "lowered.json": parts},
+                         ".marker", flag="-o", force=True)
+    assert sorted(p.name for p in out.iterdir()) == before
+    assert (out / "a.py").read_text() == "old a\n"

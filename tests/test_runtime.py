@@ -895,3 +895,40 @@ def test_one_group_deadlocks_under_nccls_launch_order() -> None:
     assert proc.returncode != 0
     assert "emulated NCCL" in proc.stderr and "deadlock" in proc.stderr, proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_the_channels_a_job_opens_are_its_transfers_directed_in_every_replica(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`worker.channels`: every (sender, receiver) some transfer of the programs uses, counted
+    from the schedule's own data edges across ranks (the oracle), per replica in global
+    ranks; and the choice of groups: one per channel on CUDA, gloo's one group otherwise,
+    `PIPEIR_P2P_GROUPS` overriding, a bad value a clear error."""
+    from types import SimpleNamespace
+
+    from pipeir.backend.lower import lower
+    from pipeir.passes.overlap import Overlap
+    from pipeir.runtime import dist as pdist
+    from pipeir.runtime.meshshape import MeshShape
+    from pipeir.runtime.worker import channels
+
+    for name, p in (("interleaved-1f1b", 4), ("zb-v", 2), ("dualpipe-v", 4)):
+        s = pipeir.library.get(name, p, 2 * p)
+        want = {(s.rank_of(a), s.rank_of(b)) for a, b in s.data_edges()
+                if s.rank_of(a) != s.rank_of(b)}
+        for low in (lower(s), Overlap().run(lower(s))):
+            assert channels(low, None) == want, name
+            shape = MeshShape(p, 2)
+            mesh = SimpleNamespace(shape=shape)
+            assert channels(low, mesh) == {  # type: ignore[arg-type]
+                (shape.rank(a, d), shape.rank(b, d)) for a, b in want for d in (0, 1)}
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    monkeypatch.delenv("PIPEIR_P2P_GROUPS", raising=False)
+    assert (pdist.per_channel(cpu), pdist.per_channel(cuda)) == (False, True)
+    monkeypatch.setenv("PIPEIR_P2P_GROUPS", "channel")
+    assert pdist.per_channel(cpu)
+    monkeypatch.setenv("PIPEIR_P2P_GROUPS", "default")
+    assert not pdist.per_channel(cuda)
+    monkeypatch.setenv("PIPEIR_P2P_GROUPS", "chanel")
+    with pytest.raises(ValueError, match="PIPEIR_P2P_GROUPS='chanel': expected auto, "
+                                         "channel or default"):
+        pdist.per_channel(cpu)

@@ -101,3 +101,9 @@ def test_a_builder_that_goes_on_after_build_leaves_the_built_schedule_alone() ->
     assert (len(first), len(second)) == (2, 4)
     assert F(0, 1) not in first and first.program(0) == (F(0, 0), B(0, 0))
     assert set(first.graph) == {F(0, 0), B(0, 0)}
+
+
+def test_anything_not_an_op_is_not_in_a_schedule() -> None:
+    s = pipeir.library.get("1f1b", 2, 2)
+    assert F(0, 0) in s and F(0, 5) not in s
+    assert [1] not in s and "F(0,0)" not in s and None not in s  # (unhashable: no TypeError)

@@ -126,7 +126,7 @@ def expand_rounds(schedule: Schedule) -> Schedule:
     if c.accumulate == 1:
         return schedule
     limits.check_ops(f"{c.accumulate} rounds of '{schedule.name}' (accumulate)",
-                     c.accumulate * len(schedule.graph))
+                     c.accumulate * len(schedule))
     last = c.accumulate - 1  # gradient reductions run once, in the last round
     progs = [[op if op.kind == "R" else Op(op.kind, op.stage, op.mb + r * c.microbatches)
               for r in range(c.accumulate) for op in prog if op.kind != "R" or r == last]

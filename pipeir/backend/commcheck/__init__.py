@@ -145,7 +145,8 @@ def rules_id() -> str:
     rules is proved again (`program_io`'s NOTE on the recorded proof)."""
     h = hashlib.sha256()
     files = sorted(Path(__file__).parent.glob("*.py"))
-    for path in (*files, Path(instructions.__file__), Path(program_io.__file__)):
+    for path in (*files, Path(instructions.__file__), Path(program_io.__file__),
+                 Path(jsonread.__file__)):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return "commcheck " + h.hexdigest()
 
