@@ -269,9 +269,11 @@ def _reader(cls: type) -> Callable[..., Instr | None]:
     as `_encoder` is: one straight pass, no loop over the fields."""
     _, required, known, specs = _SPECS[MNEMONICS[cls]]
     defaults = {f.name: f.default for f in fields(cls)}
+    kw_only = {f.name for f in fields(cls) if f.kw_only}
     lines = ["def read(d, texts):", "    keys = d.keys()",
              "    if not (required <= keys and keys <= known): return None"]
-    plain, kw = [], []
+    plain: list[tuple[str, str]] = []
+    kw: list[tuple[str, str]] = []
     scope: dict[str, Any] = {"cls": cls, "required": required, "known": known, "MAX": _MAX,
                              "isfinite": math.isfinite, "overflow": limits.int_overflow,
                              "posts": _fast_posts}
@@ -300,7 +302,7 @@ def _reader(cls: type) -> Callable[..., Instr | None]:
             scope[f"c{k}"] = want
             lines += [f"    if type({x}) is not str or {x} not in c{k}: return None",
                       f"    {x} = texts.setdefault({x}, {x})"]
-        (kw if cls.__dataclass_fields__[name].kw_only else plain).append((name, x))
+        (kw if name in kw_only else plain).append((name, x))
     args = [x for _, x in plain] + [f"{name}={x}" for name, x in kw]
     lines.append(f"    return cls({', '.join(args)})")
     exec("\n".join(lines), scope)
