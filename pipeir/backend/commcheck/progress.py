@@ -8,8 +8,11 @@ from collections.abc import Callable
 from pipeir.backend.commcheck.findings import Channel, Key, Locator, Site, describe
 from pipeir.backend.commcheck.programs import is_send, posts
 from pipeir.backend.instructions import (
+    Batch,
     Comm,
     Instr,
+    IRecv,
+    ISend,
     Lowered,
     Recv,
     Send,
@@ -68,6 +71,9 @@ def run(lowered: Lowered) -> tuple[list[int], Callable[[int], Comm | None]]:
 
 #: What a rank can wait at (by exact type: `programs.py`'s NOTE).
 _WAITING = frozenset({Send, Recv, WaitSend, WaitRecv})
+#: What posts without waiting (the step of anything else waits for and posts nothing).
+_POSTING = frozenset({ISend, IRecv, Batch})
+_NOTHING: tuple[int, int, tuple[int, ...]] = (-1, 0, ())
 
 
 def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channel], int]
@@ -100,6 +106,8 @@ def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channe
             _, theirs = side(send, ins.peer)  # type: ignore[attr-defined]
             # (rule 1 proved every wait follows its post; none would wait forever)
             out.append((theirs, handle.get((send, ins.key), 1 << 62), ()))  # type: ignore[attr-defined]
+        elif t not in _POSTING:
+            out.append(_NOTHING)  # (one shared step for every compute)
         else:
             posted = []
             for c in posts(ins):
