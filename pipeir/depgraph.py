@@ -143,10 +143,12 @@ class DepGraph:
             out[first].append((p, second))
         return out
 
-    def place(self) -> dict[Op, int]:
-        """Each op's position in `order`."""
-        ops = self.ops
-        return {ops[i]: k for k, i in enumerate(self.order)}
+    def place(self) -> list[int]:
+        """Each op's position in `order`, by number."""
+        out = [0] * len(self.ops)
+        for k, i in enumerate(self.order):
+            out[i] = k
+        return out
 
 
 def kahn_order(succs: Sequence[Iterable[int]], indeg: list[int],

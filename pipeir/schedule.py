@@ -174,8 +174,8 @@ class Schedule:
     def graph(self) -> nx.DiGraph:
         """The dependency graph (networkx; see the module docstring), built on first use."""
         if self._graph is None:
-            where, programs = self._places(), self.programs
-            self._graph = _digraph(where, _edges(self.config, where, programs),
+            where = self._places()
+            self._graph = _digraph(where, _edges(self.deps, where, self.programs),
                                    self.pairs)
         return self._graph
 
@@ -358,9 +358,10 @@ class ScheduleBuilder:
                                  self.name, self.span)
 
 
-def _edges(config: PipelineConfig, where: dict[Op, tuple[int, int, Span | None]],
-           programs: Sequence[Sequence[Op]]) -> dict[tuple[Op, Op], int]:
-    """Every edge with its kind: program order rank by rank, then each op's data inputs."""
+def _edges(deps: DepGraph, where: Iterable[Op], programs: Sequence[Sequence[Op]]
+           ) -> dict[tuple[Op, Op], int]:
+    """Every edge with its kind, read off `deps`: program order rank by rank, then each op's
+    data inputs in graph order (the order the graph has always been built in)."""
     # Plain ints, not EdgeKind members: IntFlag arithmetic is slow at this scale, and
     # `kind & EdgeKind.DATA` reads the same either way.
     edges: dict[tuple[Op, Op], int] = {}
@@ -368,18 +369,11 @@ def _edges(config: PipelineConfig, where: dict[Op, tuple[int, int, Span | None]]
     for prog in programs:
         for a, b in pairwise(prog):
             edges[a, b] = order
-    # Look ops up by plain tuples and reuse the stored Op objects, so that dict lookups
-    # compare by identity instead of calling the dataclass __eq__.
-    index = {(op.kind, op.stage, op.mb): op for op in where}
-    get_op = index.get
-
-    def lookup(kind: str, s: int, m: int) -> Op | None:
-        return get_op((kind, s, m))  # type: ignore[arg-type]
-    stages, microbatches = config.stages, config.microbatches
+    ops, index, data_preds = deps.ops, deps.index, deps.data_preds
     get = edges.get
     for op in where:
-        for pred in _predecessors(op, lookup, stages, microbatches):
-            key = (pred, op)
+        for i in data_preds[index[op]]:
+            key = (ops[i], op)
             edges[key] = get(key, 0) | data
     return edges
 

@@ -77,7 +77,7 @@ def _check(s: Schedule) -> None:
     if nx.is_directed_acyclic_graph(h):
         assert deps.acyclic and deps.blocked() == []
         place = deps.place()
-        assert all(place[u] < place[v] for u, v in h.edges)
+        assert all(place[deps.index[u]] < place[deps.index[v]] for u, v in h.edges)
         sorter = TopologicalSorter({op: list(h.predecessors(op)) for op in g})
         assert order == list(sorter.static_order())
     else:

@@ -164,15 +164,12 @@ def _times(schedule: Schedule, costs: CostModel) -> _Times:
     for first, second in schedule.pairs:
         i, j = index[first], index[second]
         start[i], end[i], start[j], end[j] = start[i], end[j], start[i], end[j]
-    place = [0] * len(start)
-    for k, i in enumerate(deps.order):
-        place[i] = k
     starts, ends = [], []
     for mine in computes:
         mine.sort(key=lambda i: (start[i], end[i]))
         starts.append([start[i] for i in mine])
         ends.append([end[i] for i in mine])
-    return _Times(index, start, end, place, starts, ends)
+    return _Times(index, start, end, deps.place(), starts, ends)
 
 
 def _in_progress(starts: list[float], ends: list[float], t: float) -> float:

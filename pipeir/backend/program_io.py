@@ -253,21 +253,15 @@ def _spec(hint: Any) -> int | frozenset[str]:
     return _POSTS
 
 
-#: Per mnemonic: the class, its required and known field names ("i" counted), and each
-#: field's name and spec.
-_SPECS: dict[str, tuple[type, frozenset[str], frozenset[str],
-                        tuple[tuple[str, int | frozenset[str]], ...]]] = {
-    name: (cls, frozenset({"i", *(n for n, _, req in _FIELDS[cls] if req)}),
-           frozenset({"i", *(n for n, _, _ in _FIELDS[cls])}),
-           tuple((n, _spec(hint)) for n, hint, _ in _FIELDS[cls]))
-    for name, cls in BY_MNEMONIC.items()}
 _MAX = limits.MAX_INT
 
 
 def _reader(cls: type) -> Callable[..., Instr | None]:
     """The fast reader of one instruction class (the NOTE above), generated from its fields
     as `_encoder` is: one straight pass, no loop over the fields."""
-    _, required, known, specs = _SPECS[MNEMONICS[cls]]
+    required = frozenset({"i", *(n for n, _, req in _FIELDS[cls] if req)})
+    known = frozenset({"i", *(n for n, _, _ in _FIELDS[cls])})
+    specs = [(n, _spec(hint)) for n, hint, _ in _FIELDS[cls]]
     defaults = {f.name: f.default for f in fields(cls)}
     kw_only = {f.name for f in fields(cls) if f.kw_only}
     lines = ["def read(d, texts):", "    keys = d.keys()",
