@@ -16,12 +16,15 @@ Each check is one `pipeirc` command, run as a user runs it, so the report is wha
             same CUDA random numbers, so every step's loss and gradient norm equal those of
             the same run without recompute (`--check` cannot judge dropout: its single
             process draws from the CPU generator)
-  profile   `pipeirc profile` writes a cost file, `pipeirc run --costs` prints the measured vs
-            simulated bubble from it
+  profile   `pipeirc profile` times the stages on the GPU (transfers over NCCL with two or more)
+            and writes a cost file; `pipeirc run --costs` prints the measured bubble (from
+            CUDA events) vs the simulated one from it
 
+Every CUDA run asks for CUDA (`--device cuda`) and must report its steps `on CUDA (nccl)`.
 Without CUDA it prints a note and exits 0 (nothing to check). Any failing check (a non-zero
-exit, a traceback, a run over its time limit) prints one line `gpu_check: error: ...` at the
-end and the script exits 1: a CUDA path that misbehaves never passes silently.
+exit, a traceback, a run over its time limit, a run that says it ran elsewhere) prints one
+line `gpu_check: error: ...` at the end and the script exits 1: a CUDA path that misbehaves
+never passes silently.
 """
 
 from __future__ import annotations
@@ -88,6 +91,9 @@ class Check:
     #: the name of an earlier check whose steps' losses and gradient norms this one's must
     #: equal (its `step` lines, as printed)
     same_steps_as: str | None = None
+    #: what the output must say (a run: where its ranks ran), so that a run that quietly
+    #: ran elsewhere fails
+    expect: str | None = None
 
 
 @dataclass(frozen=True)
@@ -113,25 +119,30 @@ def make_plan(gpus: int, costs: str) -> Plan:
             "--steps", str(STEPS), "--timeout", "60")
     gpipe = ("--schedule", "gpipe", "--ranks", str(ranks), "--microbatches",
              str(MICROBATCHES), "--steps", str(STEPS), "--timeout", "60")
-    run = ("pipeirc", "run")
+    run = ("pipeirc", "run", "--device", "cuda")  # (never a quiet fallback to the CPU)
+    on_cuda = "on CUDA (nccl)"
     checks = [
-        Check("runtime", (*run, *pipe, "--model", "mlp", "--check")),
-        Check("blocking", (*run, *pipe, "--model", "mlp", "--blocking", "--check")),
+        Check("runtime", (*run, *pipe, "--model", "mlp", "--check"), expect=on_cuda),
+        Check("blocking", (*run, *pipe, "--model", "mlp", "--blocking", "--check"),
+              expect=on_cuda),
         Check("offload", (*run, *gpipe, "--model", "mlp", "--passes", "offload{budget=2}",
-                          "--check")),
-        Check("fp16", (*run, *pipe, "--model", f"{HERE}:fp16_spec", "--check")),
-        Check("dropout", (*run, *gpipe, "--model", f"{HERE}:dropout_spec")),
+                          "--check"), expect=on_cuda),
+        Check("fp16", (*run, *pipe, "--model", f"{HERE}:fp16_spec", "--check"),
+              expect=on_cuda),
+        Check("dropout", (*run, *gpipe, "--model", f"{HERE}:dropout_spec"), expect=on_cuda),
         Check("recompute", (*run, *gpipe, "--model", f"{HERE}:dropout_spec", "--passes",
-                            "recompute{all=true}"), same_steps_as="dropout"),
-        Check("profile", ("pipeirc", "profile", "--model", "mlp", "--nproc", str(ranks),
-                          "--microbatches", str(MICROBATCHES), "-o", costs)),
-        Check("profiled-run", (*run, *pipe, "--model", "mlp", "--costs", costs)),
+                            "recompute{all=true}"), same_steps_as="dropout", expect=on_cuda),
+        Check("profile", ("pipeirc", "profile", "--device", "cuda", "--model", "mlp", "--nproc",
+                          str(ranks), "--microbatches", str(MICROBATCHES), "-o", costs)),
+        Check("profiled-run", (*run, *pipe, "--model", "mlp", "--costs", costs),
+              expect=on_cuda),
     ]
     if gloo_ranks:
         gloo = ("--schedule", "1f1b", "--ranks", str(gloo_ranks), "--microbatches",
                 str(MICROBATCHES), "--steps", str(STEPS), "--timeout", "60")
-        checks.insert(1, Check("runtime-gloo", (*run, *gloo, "--model", "mlp", "--check"),
-                               {"CUDA_VISIBLE_DEVICES": ""}))
+        checks.insert(1, Check("runtime-gloo", ("pipeirc", "run", "--device", "cpu", *gloo,
+                                                "--model", "mlp", "--check"),
+                               {"CUDA_VISIBLE_DEVICES": ""}, expect="on CPU (gloo)"))
     return Plan(gpus, "nccl", ranks, gloo_ranks, tuple(checks))
 
 
@@ -191,6 +202,8 @@ def run_plan(plan: Plan, runner: Runner = run_command, log: Callable[[str], None
         for line in lines:
             if line.strip() and line.lstrip().startswith(c.keep):
                 log(f"   {line}")
+        if c.expect is not None and c.expect not in out:
+            raise CheckFailed(f"check '{c.name}': its output does not say '{c.expect}'")
         if c.same_steps_as is not None:
             want = steps(next(o.output for o in outcomes if o.check.name == c.same_steps_as))
             got = steps(out)

@@ -78,7 +78,7 @@ def test_dry_run_with_fake_cuda_prints_the_plan(gc: ModuleType, monkeypatch: pyt
     assert gc.main(["--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "2 CUDA device(s) (Fake GPU): 2 rank(s) on nccl" in out
-    assert "offload: pipeirc run --schedule gpipe --ranks 2" in out
+    assert "offload: pipeirc run --device cuda --schedule gpipe --ranks 2" in out
     assert "CUDA_VISIBLE_DEVICES" not in out
 
 
@@ -93,7 +93,7 @@ def test_a_failing_check_fails_loudly(gc: ModuleType, monkeypatch: pytest.Monkey
         if name == "offload":
             return 1, ("Traceback (most recent call last):\n  ...\n"
                        "RuntimeError: CUDA error: an illegal memory access was encountered\n")
-        return 0, "median step time 1.0 ms over 5 step(s); simulated 1.0 ms\n"
+        return 0, _said(check)
 
     monkeypatch.setattr(gc, "run_command", runner)
     assert gc.main([]) == 1
@@ -103,6 +103,27 @@ def test_a_failing_check_fails_loudly(gc: ModuleType, monkeypatch: pytest.Monkey
         "gpu_check: error: check 'offload' failed (exit 1): RuntimeError: CUDA error: an "
         "illegal memory access was encountered"]
     assert "== runtime" in out and "median step time 1.0 ms" in out
+
+
+def _said(check: object) -> str:
+    """A run's report line, on the devices the check expects."""
+    where = check.expect or ""  # type: ignore[attr-defined]
+    return f"median step time 1.0 ms over 5 step(s) {where}; simulated 1.0 ms\n"
+
+
+def test_a_run_that_ran_elsewhere_fails(gc: ModuleType) -> None:
+    """Every CUDA run asks for CUDA and must say it ran there: a run on the CPU (a quiet
+    fallback) fails the check, as does a gloo comparison that ran on CUDA."""
+    plan = gc.make_plan(1, "costs.json")
+    for c in plan.checks:
+        if c.argv[1] == "run":
+            device = c.argv[c.argv.index("--device") + 1]
+            assert device == ("cpu" if c.name == "runtime-gloo" else "cuda")
+            assert c.expect == ("on CPU (gloo)" if device == "cpu" else "on CUDA (nccl)")
+    with pytest.raises(gc.CheckFailed, match="check 'runtime': its output does not say "
+                                             "'on CUDA \\(nccl\\)'"):
+        gc.run_plan(plan, lambda c, t: (0, "median step time 1.0 ms over 5 step(s) on CPU "
+                                           "(gloo); simulated 1.0 ms\n"), log=lambda line: None)
 
 
 def test_a_traceback_with_exit_0_or_a_timeout_fails(gc: ModuleType) -> None:
@@ -130,11 +151,12 @@ def test_recompute_fails_when_its_steps_differ_from_the_run_without_it(gc: Modul
 
     def runner(c: object, t: float) -> tuple[int, str]:
         loss = "1.06958" if c.name == "recompute" else "1.06957"  # type: ignore[attr-defined]
-        return 0, "".join(line.format(k, loss) for k in range(1, 3))
+        return 0, "".join(line.format(k, loss) for k in range(1, 3)) + _said(c)
     with pytest.raises(gc.CheckFailed, match=r"check 'recompute': steps .* differ from "
                                              r"'dropout''s"):
         gc.run_plan(plan, runner, log=lambda line: None)
-    same = gc.run_plan(plan, lambda c, t: (0, line.format(1, "1.0")), log=lambda line: None)
+    same = gc.run_plan(plan, lambda c, t: (0, line.format(1, "1.0") + _said(c)),
+                       log=lambda line: None)
     assert [o.check.name for o in same][-2:] == ["profile", "profiled-run"]
 
 
@@ -143,7 +165,8 @@ def test_recompute_with_dropout_steps_as_the_run_without_it_on_cpu(gc: ModuleTyp
     """The recompute pair of checks, run on CPU: the oracle is the same run without
     recompute (the replayed forwards draw the same dropout masks)."""
     plan = gc.make_plan(1, "costs.json")
-    pair = [replace(c, env={"CUDA_VISIBLE_DEVICES": ""}) for c in plan.checks
-            if c.name in ("dropout", "recompute")]
+    pair = [replace(c, argv=tuple("cpu" if a == "cuda" else a for a in c.argv),
+                    env={"CUDA_VISIBLE_DEVICES": ""}, expect="on CPU (gloo)")
+            for c in plan.checks if c.name in ("dropout", "recompute")]
     done = gc.run_plan(replace(plan, checks=tuple(pair)), gc.run_command, log=lambda x: None)
     assert len(gc.steps(done[1].output)) == 6

@@ -295,13 +295,14 @@ def test_run_progress_is_one_line_on_a_terminal(cli, monkeypatch: pytest.MonkeyP
 
     monkeypatch.setattr(sys.stdout, "isatty", lambda: True)
     code, out, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
-                         "--steps", "3", "--model", MLP)
+                         "--steps", "3", "--model", MLP, "--device", "cpu")
     assert code == 0, err
     lines = out.split("\n")
     progress = lines[1]  # after the "training ..." line: each step rewrites it in place
     assert progress.count("\r") == 3 and progress.endswith("\x1b[K")
     assert [p.split()[1] for p in progress.split("\r")[1:]] == ["1/3", "2/3", "3/3"]
     assert lines[2] == "" and lines[3].startswith("median step time")
+    assert " step(s) on CPU (gloo); simulated " in lines[3]  # where the ranks ran
 
 
 @pytest.mark.parametrize(("args", "message"), [

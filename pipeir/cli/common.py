@@ -4,10 +4,12 @@ or `--schedule NAME` from the library) and how `--set name=value` is read."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
+import os
 import shlex
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 from pipeir import driver, limits
 from pipeir.argtypes import positive_float, positive_int
@@ -16,6 +18,7 @@ from pipeir.driver import ScheduleRef
 from pipeir.files import write_atomic
 from pipeir.frontend.elaborate import Elaborated, Value
 from pipeir.memunit import MemoryLimit
+from pipeir.runtime import devices
 
 
 def add_schedule_args(p: argparse.ArgumentParser, *, many: bool = False) -> None:
@@ -30,6 +33,35 @@ def add_schedule_args(p: argparse.ArgumentParser, *, many: bool = False) -> None
                      help="chunks per rank (interleaved)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    dest="overrides", help="override a pipeline setting or schedule parameter")
+
+
+def add_device_arg(p: argparse.ArgumentParser, what: str) -> None:
+    """--device, for the commands that run or time a model (`pipeir.runtime.devices`)."""
+    p.add_argument("--device", choices=devices.MODES,
+                   help=f"where {what}: auto (default: CUDA, with NCCL between ranks, where "
+                        "this host has a CUDA device per rank; else CPU with gloo), cpu, or "
+                        f"cuda (an error without a device per rank); sets {devices.ENV}")
+
+
+@contextlib.contextmanager
+def device_env(args: argparse.Namespace) -> Iterator[None]:
+    """--device in the environment the ranks (and this process) read while the command runs,
+    restored after it (a caller of `pipeir.cli.main` keeps its own); a bad `PIPEIR_DEVICE`
+    from the shell is a usage error here, not in every rank."""
+    before = os.environ.get(devices.ENV)
+    if args.device is not None:
+        os.environ[devices.ENV] = args.device
+    try:
+        try:
+            devices.mode()
+        except ValueError as e:
+            raise UsageError(str(e)) from None
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(devices.ENV, None)
+        else:
+            os.environ[devices.ENV] = before
 
 
 def activations_or_bytes(text: str) -> MemoryLimit:

@@ -5,15 +5,18 @@ the plan file (`run --plan`) and the `.sched`."""
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 from pipeir.argtypes import positive_float, timeout_seconds
-from pipeir.cli.common import activations_or_bytes
+from pipeir.cli.common import activations_or_bytes, add_device_arg, device_env
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.files import resolve_output, write_atomic
 from pipeir.progress import Progress
 
 if TYPE_CHECKING:
+    import torch
+
     from pipeir.models.splittable import Splittable
     from pipeir.plan import Choice, LayerCost, Link, Plan
     from pipeir.plan.planfile import PlanFile
@@ -44,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="plan from the per-piece costs in an earlier plan file instead of "
                         "profiling (same model and micro-batches)")
     p.add_argument("--latency", type=float, metavar="MS",
-                   help="transfer latency in ms (default: measured between two gloo ranks)")
+                   help="transfer latency in ms (default: measured between two ranks)")
     p.add_argument("--bandwidth", type=positive_float, metavar="BYTES_PER_MS",
                    help="link bandwidth (default: measured, with --latency: unlimited)")
     p.add_argument("--max-v", type=int, default=4, metavar="V",
@@ -60,12 +63,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measured iterations per piece, the median is kept (default: 5)")
     p.add_argument("--timeout", type=timeout_seconds, default=120.0, metavar="S",
                    help="seconds allowed for the transfer measurement (default: 120)")
+    add_device_arg(p, "the pieces are timed, as `pipeirc run` would place P ranks")
     p.add_argument("-o", "--output", metavar="PLAN", help="write the plan file (JSON)")
     p.add_argument("--schedule-out", metavar="SCHED",
                    help="write the planned schedule as a .sched file (with its costs)")
 
 
 def run(args: argparse.Namespace) -> int:
+    with device_env(args):  # (read where the stages are timed)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     _check_numbers(args)  # first: the planner's imports take seconds
     from pipeir.models.refs import resolve_splittable
     from pipeir.plan import planfile as pf
@@ -87,15 +96,23 @@ def run(args: argparse.Namespace) -> int:
             (("-o", args.output), ("--schedule-out", args.schedule_out)) if path is not None]
     if len(outs) == 2 and outs[0] == outs[1]:  # (checked before the measurement)
         raise UsageError(f"-o and --schedule-out both name {args.output}: give two files")
+    device = None
+    if earlier is None:  # (profiled here; an earlier plan file brings its link too)
+        from pipeir.runtime.profile import timing_device
+
+        device, why = timing_device(args.ranks)
+        if why is not None:
+            print(f"note: {why}", file=sys.stderr)
     with Progress("plan") as progress:
         if earlier is not None:
             layers = _reuse(earlier, names, mbs, args)
             how = f"from {args.layer_costs}"
         else:
-            layers = _profile(model, args, mbs, progress)
+            assert device is not None
+            layers = _profile(model, args, mbs, progress, device)
             how = (f"pipeirc plan: medians of {args.iters} runs per piece on this host, one "
                    "intra-op thread")
-        link = _link(args, progress, earlier)
+        link = _link(args, progress, earlier, device)
         progress(f"searching splits and schedules for {args.ranks} ranks")
         result = plan(layers, args.ranks, mbs, link, memory=args.memory,
                       weight_copies=args.weight_copies, keep=args.keep, max_v=args.max_v,
@@ -148,11 +165,11 @@ def _reuse(earlier: PlanFile, names: list[str], mbs: int, args: argparse.Namespa
 
 
 def _profile(model: Splittable, args: argparse.Namespace, mbs: int,
-             progress: Progress) -> list[LayerCost]:
+             progress: Progress, device: torch.device) -> list[LayerCost]:
     from pipeir.runtime.profile import layer_costs, profile_pieces
 
     try:
-        pieces = profile_pieces(model, mbs, args.warmup, args.iters, progress)
+        pieces = profile_pieces(model, mbs, args.warmup, args.iters, progress, device=device)
     except PipeirError:
         raise
     except Exception as e:
@@ -161,19 +178,27 @@ def _profile(model: Splittable, args: argparse.Namespace, mbs: int,
     return layer_costs(pieces)
 
 
-def _link(args: argparse.Namespace, progress: Progress, earlier: PlanFile | None) -> Link:
-    """--latency / --bandwidth, else measured between two gloo ranks (none for one rank)."""
+def _link_given(args: argparse.Namespace) -> bool:
+    """Whether the link needs no measurement: given, or one rank."""
+    return args.latency is not None or args.bandwidth is not None or args.ranks == 1
+
+
+def _link(args: argparse.Namespace, progress: Progress, earlier: PlanFile | None,
+          device: torch.device | None) -> Link:
+    """--latency / --bandwidth, else measured between two ranks (none for one rank): gloo,
+    or NCCL where the ranks would run on CUDA."""
     from pipeir.plan import Link
 
-    if args.latency is not None or args.bandwidth is not None or args.ranks == 1:
+    if _link_given(args):
         return Link(args.latency or 0.0, args.bandwidth)
     if earlier is not None:
         return earlier.link
     from pipeir.runtime.profile import measure_link
 
-    progress("timing transfers between two gloo ranks")
+    backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
+    progress(f"timing transfers between two {backend} ranks")
     try:
-        latency, bandwidth = measure_link(timeout_s=args.timeout)
+        latency, bandwidth = measure_link(timeout_s=args.timeout, backend=backend)
     except RuntimeError as e:
         raise UsageError(str(e)) from None
     return Link(latency, bandwidth)

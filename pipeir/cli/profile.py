@@ -9,6 +9,7 @@ import json
 import sys
 
 from pipeir.argtypes import timeout_seconds
+from pipeir.cli.common import add_device_arg, device_env
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.files import resolve_output, write_atomic
 from pipeir.progress import Progress
@@ -32,11 +33,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="measured iterations, the median is kept (default: 5)")
     p.add_argument("--timeout", type=timeout_seconds, default=120.0, metavar="S",
                    help="seconds allowed for the transfer measurement (default: 120)")
+    add_device_arg(p, "the stages are timed, as `pipeirc run` would place P ranks")
     p.add_argument("-o", "--output", required=True, metavar="OUT",
                    help="the cost file to write (JSON)")
 
 
 def run(args: argparse.Namespace) -> int:
+    with device_env(args):  # (read where the stages are timed)
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.nproc < 1:
         raise UsageError(f"--nproc {args.nproc}: need at least 1")
     for flag in ("warmup", "iters"):
@@ -51,10 +58,14 @@ def run(args: argparse.Namespace) -> int:
     resolve_output(args.output, "-o")  # before the measurement (after the import: not over it)
     from pipeir.runtime import profile as prof  # torch is imported here, not before
 
+    device, why = prof.timing_device(args.nproc)
+    if why is not None:
+        print(f"note: {why}", file=sys.stderr)
+    backend = "nccl" if device.type == "cuda" else "gloo"
     with Progress("profile") as progress:
         try:
             stages = prof.profile_stages(spec, args.nproc, mbs, args.warmup, args.iters,
-                                         progress)
+                                         progress, device=device)
         except PipeirError:
             raise
         except Exception as e:
@@ -62,15 +73,16 @@ def run(args: argparse.Namespace) -> int:
                              f"{type(e).__name__}: {e}") from None
         link = None
         if args.nproc > 1:
-            progress("timing transfers between two gloo ranks")
+            progress(f"timing transfers between two {backend} ranks")
             try:
-                link = prof.measure_link(timeout_s=args.timeout)
+                link = prof.measure_link(timeout_s=args.timeout, backend=backend)
             except RuntimeError as e:
                 raise UsageError(str(e)) from None
     meta = {"model": args.model, "stages": args.nproc, "microbatches": mbs,
             "warmup": args.warmup, "iters": args.iters,
-            "device": "cpu", "threads": 1,
-            "how": "pipeirc profile: medians; transfers between 2 gloo ranks on this host"}
+            "device": device.type, "threads": 1,
+            "how": f"pipeirc profile: medians; transfers between 2 {backend} ranks on this "
+                   "host"}
     settings = prof.cost_settings(stages, link, meta)
     write_atomic(args.output, json.dumps(settings, indent=2) + "\n", "-o")
     print(f"{'stage':>5}  {'F ms':>8}  {'B ms':>8}  {'I ms':>8}  {'W ms':>8}  "

@@ -10,7 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from pipeir.argtypes import positive_float, timeout_seconds
-from pipeir.cli.common import add_schedule_args
+from pipeir.cli.common import add_device_arg, add_schedule_args, device_env
 from pipeir.cli.compile import add_backend_args, compile_args
 from pipeir.diagnostics import EXIT_OK, UsageError
 from pipeir.files import resolve_output, write_atomic
@@ -44,6 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "times --dp)")
     p.add_argument("--timeout", type=timeout_seconds, default=60.0, metavar="S",
                    help="process-group timeout in seconds; a run stuck this long is stopped")
+    add_device_arg(p, "the ranks run")
     p.add_argument("--trace", metavar="OUT",
                    help="write the measured timeline of every step (the first one, a warm-up, "
                         "included) as one Chrome trace")
@@ -84,7 +85,8 @@ def run(args: argparse.Namespace) -> int:
     with holding(args.save if locks else None) as held:
         if held is not None and held.note:
             print(f"note: {held.note}", file=sys.stderr)
-        code = _train(args)
+        with device_env(args):  # (the ranks, and torchrun's rank in this process, read it)
+            code = _train(args)
     if code == EXIT_OK and forkserver.under_torchrun():  # a rank whose work is done
         from pipeir.runtime.torchrun import end_rank
 
@@ -272,8 +274,11 @@ def _report(compiled: Compiled, result: RunResult, args: argparse.Namespace, dp:
     # with data parallelism: replica 0's pipeline (global rank = pp rank x dp)
     times = {s: {r: t[r * dp] for r in range(ranks)} for s, t in every.items()}
     predicted, free = rep.predicted, rep.free
-    print(f"\nmedian step time {rep.step_time * 1e3:.1f} ms over {len(rep.measured)} step(s); "
-          f"simulated {predicted.makespan * 1e3:.1f} ms")
+    kinds = set(result.devices.values())
+    where = {frozenset({"cuda"}): " on CUDA (nccl)", frozenset({"cpu"}): " on CPU (gloo)"}.get(
+        frozenset(kinds), "")
+    print(f"\nmedian step time {rep.step_time * 1e3:.1f} ms over {len(rep.measured)} step(s)"
+          f"{where}; simulated {predicted.makespan * 1e3:.1f} ms")
     print(f"bubble per rank: measured (median over steps) vs simulated with the measured op "
           f"times per stage and kind, and\n{rep.latency * 1e3:.3f} ms per transfer "
           f"({predicted.comm} communication) or free communication")

@@ -35,6 +35,7 @@ from torch.utils import _pytree as pytree
 from pipeir.models.spec import ModelSpec, autocast_dtype, call_stage
 from pipeir.runtime import autograd, shapes, splitgrad
 from pipeir.runtime import dist as pdist
+from pipeir.runtime.deviceclock import DeviceClock, cuda_event
 from pipeir.runtime.memory import SavedActivations
 from pipeir.runtime.mesh import Mesh
 from pipeir.runtime.optim import Optim, StepStats
@@ -95,7 +96,10 @@ class Context:
         self.saved = SavedActivations(device, (p for m in modules.values()
                                                for p in m.parameters()), record_every_step)
         self.pc = -1
+        #: (pc, start, end) of each instruction run this step, in host-clock seconds (on
+        #: CUDA, when its work ran on the device: `pipeir.runtime.deviceclock`)
         self.times: list[tuple[int, float, float]] = []
+        self.clock = DeviceClock(cuda_event) if self.cuda else None
         #: data parallelism: (stage, when its all-reduce finished), in the order waited for
         self.reduced: list[tuple[int, float]] = []
         self.loss_sum = 0.0
@@ -123,6 +127,9 @@ class Context:
         self.saved.begin_step(self.plan.signature())
         self.pc = -1
         self.times = []
+        if self.clock is not None:
+            self.clock.begin()
+            self._now = self.clock.mark
         self.reduced = []
         self.loss_sum = 0.0
         self.losses = []
@@ -133,6 +140,8 @@ class Context:
         read off the device in one transfer (the per-step NaN check reads them, see
         `pipeir.runtime.guards`)."""
         self.saved.end_step()
+        if self.clock is not None:  # (marks so far: the worker synchronized the device)
+            self.times = self.clock.resolve(self.times)
         if not self.losses:
             return
         vals = [v for _, v, _ in self.losses]
@@ -143,14 +152,17 @@ class Context:
         self.loss_values = {mb: x for (mb, _, _), x in zip(self.losses, values)}
         self.loss_sum = sum(x * w for (_, _, w), x in zip(self.losses, values))
 
+    #: the time of now: the host clock, or on CUDA a mark on the stream (`DeviceClock`)
+    _now: Callable[[], float] = staticmethod(_now)
+
     def _enter(self) -> float:
         pc = self.pc = self.pc + 1
         if self.on_instr is not None:
             self.on_instr(pc)
-        return _now()
+        return self._now()
 
     def _leave(self, t0: float) -> None:
-        self.times.append((self.pc, t0, _now()))
+        self.times.append((self.pc, t0, self._now()))
 
     # ---- compute ---------------------------------------------------------------------------
     def zero_grad(self) -> None:

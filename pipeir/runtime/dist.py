@@ -10,6 +10,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from pipeir.runtime import devices
+
 # NOTE (point-to-point on NCCL): NCCL runs the operations of one communicator on one stream,
 # in the order they were posted, and a receive holds that stream until its data arrives. The
 # programs post receives early (the `overlap` pass; `lower`'s early `irecv`), which gloo
@@ -28,12 +30,19 @@ P2P_GROUPS = "PIPEIR_P2P_GROUPS"
 _channels: dict[tuple[int, int], Any] = {}
 
 
-def pick_device(rank: int, local_rank: int | None = None) -> torch.device:
-    """cuda:<local rank> when CUDA is available, else CPU. `local_rank`: torchrun's
-    LOCAL_RANK; the launcher's ranks use their rank (a LOCAL_RANK they inherit from the
-    shell that started `pipeirc` would put them all on one device)."""
-    if torch.cuda.is_available():
-        local = (rank if local_rank is None else local_rank) % torch.cuda.device_count()
+def device_kind(local_world: int) -> tuple[str, str | None]:
+    """Where `local_world` ranks on this host run, and why not on CUDA where it has some
+    (`pipeir.runtime.devices.choose` with this host's CUDA devices)."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return devices.choose(devices.mode(), gpus, local_world)
+
+
+def pick_device(kind: str, index: int) -> torch.device:
+    """The device of `device_kind`'s choice for the rank with local index `index`: its
+    local rank under torchrun, else its rank (a LOCAL_RANK the launcher's ranks inherit from
+    the shell that started `pipeirc` would put them all on one device)."""
+    if kind == "cuda":
+        local = index % torch.cuda.device_count()
         torch.cuda.set_device(local)
         return torch.device("cuda", local)
     return torch.device("cpu")

@@ -2,7 +2,7 @@
 clear message (a UsageError, exit 2) naming the stage and the parameter or tensor, with
 nothing written: stage outputs the next stage cannot take, tied groups naming a missing
 parameter, a checkpoint of another model or stage count, a save directory holding another
-run's checkpoint.
+run's checkpoint, `--device cuda` on a host without a CUDA device per rank.
 
 The shape plan traced here (batch(0)'s micro-batch layouts) goes to the ranks with the job, so
 they do not trace it again. `pipeirc run` calls `check_model` in a process forked from the
@@ -20,6 +20,7 @@ from pipeir.diagnostics import UsageError
 from pipeir.models.refs import resolve
 from pipeir.models.spec import ModelSpec, check_spec
 from pipeir.runtime import checkpoint
+from pipeir.runtime.dist import device_kind
 from pipeir.runtime.job import Start
 from pipeir.runtime.mesh import shard
 from pipeir.runtime.milestones import mark
@@ -68,6 +69,10 @@ def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps
     except PlanError as e:
         raise UsageError(f"--model {model}: {e}") from None
     if placement is not None:
+        try:  # where the ranks will run (`PIPEIR_DEVICE=cuda` without the devices: refused)
+            device_kind((max(placement) + 1) * dp)
+        except ValueError as e:
+            raise UsageError(str(e)) from None
         per_rank, counts = [0] * (max(placement) + 1), [0] * (max(placement) + 1)
         for stage, nbytes in enumerate(plan.state_bytes()):
             per_rank[placement[stage]] += nbytes

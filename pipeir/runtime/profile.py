@@ -36,14 +36,18 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from pipeir.diagnostics import UsageError
 from pipeir.models.spec import ModelSpec, autocast_dtype, build_stage, call_stage
 from pipeir.models.splittable import Splittable
 from pipeir.plan.layers import LayerCost
+from pipeir.runtime import dist as pdist
+from pipeir.runtime.context import to_device
 from pipeir.runtime.memory import SavedActivations, input_bytes
 from pipeir.runtime.shapes import grad_leaves, tensor_leaves
 from pipeir.runtime.splitgrad import backward_input_many, backward_weight, weight_nodes
 from pipeir.runtime.worker import split_batch
 
+_CPU = torch.device("cpu")
 SMALL_BYTES = 64
 LARGE_BYTES = 16 * 2**20
 
@@ -110,17 +114,34 @@ def _median_ms(fn: Callable[[], Any], warmup: int, iters: int, clock: Clock
     return _timed_after(lambda: (), fn, warmup, iters, clock)
 
 
+def timing_device(ranks: int) -> tuple[torch.device, str | None]:
+    """The device `ranks` pipeline ranks on this host would run on (`pipeir.runtime.dist`),
+    where their stages are timed (cuda:0 or the CPU), and a note where CUDA is here but too
+    few devices for the ranks; `PIPEIR_DEVICE=cuda` without them is a UsageError."""
+    try:
+        kind, why = pdist.device_kind(ranks)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    return pdist.pick_device(kind, 0), why
+
+
 def profile_stages(spec: ModelSpec, stages: int, microbatches: int, warmup: int = 2,
                    iters: int = 5, progress: Callable[[str], None] | None = None,
-                   clock: Clock = time.perf_counter) -> list[StageTimes]:
+                   clock: Clock = time.perf_counter,
+                   device: torch.device = _CPU) -> list[StageTimes]:
     """Per-stage op times and sizes for one micro-batch (see the module NOTE); `progress`
-    hears of each stage before it is measured (`pipeir.progress`); `clock` is the timer.
+    hears of each stage before it is measured (`pipeir.progress`); `clock` is the timer;
+    `device` the one the ranks will run on (on CUDA, each reading of the clock waits for the
+    device's queued work first: kernels run asynchronously, so host time alone would count
+    launching them, not running them).
 
     Runs with one intra-op thread: a pipeline rank is one process per core, and OpenMP
     threads spinning against each other on a shared CPU make timings 1000x noisier.
     """
     xs, ys = split_batch(spec.batch(0), microbatches)
-    x, y = xs[0], ys[0]
+    x, y = to_device(xs[0], device), to_device(ys[0], device)
+    if device.type == "cuda":
+        clock = _synced(clock, device)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -129,7 +150,7 @@ def profile_stages(spec: ModelSpec, stages: int, microbatches: int, warmup: int 
             if progress is not None:
                 progress(f"timing stage {s + 1}/{stages} ({warmup} warm-up, {iters} measured "
                          "runs of F, B, I and W)")
-            times, x = _profile_stage(spec, s, stages, x, y, warmup, iters, clock)
+            times, x = _profile_stage(spec, s, stages, x, y, warmup, iters, clock, device)
             out.append(times)
         return out
     finally:
@@ -138,13 +159,15 @@ def profile_stages(spec: ModelSpec, stages: int, microbatches: int, warmup: int 
 
 def profile_pieces(model: Splittable, microbatches: int, warmup: int = 2, iters: int = 5,
                    progress: Callable[[str], None] | None = None,
-                   clock: Clock = time.perf_counter) -> list[tuple[str, StageTimes]]:
+                   clock: Clock = time.perf_counter, device: torch.device = _CPU
+                   ) -> list[tuple[str, StageTimes]]:
     """Every piece of a `Splittable` (the model cut at all its split points) timed and sized
     as a stage of its own, named by the split point where it begins ("" for the first): the
-    per-layer costs `pipeirc plan` chooses cut points from. `clock` as `profile_stages`."""
+    per-layer costs `pipeirc plan` chooses cut points from. `clock`, `device` as
+    `profile_stages`."""
     points = list(model.split_points())
     times = profile_stages(model.at(points), len(points) + 1, microbatches, warmup, iters,
-                           progress, clock)
+                           progress, clock, device)
     return list(zip(["", *points], times))
 
 
@@ -155,11 +178,20 @@ def layer_costs(pieces: Sequence[tuple[str, StageTimes]]) -> list[LayerCost]:
                       t.param_bytes, t.input_bytes, t.memory_w_bytes) for name, t in pieces]
 
 
+def _synced(clock: Clock, device: torch.device) -> Clock:
+    """`clock`, read after the work queued on `device` has run."""
+    def read() -> float:
+        torch.cuda.synchronize(device)
+        return clock()
+    return read
+
+
 def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
-                   warmup: int, iters: int, clock: Clock) -> tuple[StageTimes, Any]:
+                   warmup: int, iters: int, clock: Clock, device: torch.device
+                   ) -> tuple[StageTimes, Any]:
     """Stage s's times on input `x` (a tensor or a structure whose tensors that carry a
-    gradient require grad), and its output (the next stage's input, likewise)."""
-    module = build_stage(spec, s, stages)
+    gradient require grad, on `device`), and its output (the next stage's input, likewise)."""
+    module = build_stage(spec, s, stages).to(device)
     params = [p for p in module.parameters() if p.requires_grad]
     last = s == stages - 1
     dtype = autocast_dtype(spec)
@@ -167,14 +199,14 @@ def _profile_stage(spec: ModelSpec, s: int, stages: int, x: Any, y: Any,
     def fresh(record: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext
               ) -> tuple[Any, Any]:
         inp = pytree.tree_map(_leaf, x)
-        with torch.autocast("cpu", dtype=dtype, enabled=dtype is not None):
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
             with record():
                 o = call_stage(module, inp)
             return inp, spec.loss(o, y) if last else o
 
     # the bytes autograd saves, counted as the runtime counts them (parameters are not
     # activations; tensors that share storage count once)
-    saved = SavedActivations(torch.device("cpu"), module.parameters())
+    saved = SavedActivations(device, module.parameters())
     recorded, o = fresh(lambda: saved.recording((s, 0)))
     roots = grad_leaves(o)
     grads = None if last else [torch.ones_like(t) for t in roots]
@@ -238,9 +270,11 @@ def _timed_after(setup: Callable[[], tuple[Any, ...]], fn: Callable[..., Any],
     return statistics.median(times), Spread.of(times)
 
 
-def measure_link(timeout_s: float = 60.0, rounds: int = 10) -> tuple[float, float | None]:
+def measure_link(timeout_s: float = 60.0, rounds: int = 10, backend: str = "gloo"
+                 ) -> tuple[float, float | None]:
     """(latency in ms, bandwidth in bytes per ms or None when too fast to tell) between two
-    fresh gloo ranks on this host; each figure is the fastest of `rounds` round trips."""
+    fresh ranks on this host, of `backend` (nccl: between cuda:0 and cuda:1, as the ranks
+    of a run on CUDA talk); each figure is the fastest of `rounds` round trips."""
     import multiprocessing as mp
 
     from pipeir.runtime.launch import free_port, start_owned
@@ -248,7 +282,7 @@ def measure_link(timeout_s: float = 60.0, rounds: int = 10) -> tuple[float, floa
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
     init = f"tcp://127.0.0.1:{free_port()}"
-    procs, leash = start_owned(ctx, _link_worker, [(r, init, rounds, timeout_s, q)
+    procs, leash = start_owned(ctx, _link_worker, [(r, init, rounds, timeout_s, q, backend)
                                                    for r in range(2)])
     try:
         got = q.get(timeout=timeout_s)
@@ -270,17 +304,22 @@ def measure_link(timeout_s: float = 60.0, rounds: int = 10) -> tuple[float, floa
     return latency, (LARGE_BYTES - SMALL_BYTES) / extra if extra > 0 else None
 
 
-def _link_worker(rank: int, init: str, rounds: int, timeout_s: float, q: Any) -> None:
+def _link_worker(rank: int, init: str, rounds: int, timeout_s: float, q: Any,
+                 backend: str = "gloo") -> None:
     from datetime import timedelta
 
     import torch.distributed as dist
 
     try:
-        dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2,
-                                timeout=timedelta(seconds=timeout_s))
+        device = torch.device("cuda", rank) if backend == "nccl" else _CPU
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        dist.init_process_group(backend, init_method=init, rank=rank, world_size=2,
+                                timeout=timedelta(seconds=timeout_s),
+                                device_id=device if device.type == "cuda" else None)
         result = []
         for size in (SMALL_BYTES, LARGE_BYTES):
-            t = torch.zeros(size // 4, dtype=torch.float32)
+            t = torch.zeros(size // 4, dtype=torch.float32, device=device)
             times = []
             for k in range(rounds + 2):
                 t0 = time.perf_counter()
@@ -290,6 +329,8 @@ def _link_worker(rank: int, init: str, rounds: int, timeout_s: float, q: Any) ->
                 else:
                     dist.recv(t, 0)
                     dist.send(t, 0)
+                if device.type == "cuda":  # (NCCL returns before the transfer has run)
+                    torch.cuda.synchronize(device)
                 if k >= 2:
                     times.append((time.perf_counter() - t0) * 1e3)
             result.append(min(times))

@@ -245,11 +245,15 @@ def _numpy(t: torch.Tensor) -> Any:
 
 
 def run_rank(rank: int, world: int, init_method: str, jobs: Sequence[Job], emit: Emit,
-             track: Progress, timeout_s: float, local_rank: int | None = None
-             ) -> torch.device:
-    """Run `jobs` as rank `rank` of `world` (`local_rank`: its device index under torchrun);
+             track: Progress, timeout_s: float, local_rank: int | None = None,
+             local_world: int | None = None) -> torch.device:
+    """Run `jobs` as rank `rank` of `world` (`local_rank`, `local_world`: its device index
+    and the ranks on its host under torchrun; else all `world` ranks are on this host);
     returns the device it ran on."""
-    device = pdist.pick_device(rank, local_rank)
+    kind, why = pdist.device_kind(world if local_world is None else local_world)
+    if why is not None and rank == 0:
+        emit(("note", 0, f"note: {why}"))
+    device = pdist.pick_device(kind, rank if local_rank is None else local_rank)
     pdist.init(rank, world, init_method, timeout_s, device)
     mark(f"rank {rank}: process group")
     try:

@@ -1,0 +1,149 @@
+"""Where ranks run (`pipeir.runtime.devices`, `--device`) and when their instructions ran on a
+CUDA device (`pipeir.runtime.deviceclock`), checked without a GPU: the choice for every count
+of devices, the errors through the CLI, and the event arithmetic against a stand-in device
+whose kernels run later than they are queued."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from pipeir.runtime import devices
+from pipeir.runtime.deviceclock import DeviceClock
+
+REPO = Path(__file__).parent.parent
+
+
+@pytest.mark.parametrize("requested, gpus, ranks, want", [
+    ("auto", 0, 2, "cpu"), ("auto", 1, 1, "cuda"), ("auto", 2, 2, "cuda"), ("auto", 8, 4, "cuda"),
+    ("auto", 1, 2, "cpu"), ("auto", 3, 4, "cpu"),
+    ("cpu", 8, 2, "cpu"), ("cpu", 0, 2, "cpu"),
+    ("cuda", 2, 2, "cuda"), ("cuda", 1, 2, None), ("cuda", 0, 1, None),
+])
+def test_cuda_needs_a_device_per_rank(requested: str, gpus: int, ranks: int,
+                                      want: str | None) -> None:
+    """NCCL cannot put two ranks on one device: `auto` falls back to the CPU with a note
+    naming the counts (only where CUDA is there at all), `cuda` refuses."""
+    if want is None:
+        with pytest.raises(ValueError, match=f"{ranks} rank\\(s\\) on this host need as many "
+                                             f"CUDA devices .*; {gpus} visible"):
+            devices.choose(requested, gpus, ranks)
+        return
+    kind, note = devices.choose(requested, gpus, ranks)
+    assert kind == want
+    fell_back = requested == "auto" and 0 < gpus < ranks
+    assert (note is not None) == fell_back
+    if note is not None:
+        assert note.startswith(f"{ranks} ranks on this host and {gpus} CUDA device(s): running "
+                               "on CPU with gloo")
+
+
+def test_the_mode_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(devices.ENV, raising=False)
+    assert devices.mode() == "auto"
+    monkeypatch.setenv(devices.ENV, "cpu")
+    assert devices.mode() == "cpu"
+    monkeypatch.setenv(devices.ENV, "gpu")
+    with pytest.raises(ValueError, match="PIPEIR_DEVICE='gpu': expected auto, cpu or cuda"):
+        devices.mode()
+
+
+def test_the_ranks_ask_this_hosts_devices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`dist.device_kind` counts the CUDA devices torch sees (faked here)."""
+    from pipeir.runtime import dist as pdist
+
+    monkeypatch.delenv(devices.ENV, raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    kind, note = pdist.device_kind(2)
+    assert kind == "cpu" and note is not None and "1 CUDA device(s)" in note
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pdist.device_kind(2) == ("cpu", None)
+
+
+class _Stream:
+    """A device whose queued work runs late: each event runs at max(queued + lag, the last
+    event's time + work), as a busy stream would."""
+
+    def __init__(self) -> None:
+        self.host = 100.0  # seconds, the host clock
+        self.device = 0.0  # seconds, when the stream last finished something
+        self.made = 0
+
+    def event(self) -> _Event:
+        self.made += 1
+        return _Event(self)
+
+
+class _Event:
+    def __init__(self, stream: _Stream) -> None:
+        self.stream = stream
+        self.at = 0.0
+
+    def record(self) -> None:
+        s = self.stream
+        s.device = max(s.host + 0.5, s.device + 0.25)  # 0.5 s lag, 0.25 s per instruction
+        self.at = s.device
+
+    def elapsed_time(self, end: _Event) -> float:
+        return (end.at - self.at) * 1e3  # ms, as torch.cuda.Event's
+
+
+def test_device_clock_reads_when_work_ran_not_when_it_was_queued(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Instructions queued 0.01 s apart on the host ran 0.25 s apart on the stand-in device:
+    the resolved times are the device's, anchored at the step's first event (recorded on an
+    idle device, so it ran when the host says), and events are reused from step to step."""
+    from pipeir.runtime import deviceclock
+
+    stream = _Stream()
+    monkeypatch.setattr(deviceclock, "_now", lambda: stream.host)
+    clock = DeviceClock(stream.event)
+    for step in range(2):
+        stream.host += 10.0
+        stream.device = stream.host - 1.0  # idle: the last step was synchronized
+        clock.begin()  # its event runs at host + 0.5 (the lag), the anchor: host + 0
+        start_host = stream.host
+        times = []
+        for pc in range(3):
+            a = clock.mark()
+            stream.host += 0.01
+            b = clock.mark()
+            times.append((pc, float(a), float(b)))
+        got = clock.resolve(times)
+        # device: anchor at +0.5, then events every 0.25 s: instruction pc starts at
+        # 0.25 * (2 pc + 1) after the anchor and ends 0.25 s later
+        want = [(pc, start_host + 0.25 * (2 * pc + 1), start_host + 0.25 * (2 * pc + 2))
+                for pc in range(3)]
+        assert got == pytest.approx(want), step
+    assert stream.made == 7  # one anchor and six marks, made in the first step only
+
+
+def _pipeirc(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    import os
+
+    return subprocess.run([sys.executable, "-m", "pipeir", *argv], capture_output=True,
+                          text=True, timeout=240, cwd=REPO, env={**os.environ, **(env or {})})
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_cuda_asked_for_without_devices_is_one_clear_error(tmp_path: Path) -> None:
+    """Before any rank starts (`run`), before any measurement (`profile`): one line, exit 2,
+    nothing written; a bad PIPEIR_DEVICE likewise."""
+    r = _pipeirc("run", "examples/1f1b.sched", "--model", "mlp", "--steps", "1",
+                 "--device", "cuda")
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "error: CUDA asked for (--device cuda or PIPEIR_DEVICE=cuda), but 4 rank(s) on this "
+        "host need as many CUDA devices (NCCL puts one rank on each); 0 visible"], r.stderr
+    out = tmp_path / "costs.json"
+    r = _pipeirc("profile", "--model", "mlp", "--device", "cuda", "-o", str(out))
+    assert r.returncode == 2 and "0 visible" in r.stderr and "Traceback" not in r.stderr
+    assert not out.exists()
+    r = _pipeirc("run", "examples/1f1b.sched", "--model", "mlp", "--steps", "1",
+                 env={"PIPEIR_DEVICE": "gpu"})
+    assert r.returncode == 2 and r.stderr.splitlines() == [
+        "error: PIPEIR_DEVICE='gpu': expected auto, cpu or cuda"], r.stderr
