@@ -108,9 +108,9 @@ class Plan:
 
 
 def make_plan(gpus: int, costs: str) -> Plan:
-    """The checks for a machine with `gpus` CUDA devices (the runtime puts rank r on cuda:r
-    and uses NCCL whenever CUDA is available, see `pipeir.runtime.dist`; NCCL cannot put two
-    ranks on one device, so ranks = GPUs)."""
+    """The checks for a machine with `gpus` CUDA devices (`pipeirc run` puts rank r on cuda:r
+    with NCCL where there is a device per rank, `pipeir.runtime.devices`; NCCL cannot put two
+    ranks on one device, so ranks <= GPUs)."""
     if gpus < 1:
         raise ValueError("no CUDA device: nothing to plan")
     ranks = min(gpus, 4)

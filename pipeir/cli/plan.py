@@ -107,12 +107,20 @@ def _run(args: argparse.Namespace) -> int:
         if earlier is not None:
             layers = _reuse(earlier, names, mbs, args)
             how = f"from {args.layer_costs}"
+            link = earlier.link if not _link_given(args) else _link(args, progress, device)
         else:
             assert device is not None
-            layers = _profile(model, args, mbs, progress, device)
-            how = (f"pipeirc plan: medians of {args.iters} runs per piece on this host, one "
-                   "intra-op thread")
-        link = _link(args, progress, earlier, device)
+            # on CUDA the link first: a GPU in exclusive mode admits one process at a time
+            # (on CPU the pieces first: a model that fails fails at once)
+            if device.type == "cuda":
+                link = _link(args, progress, device)
+                layers = _profile(model, args, mbs, progress, device)
+            else:
+                layers = _profile(model, args, mbs, progress, device)
+                link = _link(args, progress, device)
+            how = (f"pipeirc plan: medians of {args.iters} runs per piece on this host"
+                   + (", one intra-op thread" if device.type == "cpu" else
+                      f" on {device.type}"))
         progress(f"searching splits and schedules for {args.ranks} ranks")
         result = plan(layers, args.ranks, mbs, link, memory=args.memory,
                       weight_copies=args.weight_copies, keep=args.keep, max_v=args.max_v,
@@ -183,16 +191,13 @@ def _link_given(args: argparse.Namespace) -> bool:
     return args.latency is not None or args.bandwidth is not None or args.ranks == 1
 
 
-def _link(args: argparse.Namespace, progress: Progress, earlier: PlanFile | None,
-          device: torch.device | None) -> Link:
+def _link(args: argparse.Namespace, progress: Progress, device: torch.device | None) -> Link:
     """--latency / --bandwidth, else measured between two ranks (none for one rank): gloo,
     or NCCL where the ranks would run on CUDA."""
     from pipeir.plan import Link
 
     if _link_given(args):
         return Link(args.latency or 0.0, args.bandwidth)
-    if earlier is not None:
-        return earlier.link
     from pipeir.runtime.profile import measure_link
 
     backend = "nccl" if device is not None and device.type == "cuda" else "gloo"

@@ -63,6 +63,18 @@ def _run(args: argparse.Namespace) -> int:
         print(f"note: {why}", file=sys.stderr)
     backend = "nccl" if device.type == "cuda" else "gloo"
     with Progress("profile") as progress:
+        def measure() -> tuple[float, float | None] | None:
+            if args.nproc == 1:
+                return None
+            progress(f"timing transfers between two {backend} ranks")
+            try:
+                return prof.measure_link(timeout_s=args.timeout, backend=backend)
+            except RuntimeError as e:
+                raise UsageError(str(e)) from None
+        # on CUDA the link first: a GPU in exclusive mode admits one process at a time, and
+        # this one holds cuda:0 once it has timed the stages (on CPU the stages first: a
+        # model that fails fails at once)
+        link = measure() if device.type == "cuda" else None
         try:
             stages = prof.profile_stages(spec, args.nproc, mbs, args.warmup, args.iters,
                                          progress, device=device)
@@ -71,16 +83,11 @@ def _run(args: argparse.Namespace) -> int:
         except Exception as e:
             raise UsageError(f"--model {args.model}: running its stages failed: "
                              f"{type(e).__name__}: {e}") from None
-        link = None
-        if args.nproc > 1:
-            progress(f"timing transfers between two {backend} ranks")
-            try:
-                link = prof.measure_link(timeout_s=args.timeout, backend=backend)
-            except RuntimeError as e:
-                raise UsageError(str(e)) from None
+        if device.type != "cuda":
+            link = measure()
     meta = {"model": args.model, "stages": args.nproc, "microbatches": mbs,
             "warmup": args.warmup, "iters": args.iters,
-            "device": device.type, "threads": 1,
+            "device": device.type, **({"threads": 1} if device.type == "cpu" else {}),
             "how": f"pipeirc profile: medians; transfers between 2 {backend} ranks on this "
                    "host"}
     settings = prof.cost_settings(stages, link, meta)

@@ -35,7 +35,7 @@ from torch.utils import _pytree as pytree
 from pipeir.models.spec import ModelSpec, autocast_dtype, call_stage
 from pipeir.runtime import autograd, shapes, splitgrad
 from pipeir.runtime import dist as pdist
-from pipeir.runtime.deviceclock import DeviceClock, cuda_event
+from pipeir.runtime.deviceclock import DeviceClock, cuda_clock
 from pipeir.runtime.memory import SavedActivations
 from pipeir.runtime.mesh import Mesh
 from pipeir.runtime.optim import Optim, StepStats
@@ -99,7 +99,7 @@ class Context:
         #: (pc, start, end) of each instruction run this step, in host-clock seconds (on
         #: CUDA, when its work ran on the device: `pipeir.runtime.deviceclock`)
         self.times: list[tuple[int, float, float]] = []
-        self.clock = DeviceClock(cuda_event) if self.cuda else None
+        self.clock: DeviceClock | None = cuda_clock() if self.cuda else None
         #: data parallelism: (stage, when its all-reduce finished), in the order waited for
         self.reduced: list[tuple[int, float]] = []
         self.loss_sum = 0.0
@@ -142,6 +142,7 @@ class Context:
         self.saved.end_step()
         if self.clock is not None:  # (marks so far: the worker synchronized the device)
             self.times = self.clock.resolve(self.times)
+            self._now = _now  # (between steps: the host clock)
         if not self.losses:
             return
         vals = [v for _, v, _ in self.losses]

@@ -22,20 +22,25 @@ def mode() -> str:
     return value
 
 
-def choose(requested: str, gpus: int, local_world: int) -> tuple[str, str | None]:
-    """Where `local_world` ranks on a host with `gpus` CUDA devices run: ("cuda" | "cpu", a
-    note for the user or None). NCCL cannot put two ranks of one group on one device, so
-    CUDA needs a device per local rank. With fewer, `auto` runs on CPU with gloo and says why
+def choose(requested: str, gpus: int, local_world: int | None) -> tuple[str, str | None]:
+    """Where ranks run on a host with `gpus` CUDA devices: ("cuda" | "cpu", a note for the
+    user or None). `local_world`: the ranks `pipeirc run` starts on this host; None where
+    they are not counted here (torchrun, another launcher: each host, even each process, may
+    see its own devices, so CUDA is used wherever there is some, on LOCAL_RANK's device).
+
+    NCCL cannot put two ranks of one group on one device, so where the ranks are counted,
+    CUDA needs a device per rank. With fewer, `auto` runs on CPU with gloo and says why
     (rather than fail at the first collective); `cuda` is an error (ValueError). Every rank
-    of a host sees the same devices and environment, so all choose alike."""
+    `pipeirc run` starts sees the same devices and environment, so all choose alike."""
     if requested == "cpu":
         return "cpu", None
-    if gpus and gpus >= local_world:
+    if gpus and (local_world is None or gpus >= local_world):
         return "cuda", None
     if requested == "cuda":
-        raise ValueError(f"CUDA asked for (--device cuda or {ENV}=cuda), but {local_world} "
-                         f"rank(s) on this host need as many CUDA devices (NCCL puts one rank "
-                         f"on each); {gpus} visible")
+        need = "a CUDA device" if local_world is None else (
+            f"as many CUDA devices as its {local_world} rank(s) (NCCL puts one rank on each)")
+        raise ValueError(f"CUDA asked for (--device cuda or {ENV}=cuda), but this host needs "
+                         f"{need}; {gpus} visible")
     if gpus:
         return "cpu", (f"{local_world} ranks on this host and {gpus} CUDA device(s): running "
                        "on CPU with gloo (NCCL needs a device per rank: run fewer ranks per "

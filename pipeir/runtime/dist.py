@@ -30,11 +30,14 @@ P2P_GROUPS = "PIPEIR_P2P_GROUPS"
 _channels: dict[tuple[int, int], Any] = {}
 
 
-def device_kind(local_world: int) -> tuple[str, str | None]:
-    """Where `local_world` ranks on this host run, and why not on CUDA where it has some
-    (`pipeir.runtime.devices.choose` with this host's CUDA devices)."""
-    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    return devices.choose(devices.mode(), gpus, local_world)
+def device_kind(local_world: int | None) -> tuple[str, str | None]:
+    """Where ranks run on this host, and why not on CUDA where it has some
+    (`pipeir.runtime.devices.choose`; `local_world` None: not counted here, torchrun)."""
+    requested = devices.mode()
+    if requested == "cpu":  # (no CUDA query at all: it can take seconds on a large host)
+        return "cpu", None
+    # device_count asks NVML where it can, without initializing CUDA in this process
+    return devices.choose(requested, torch.cuda.device_count(), local_world)
 
 
 def pick_device(kind: str, index: int) -> torch.device:

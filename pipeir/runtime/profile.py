@@ -1,19 +1,20 @@
 """The measuring half of `pipeirc profile`: time each stage's F, B, I and W, size what crosses
 each stage boundary and what each stage keeps for its backward, and time point-to-point
-transfers between two gloo ranks. Produces the settings of a cost file (pipeir.sim.costs).
+transfers between two ranks. Produces the settings of a cost file (pipeir.sim.costs).
 
 NOTE (how, and why so). Compute is measured in this one process, stage by stage, on the first
-micro-batch of step 0's batch split into `microbatches`: the pipeline runs the same modules
-on the same shapes, and one process avoids ranks competing for the CPU while being timed.
-Each figure is the median of `iters` runs after `warmup` runs. B is a full backward; I and
-W are timed exactly as the runtime splits them (pipeir.runtime.splitgrad: I computes the
-input gradient and saves what W needs, so I + W is about B). Stage 0's I is zero: its
-input needs no gradient, and its W is the whole backward. Activation memory is the bytes
-autograd saves for backward, counted with saved-tensor hooks. Transfers: rank 0 and rank 1
-of a fresh gloo group
-ping-pong a small and a large message; latency is half the fastest small round trip,
-bandwidth the extra bytes over the extra time (fastest of a few: the usual microbenchmark
-figure, least disturbed by other load).
+micro-batch of step 0's batch split into `microbatches`, on the device the ranks would run on
+(`timing_device`: cuda:0, or the CPU): the pipeline runs the same modules on the same
+shapes, and one process avoids ranks competing for the CPU while being timed. Each figure is
+the median of `iters` runs after `warmup` runs (on CUDA each clock reading waits for the
+queued kernels). B is a full backward; I and W are timed exactly as the runtime splits them
+(pipeir.runtime.splitgrad: I computes the input gradient and saves what W needs, so I + W is
+about B). Stage 0's I is zero: its input needs no gradient, and its W is the whole backward.
+Activation memory is the bytes autograd saves for backward, counted with saved-tensor hooks.
+Transfers: rank 0 and rank 1 of a fresh group (gloo, or NCCL between cuda:0 and cuda:1 where
+the ranks would run on CUDA) ping-pong a small and a large message; latency is half the
+fastest small round trip, bandwidth the extra bytes over the extra time (fastest of a few:
+the usual microbenchmark figure, least disturbed by other load).
 
 NOTE (unstable measurements). A median of a handful of runs hides a machine that was busy
 for some of them, and a cost file measured so sends `tune` after a phantom (a W of 14.5 ms
@@ -116,13 +117,14 @@ def _median_ms(fn: Callable[[], Any], warmup: int, iters: int, clock: Clock
 
 def timing_device(ranks: int) -> tuple[torch.device, str | None]:
     """The device `ranks` pipeline ranks on this host would run on (`pipeir.runtime.dist`),
-    where their stages are timed (cuda:0 or the CPU), and a note where CUDA is here but too
-    few devices for the ranks; `PIPEIR_DEVICE=cuda` without them is a UsageError."""
+    where their stages are timed (cuda:0 or the CPU; not made current, so nothing is set up
+    on it before it is used), and a note where CUDA is here but too few devices for the
+    ranks; `PIPEIR_DEVICE=cuda` without them is a UsageError."""
     try:
         kind, why = pdist.device_kind(ranks)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    return pdist.pick_device(kind, 0), why
+    return (torch.device("cuda", 0) if kind == "cuda" else _CPU), why
 
 
 def profile_stages(spec: ModelSpec, stages: int, microbatches: int, warmup: int = 2,

@@ -145,11 +145,9 @@ def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
             report.write(msg[2] + "\n")
 
     try:
-        local, local_world = os.environ.get("LOCAL_RANK"), os.environ.get("LOCAL_WORLD_SIZE")
+        local = os.environ.get("LOCAL_RANK")
         run_rank(rank, world, "env://", [job], emit, Progress([0, -1], 0), timeout_s,
-                 int(local) if local is not None and local.isdigit() else None,
-                 int(local_world) if local_world is not None and local_world.isdigit()
-                 else None)
+                 int(local) if local is not None and local.isdigit() else None)
     except Exception as e:
         _report(f"main.py: {_failure(shape, rank, e)}")
         os._exit(1)  # do not wait for peers that may be gone; torchrun stops the rest
