@@ -211,12 +211,16 @@ def _available() -> int | None:
     return None
 
 
-def check_training(per_rank: list[int], stages_per_rank: list[int], replicas: int) -> None:
+def check_training(per_rank: list[int], stages_per_rank: list[int], replicas: int,
+                   on_host: bool = True) -> None:
     """The training processes of one machine fit its memory: `per_rank[r]` bytes of state for
     pipeline rank r (each of `replicas` data-parallel copies holds the same), plus the cost of a
-    process. Raise a UsageError naming the largest rank otherwise."""
+    process. Raise a UsageError naming the largest rank otherwise. `on_host` False: the ranks
+    keep their state on CUDA devices, so only the processes count here (a device that is too
+    small says so itself, naming the allocation)."""
     processes = len(per_rank) * replicas
-    need = replicas * sum(per_rank) + processes * BYTES_PER_PROCESS
+    state = replicas * sum(per_rank) if on_host else 0
+    need = state + processes * BYTES_PER_PROCESS
     if os.environ.get(ENV, "").strip():
         have, where = budget(), f"pipeir's memory budget ({ENV})"
     else:

@@ -290,3 +290,18 @@ def test_a_lowered_json_is_read_under_its_own_cost_per_byte(cli, budget: pytest.
     assert code == 2
     assert f"the most pipeir reads as a lowered-program JSON (~{limits.BYTES_PER_JSON_BYTE} B " \
         "of memory per byte" in err
+
+
+def test_state_on_cuda_devices_is_not_counted_against_host_memory(
+        budget: pytest.MonkeyPatch) -> None:
+    """Ranks on CUDA keep weights, gradients and optimizer state on their devices: the host
+    check then counts only the processes (`check_training(on_host=False)`)."""
+    budget.setenv(limits.ENV, "4GiB")
+    big = [3 * 2**30, 3 * 2**30]  # two ranks of 3 GiB state: 6 GiB, over the budget on host
+    with pytest.raises(pipeir.UsageError, match=r"training needs at least 6.+ of memory: 2 "
+                                                r"processes.+rank 0: 1 stages, 3 GiB"):
+        limits.check_training(big, [1, 1], 1)
+    limits.check_training(big, [1, 1], 1, on_host=False)  # the processes alone fit
+    many = [0] * (4 * 2**30 // limits.BYTES_PER_PROCESS + 1)  # more processes than fit
+    with pytest.raises(pipeir.UsageError, match="training needs at least"):
+        limits.check_training(many, [0] * len(many), 1, on_host=False)

@@ -70,14 +70,14 @@ def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps
         raise UsageError(f"--model {model}: {e}") from None
     if placement is not None:
         try:  # where the ranks will run (`PIPEIR_DEVICE=cuda` without the devices: refused)
-            device_kind((max(placement) + 1) * dp)
+            kind, _ = device_kind((max(placement) + 1) * dp)
         except ValueError as e:
             raise UsageError(str(e)) from None
         per_rank, counts = [0] * (max(placement) + 1), [0] * (max(placement) + 1)
         for stage, nbytes in enumerate(plan.state_bytes()):
             per_rank[placement[stage]] += nbytes
             counts[placement[stage]] += 1
-        limits.check_training(per_rank, counts, dp)
+        limits.check_training(per_rank, counts, dp, on_host=kind == "cpu")
     if save_every < 0:
         raise UsageError("--save-every must be at least 1")
     if save_every and save is None:
