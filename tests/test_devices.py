@@ -52,6 +52,8 @@ def test_the_mode_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) ->
     assert devices.mode() == "auto"
     monkeypatch.setenv(devices.ENV, "cpu")
     assert devices.mode() == "cpu"
+    monkeypatch.setenv(devices.ENV, "")
+    assert devices.mode() == "auto"  # (empty is unset, as for most tools)
     monkeypatch.setenv(devices.ENV, "gpu")
     with pytest.raises(ValueError, match="PIPEIR_DEVICE='gpu': expected auto, cpu or cuda"):
         devices.mode()
@@ -211,3 +213,53 @@ def test_cuda_asked_for_without_devices_is_one_clear_error(tmp_path: Path) -> No
                  env={"PIPEIR_DEVICE": "gpu"})
     assert r.returncode == 2 and r.stderr.splitlines() == [
         "error: PIPEIR_DEVICE='gpu': expected auto, cpu or cuda"], r.stderr
+
+
+@pytest.mark.parametrize("requested, gpus, ranks, want", [
+    ("auto", 8, 8, "cuda"), ("auto", 8, None, "cuda"), ("auto", 0, 8, "cpu"),
+    ("auto", 4, 8, None), ("cuda", 4, 8, None), ("cpu", 4, 8, "cpu"),
+])
+def test_under_torchrun_too_few_devices_is_an_error_not_a_fallback(
+        requested: str, gpus: int, ranks: int | None, want: str | None) -> None:
+    """Other hosts of a torchrun world may have a device per rank and choose CUDA: a host
+    that fell back to gloo would mix backends and hang, so there it is one clear error."""
+    if want is None:
+        with pytest.raises(ValueError, match=r"NCCL needs a device per rank|CUDA asked for"):
+            devices.choose(requested, gpus, ranks, fallback=False)
+    else:
+        assert devices.choose(requested, gpus, ranks, fallback=False) == (want, None)
+    assert devices.local_world({"LOCAL_WORLD_SIZE": "8"}) == 8
+    assert devices.local_world({}) is None
+    assert devices.local_world({"LOCAL_WORLD_SIZE": "x"}) is None
+
+
+@pytest.mark.mp
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusal")
+def test_under_torchrun_cuda_without_devices_is_said_once_before_anything(
+        tmp_path: Path) -> None:
+    """main.py and `pipeirc run` under torchrun check the device before the process group
+    and the save directory's lock: one `error:` line, no Python exception name, no directory
+    left behind."""
+    import os
+
+    from pipeir.runtime.launch import free_port
+
+    assert _pipeirc("compile", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
+                    "-o", str(tmp_path / "gen")).returncode == 0
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2"]
+    for value, said in (("cuda", "CUDA asked for"), ("bogus", "PIPEIR_DEVICE='bogus'")):
+        env = {**os.environ, "PIPEIR_DEVICE": value}
+        r = subprocess.run([*torchrun, "--master-port", str(free_port()),
+                            str(tmp_path / "gen" / "main.py"), "--model", "mlp", "--steps",
+                            "1"], capture_output=True, text=True, timeout=180, env=env)
+        assert r.returncode != 0
+        ours = [ln for ln in r.stderr.splitlines() if ln.startswith("main.py:")]
+        assert len(ours) == 1 and ours[0].startswith(f"main.py: error: {said}"), r.stderr
+        assert "ValueError" not in r.stderr
+    save = tmp_path / "ck"
+    r = subprocess.run([*torchrun, "--master-port", str(free_port()), "-m", "pipeir", "run",
+                        "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2", "--steps",
+                        "1", "--device", "cuda", "--save", str(save)],
+                       capture_output=True, text=True, timeout=180, cwd=REPO)
+    assert r.returncode != 0 and "error: CUDA asked for" in r.stderr, r.stderr
+    assert "ValueError" not in r.stderr and not save.exists()

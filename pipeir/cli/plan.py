@@ -13,6 +13,7 @@ from pipeir.cli.common import activations_or_bytes, add_device_arg, device_env
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.files import resolve_output, write_atomic
 from pipeir.progress import Progress
+from pipeir.runtime import devices
 
 if TYPE_CHECKING:
     import torch
@@ -97,7 +98,9 @@ def _run(args: argparse.Namespace) -> int:
     if len(outs) == 2 and outs[0] == outs[1]:  # (checked before the measurement)
         raise UsageError(f"-o and --schedule-out both name {args.output}: give two files")
     device = None
-    if earlier is None:  # (profiled here; an earlier plan file brings its link too)
+    # profiled here (an earlier plan file brings its link too); CUDA asked for is checked
+    # either way, so that it never passes silently on a host without it
+    if earlier is None or devices.mode() == "cuda":
         from pipeir.runtime.profile import timing_device
 
         device, why = timing_device(args.ranks)

@@ -82,10 +82,14 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.runtime.savelock import holding
 
     locks = args.save is not None and os.environ.get("RANK", "0") == "0"
-    with holding(args.save if locks else None) as held:
-        if held is not None and held.note:
-            print(f"note: {held.note}", file=sys.stderr)
-        with device_env(args):  # (the ranks, and torchrun's rank in this process, read it)
+    with device_env(args):  # (the ranks, and torchrun's rank in this process, read it)
+        if forkserver.under_torchrun():  # (this process is a rank: torch is imported anyway)
+            from pipeir.runtime.torchrun import check_device
+
+            check_device()  # before the save directory's lock, before any rank work
+        with holding(args.save if locks else None) as held:
+            if held is not None and held.note:
+                print(f"note: {held.note}", file=sys.stderr)
             code = _train(args)
     if code == EXIT_OK and forkserver.under_torchrun():  # a rank whose work is done
         from pipeir.runtime.torchrun import end_rank

@@ -7,6 +7,7 @@ Torch-free (the launcher sets and checks the choice without importing torch): th
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Final
 
 #: the environment variable ranks read; `pipeirc run --device` and `profile --device` set it
@@ -15,23 +16,26 @@ MODES: Final = ("auto", "cpu", "cuda")
 
 
 def mode() -> str:
-    """The requested mode (`auto` unless `ENV` says otherwise); a bad value is a ValueError."""
-    value = os.environ.get(ENV, "auto")
+    """The requested mode (`auto` unless `ENV` says otherwise; empty is unset); a bad value
+    is a ValueError."""
+    value = os.environ.get(ENV) or "auto"
     if value not in MODES:
         raise ValueError(f"{ENV}={value!r}: expected auto, cpu or cuda")
     return value
 
 
-def choose(requested: str, gpus: int, local_world: int | None) -> tuple[str, str | None]:
+def choose(requested: str, gpus: int, local_world: int | None, fallback: bool = True
+           ) -> tuple[str, str | None]:
     """Where ranks run on a host with `gpus` CUDA devices: ("cuda" | "cpu", a note for the
-    user or None). `local_world`: the ranks `pipeirc run` starts on this host; None where
-    they are not counted here (torchrun, another launcher: each host, even each process, may
-    see its own devices, so CUDA is used wherever there is some, on LOCAL_RANK's device).
+    user or None). `local_world`: the ranks started on this host (None: not known, e.g. a
+    launcher that sets no LOCAL_WORLD_SIZE, where each process may see devices of its own:
+    CUDA wherever there is some).
 
-    NCCL cannot put two ranks of one group on one device, so where the ranks are counted,
-    CUDA needs a device per rank. With fewer, `auto` runs on CPU with gloo and says why
-    (rather than fail at the first collective); `cuda` is an error (ValueError). Every rank
-    `pipeirc run` starts sees the same devices and environment, so all choose alike."""
+    NCCL cannot put two ranks of one group on one device, so CUDA needs a device per rank.
+    With fewer, `auto` runs on CPU with gloo and says why when `fallback` (`pipeirc run`
+    starts every rank itself, so all of them choose alike); otherwise (torchrun: other hosts
+    may have enough and choose CUDA, and the world would mix backends) it is an error, as
+    `cuda` always is (ValueError)."""
     if requested == "cpu":
         return "cpu", None
     if gpus and (local_world is None or gpus >= local_world):
@@ -41,8 +45,18 @@ def choose(requested: str, gpus: int, local_world: int | None) -> tuple[str, str
             f"as many CUDA devices as its {local_world} rank(s) (NCCL puts one rank on each)")
         raise ValueError(f"CUDA asked for (--device cuda or {ENV}=cuda), but this host needs "
                          f"{need}; {gpus} visible")
+    if gpus and not fallback:
+        raise ValueError(f"{local_world} ranks on this host and {gpus} CUDA device(s): NCCL "
+                         f"needs a device per rank; start at most {gpus} per host, or set "
+                         f"{ENV}=cpu to train on CPU with gloo")
     if gpus:
         return "cpu", (f"{local_world} ranks on this host and {gpus} CUDA device(s): running "
                        "on CPU with gloo (NCCL needs a device per rank: run fewer ranks per "
                        f"host to use CUDA; {ENV}=cpu silences this note)")
     return "cpu", None
+
+
+def local_world(env: Mapping[str, str]) -> int | None:
+    """The ranks on this host as torchrun says (LOCAL_WORLD_SIZE), None where unset."""
+    value = env.get("LOCAL_WORLD_SIZE", "")
+    return int(value) if value.isdigit() and int(value) > 0 else None

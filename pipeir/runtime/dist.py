@@ -30,14 +30,21 @@ P2P_GROUPS = "PIPEIR_P2P_GROUPS"
 _channels: dict[tuple[int, int], Any] = {}
 
 
-def device_kind(local_world: int | None) -> tuple[str, str | None]:
+def device_kind(local_world: int | None, fallback: bool = True) -> tuple[str, str | None]:
     """Where ranks run on this host, and why not on CUDA where it has some
-    (`pipeir.runtime.devices.choose`; `local_world` None: not counted here, torchrun)."""
+    (`pipeir.runtime.devices.choose`)."""
     requested = devices.mode()
     if requested == "cpu":  # (no CUDA query at all: it can take seconds on a large host)
         return "cpu", None
     # device_count asks NVML where it can, without initializing CUDA in this process
-    return devices.choose(requested, torch.cuda.device_count(), local_world)
+    return devices.choose(requested, torch.cuda.device_count(), local_world, fallback)
+
+
+def torchrun_device_kind() -> str:
+    """`device_kind` for a rank torchrun (or another env:// launcher) started: counted with
+    LOCAL_WORLD_SIZE where set, never a fallback (other hosts may choose CUDA). An error is
+    a ValueError: callers check it before the process group, to say it once."""
+    return device_kind(devices.local_world(os.environ), fallback=False)[0]
 
 
 def pick_device(kind: str, index: int) -> torch.device:

@@ -43,6 +43,7 @@ from pipeir.backend.commcheck import prove_file
 from pipeir.backend.program_io import load
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.models.refs import resolve
+from pipeir.runtime.dist import torchrun_device_kind
 from pipeir.runtime.job import Job
 from pipeir.runtime.meshshape import MeshShape, check_world
 from pipeir.runtime.worker import Progress, run_rank
@@ -62,6 +63,7 @@ def main(directory: Path, argv: list[str]) -> int:
         sys.stderr.write(f"main.py: {place}\n")
         return 2
     try:  # once, before the process group: a bad --model is one line for the whole world
+        check_device()
         resolve(args.model)
         lowered, source = load(str(directory / "lowered.json"))
         # the rank files interpret lowered.json's table: an edited tag or peer leaves them as
@@ -87,6 +89,15 @@ def main(directory: Path, argv: list[str]) -> int:
     if code == 0:
         end_rank(0)
     return code
+
+
+def check_device() -> None:
+    """Where this torchrun rank will run, checked before the process group (a bad
+    PIPEIR_DEVICE, CUDA asked for without the devices: a UsageError, said once)."""
+    try:
+        torchrun_device_kind()
+    except ValueError as e:
+        raise UsageError(str(e)) from None
 
 
 def _place(env: Mapping[str, str]) -> tuple[int, int] | str:
@@ -147,7 +158,8 @@ def run_env(job: Job, timeout_s: float, dp: int | None) -> int:
     try:
         local = os.environ.get("LOCAL_RANK")
         run_rank(rank, world, "env://", [job], emit, Progress([0, -1], 0), timeout_s,
-                 int(local) if local is not None and local.isdigit() else None)
+                 env_launched=True,
+                 local_rank=int(local) if local is not None and local.isdigit() else None)
     except Exception as e:
         _report(f"main.py: {_failure(shape, rank, e)}")
         os._exit(1)  # do not wait for peers that may be gone; torchrun stops the rest

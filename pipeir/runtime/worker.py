@@ -245,14 +245,18 @@ def _numpy(t: torch.Tensor) -> Any:
 
 
 def run_rank(rank: int, world: int, init_method: str, jobs: Sequence[Job], emit: Emit,
-             track: Progress, timeout_s: float, local_rank: int | None = None,
-             local_world: int | None = None) -> torch.device:
-    """Run `jobs` as rank `rank` of `world`; returns the device it ran on. `local_rank`: its
-    device index under torchrun (else its rank); `local_world`: the ranks `pipeirc run`
-    started on this host (None under torchrun: `devices.choose`)."""
-    kind, why = pdist.device_kind(local_world)
-    if why is not None and rank == 0:
-        emit(("note", 0, f"note: {why}"))
+             track: Progress, timeout_s: float, env_launched: bool = False,
+             local_rank: int | None = None) -> torch.device:
+    """Run `jobs` as rank `rank` of `world`; returns the device it ran on. `env_launched`:
+    torchrun (or another env:// launcher) started it (`pdist.torchrun_device_kind`; its
+    device index is `local_rank`, else its rank); else `pipeirc run` started all `world`
+    ranks on this host."""
+    if env_launched:
+        kind = pdist.torchrun_device_kind()
+    else:
+        kind, why = pdist.device_kind(world)
+        if why is not None and rank == 0:
+            emit(("note", 0, f"note: {why}"))
     device = pdist.pick_device(kind, rank if local_rank is None else local_rank)
     pdist.init(rank, world, init_method, timeout_s, device)
     mark(f"rank {rank}: process group")
@@ -286,8 +290,7 @@ def main(rank: int, world: int, init_method: str, jobs: Sequence[Job], queue: An
     torch.set_num_threads(1)
     track = Progress(pcs, rank)
     try:
-        device = run_rank(rank, world, init_method, jobs, queue.put, track, timeout_s,
-                          local_world=world)  # (the launcher starts every rank here)
+        device = run_rank(rank, world, init_method, jobs, queue.put, track, timeout_s)
         queue.put(("exit", rank, device.type))
         queue.close()
         queue.join_thread()
