@@ -19,6 +19,7 @@ import sys
 from dataclasses import replace
 from functools import cache
 from pathlib import Path
+from unittest import mock
 
 import pytest
 from hypothesis import assume, given
@@ -39,6 +40,7 @@ from pipeir.backend.instructions import (
     Loss,
     Lowered,
     OptimizerStep,
+    Recv,
     ReduceGrad,
     Send,
     WaitRecv,
@@ -317,6 +319,55 @@ def test_faults_injected_into_lowered_programs_are_rejected(schedule, overlap: b
     text = e.value.render()
     assert any(what(k) in text for k in keys) or "deadlock" in text, text
     assert "Traceback" not in text
+
+
+@given(schedules(configs(max_ranks=4, max_microbatches=4, max_chunks=2, min_ranks=2)),
+       st.booleans(), st.sampled_from((*FAULTS, "tag", "twice", "none")),
+       st.randoms(use_true_random=False))
+def test_the_matching_rules_shortcut_finds_what_its_full_check_finds(
+        schedule, overlap: bool, fault: str, rnd: random.Random) -> None:
+    """`rule_matching` skips its per-key index where every channel's two sides pair up
+    (`matching._paired`); the oracle is the full check it skips, on the same programs: the
+    same findings, in the same order, for sound programs and for every injected fault (a
+    changed tag, and a transfer sent and received twice, included)."""
+    from pipeir.backend.commcheck import matching
+
+    low = lower(schedule)
+    if overlap:
+        low = Overlap().run(low)
+    if fault == "tag":
+        sites = _comms(low, (Send, ISend))
+        r, k = rnd.choice(sites)
+        prog = list(low.programs[r])
+        prog[k] = replace(prog[k], tag=prog[k].tag + 1)  # type: ignore[attr-defined]
+        low = _with(low, r, prog)
+    elif fault == "twice":  # both sides posted twice: the two sides still pair up
+        r, k = rnd.choice(_comms(low, (Send, ISend)))
+        tx = low.programs[r][k]
+        assert isinstance(tx, Comm)
+        rx = next(((q, j) for q, j in _comms(low, (Recv, IRecv))
+                   if low.programs[q][j].key == tx.key), None)  # type: ignore[attr-defined]
+        assume(rx is not None)
+        assert rx is not None
+        low = _with(low, r, [*low.programs[r][:k + 1], tx, *low.programs[r][k + 1:]])
+        q, j = rx
+        low = _with(low, q, [*low.programs[q][:j + 1], low.programs[q][j],
+                             *low.programs[q][j + 1:]])
+    elif fault != "none":
+        got = inject(low, fault, rnd)
+        assume(got is not None)
+        assert got is not None
+        low = got[0]
+
+    def findings() -> list[tuple[str, object]]:
+        return [(f.message, f.site) for f in matching.Matching(low).rule_matching()]
+    fast = findings()
+    with mock.patch.object(matching, "_paired", lambda sent, recvd: False):
+        assert fast == findings()
+    if fault == "tag":
+        assert fast and "with tag" in fast[0][0]
+    if fault == "twice":
+        assert fast and "a second time" in fast[0][0]
 
 
 @given(schedules(configs(max_ranks=3, max_microbatches=4, min_ranks=2, min_microbatches=2)))

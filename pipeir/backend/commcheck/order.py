@@ -4,9 +4,11 @@ are posted in the same order."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
-from pipeir.backend.commcheck.findings import Finding, Key, what
+from pipeir.backend.commcheck.findings import Finding, Key, Site, what
 from pipeir.backend.commcheck.programs import Programs
+from pipeir.backend.instructions import Comm
 
 
 class Order(Programs):
@@ -16,11 +18,12 @@ class Order(Programs):
         sent, recvd = self.sides()
         for ch in sorted(set(sent) | set(recvd)):
             a, b = sent.get(ch, []), recvd.get(ch, [])
-            for k, ((x, sx), (y, ry)) in enumerate(zip(a, b)):
+            for k, (sx, ry) in enumerate(zip(a, b)):
+                x, y = _key_of(sx), _key_of(ry)
                 if x == y:
                     continue
-                sy = next(s for key, s in a if key == y)
-                rx = next(s for key, s in b if key == x)
+                sy = next(s for s in a if _key_of(s) == y)
+                rx = next(s for s in b if _key_of(s) == x)
                 yield Finding(
                     f"receives {what(y)} from rank {ch[0]}, which sends {what(x)} first: the "
                     f"two transfers cross (rank {ch[0]} -> rank {ch[1]}: transfer #{k} is sent "
@@ -32,6 +35,10 @@ class Order(Programs):
                      (f"then {what(y)}", sy),
                      (f"rank {ch[1]} receives {what(x)} only later", rx)))
                 break
+
+
+def _key_of(site: Site) -> Key:
+    return cast(Comm, site.ins).key
 
 
 def _key(k: Key) -> str:

@@ -53,8 +53,7 @@ class Programs:
         self.last = lowered.stages - 1
         self.mbs = lowered.microbatches * lowered.accumulate
         self._shared = shared
-        self._sides: tuple[dict[Channel, list[tuple[Key, Site]]],
-                           dict[Channel, list[tuple[Key, Site]]]] | None = None
+        self._sides: tuple[dict[Channel, list[Site]], dict[Channel, list[Site]]] | None = None
 
     def find(self, rank: int, pred: Callable[[Instr], bool], start: int = 0) -> Site | None:
         """The first instruction of `rank` from `start` on (a batch's posts included) that
@@ -65,26 +64,26 @@ class Programs:
                     return Site(rank, pc, ins)
         return None
 
-    def sides(self) -> tuple[dict[Channel, list[tuple[Key, Site]]],
-                             dict[Channel, list[tuple[Key, Site]]]]:
-        """Per channel, the sends and the receives in posting order (computed once)."""
+    def sides(self) -> tuple[dict[Channel, list[Site]], dict[Channel, list[Site]]]:
+        """Per channel, the sends and the receives in posting order (computed once); each
+        site's `ins` is the post (a `Comm`: its `key` names the transfer). NOTE: sites only,
+        not (key, site) pairs: a large program's proof holds two of these per transfer, and
+        a key tuple and a pair were more than half of their memory."""
         if self._shared is not None:
             return self._shared.sides()
         if self._sides is None:
             self._sides = self._find_sides()
         return self._sides
 
-    def _find_sides(self) -> tuple[dict[Channel, list[tuple[Key, Site]]],
-                                   dict[Channel, list[tuple[Key, Site]]]]:
-        sent: dict[Channel, list[tuple[Key, Site]]] = {}
-        recvd: dict[Channel, list[tuple[Key, Site]]] = {}
+    def _find_sides(self) -> tuple[dict[Channel, list[Site]], dict[Channel, list[Site]]]:
+        sent: dict[Channel, list[Site]] = {}
+        recvd: dict[Channel, list[Site]] = {}
         for rank, prog in enumerate(self.low.programs):
             for pc, ins in enumerate(prog):
                 for c in posts(ins):
                     send = is_send(c)
                     ch = (rank, c.peer) if send else (c.peer, rank)
-                    (sent if send else recvd).setdefault(ch, []).append(
-                        (c.key, Site(rank, pc, c)))
+                    (sent if send else recvd).setdefault(ch, []).append(Site(rank, pc, c))
         return sent, recvd
 
     def expected(self) -> Iterator[tuple[Channel, Key]]:
