@@ -32,7 +32,7 @@ from __future__ import annotations
 from bisect import bisect_right
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Final
 
 from pipeir import limits
 from pipeir._gc import paused_gc
@@ -77,7 +77,7 @@ def lower(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
         f" ({cfg.accumulate} rounds: accumulate)" if cfg.accumulate > 1 else ""),
         len(schedule), cfg.accumulate)
     times = _times(schedule, costs if costs is not None else CostModel())
-    ops = _Ops(schedule)
+    ops = _Ops(schedule, times.index)
     rounds = [_lower_round(schedule, times, r, ops) for r in range(cfg.accumulate)]
     programs = []
     for rank in range(cfg.ranks):
@@ -181,21 +181,40 @@ def _in_progress(starts: list[float], ends: list[float], t: float) -> float:
     return t
 
 
+#: the kinds that consume a tensor from another stage, and their slot in `_Ops._consumers`
+_CONSUMING: Final = {"F": 0, "FC": 1, "B": 2, "I": 3}
+
+
 class _Ops:
     """What lowering looks up per op, read from the schedule once: overlapped partners, the
     consumer of a tensor, and each op's origin (name and `.sched` line).
 
     NOTE: looking these up through the graph's node views per op (a view object, a dict
     per look-up, and an `Op` built and compared to find a consumer) was a third of lowering a
-    large schedule; plain dicts keyed by the stored ops (compared by identity) are not."""
+    large schedule; plain dicts keyed by the stored ops (compared by identity) are not. The
+    consumers and origins are lists by number, not dicts keyed by op or by (kind, stage,
+    micro-batch) tuple: a large lowering's peak memory held them all."""
 
-    def __init__(self, schedule: Schedule) -> None:
+
+    def __init__(self, schedule: Schedule, index: Mapping[Op, int]) -> None:
         self.next = dict(schedule.pairs)
         self.prev = {b: a for a, b in schedule.pairs}
-        self.by_key = {(op.kind, op.stage, op.mb): op for op in schedule}
+        cfg = schedule.config
+        self._mbs = cfg.microbatches
+        self._stages = cfg.stages
+        self._consumers: list[Op | None] = [None] * (4 * cfg.stages * cfg.microbatches)
+        for op in schedule:
+            k = _CONSUMING.get(op.kind)
+            if k is not None:
+                self._consumers[self._slot(k, op.stage, op.mb)] = op
         self.span_of = schedule.span_of
-        self._origins: dict[Op, tuple[str, str]] = {}
+        self._index = index
+        self._names: list[str | None] = [None] * len(index)
+        self._ats: list[str] = [""] * len(index)
         self._lines: dict[tuple[str, int], str] = {}
+
+    def _slot(self, k: int, stage: int, mb: int) -> int:
+        return (k * self._stages + stage) * self._mbs + mb
 
     def unit(self, op: Op) -> tuple[Op, ...]:
         """`op` alone, or `op` and its partner when `op` opens an overlapped pair."""
@@ -208,11 +227,9 @@ class _Ops:
 
     def consumer(self, tensor: Tensor, stage: int, mb: int) -> Op:
         """The op of `stage` that consumes `tensor` of micro-batch `mb`."""
-        get = self.by_key.get
-        if tensor == "act":
-            found = get(("F", stage, mb)) or get(("FC", stage, mb))
-        else:
-            found = get(("B", stage, mb)) or get(("I", stage, mb))
+        first, second = (0, 1) if tensor == "act" else (2, 3)
+        found = self._consumers[self._slot(first, stage, mb)] or \
+            self._consumers[self._slot(second, stage, mb)]
         if found is None:  # pragma: no cover - verify() rejected incomplete schedules
             raise AssertionError(f"no consumer of the {tensor} of stage {stage}, mb {mb}")
         return found
@@ -220,13 +237,15 @@ class _Ops:
     def origin(self, op: Op) -> tuple[str, str]:
         """The op's name and `.sched` line, made once per op and shared by its instructions
         (one string each per op, not per instruction)."""
-        o = self._origins.get(op)
-        if o is None:
+        i = self._index[op]
+        name = self._names[i]
+        if name is None:
             span = self.span_of(op)
-            at = "" if span is None else self._lines.setdefault(
-                (span.file, span.line), f"{span.file}:{span.line}")
-            o = self._origins[op] = (str(op), at)
-        return o
+            if span is not None:
+                self._ats[i] = self._lines.setdefault((span.file, span.line),
+                                                      f"{span.file}:{span.line}")
+            name = self._names[i] = str(op)
+        return name, self._ats[i]
 
 
 def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
@@ -251,16 +270,47 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
     index, t_start, t_end, topo = times.index, times.start, times.end, times.place
     busy_starts, busy_ends = times.busy_starts, times.busy_ends
     final = rnd == cfg.accumulate - 1  # reductions run once per step, after the last round
-    # Each event is its sort key followed by: the op whose receives are waited for first (or
-    # None), the rank, and its instruction or instructions. NOTE: flat, not (key, payload):
-    # no two keys are equal over their common length (they differ by time, then posts first,
-    # then by the op's topological place, then compute before its sends, then by consumer),
-    # so the sort never compares a payload, and a large lowering holds a tuple less per event.
-    events: list[tuple[Any, ...]] = []
     waits: dict[Op, list[Instr]] = {}
     origin, placement, stages = ops.origin, cfg.placement, cfg.stages
 
+    # NOTE (one rank at a time): a rank's instructions are its events in sorted order, and
+    # sorting every rank's events together, as this once did, orders each rank's alike (the
+    # keys are unique). So the receives each rank posts are found first (with the waits of
+    # their consumers), and each rank's own events are then made, sorted and emitted before
+    # the next rank's: a large lowering holds one rank's events at a time, not every rank's.
+    incoming: list[list[tuple[Any, ...]]] = [[] for _ in range(cfg.ranks)]
     for rank, prog in enumerate(schedule.programs):
+        for pos, op in enumerate(prog):
+            if op in ops.prev or op.kind == "R":
+                continue
+            unit = ops.unit(op)
+            end = t_end[index[unit[-1]]]
+            for k, o in enumerate(unit):
+                s, mb = o.stage, o.mb + offset
+                for tensor, dst in outputs_of(o, stages):
+                    peer = placement[dst]
+                    if peer == rank:
+                        continue
+                    tag = tag_of(tensor, s, mb, stages)
+                    consumer = ops.consumer(tensor, dst, o.mb)
+                    co = origin(consumer)
+                    post = _in_progress(busy_starts[peer], busy_ends[peer], end)
+                    incoming[peer].append((post, -1, end, rank, pos, k, dst, None, peer,
+                                           IRecv(tensor, s, mb, rank, tag, op=co[0],
+                                                 at=co[1])))
+                    waits.setdefault(ops.first_of(consumer), []).append(
+                        WaitRecv(tensor, s, mb, rank, tag, op=co[0], at=co[1]))
+
+    out: list[list[Instr]] = []
+    for rank, prog in enumerate(schedule.programs):
+        # Each event is its sort key followed by: the op whose receives are waited for
+        # first (or None), the rank, and its instruction or instructions. NOTE: flat, not
+        # (key, payload): no two keys are equal over their common length (they differ by
+        # time, then posts first, then by the op's topological place, then compute before
+        # its sends, then by consumer), so the sort never compares a payload, and a large
+        # lowering holds a tuple less per event.
+        events = incoming[rank]
+        incoming[rank] = []
         for pos, op in enumerate(prog):
             if op in ops.prev:
                 continue  # lowered with the first op of its pair
@@ -282,34 +332,29 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
                 body += compute_instrs(o, mb, last, scale, oo)
                 for tensor, dst in outputs_of(o, stages):
                     peer = placement[dst]
-                    tag = tag_of(tensor, s, mb, stages)
                     if peer == rank:
                         after.append(Handoff(tensor, s, mb, op=oo[0], at=oo[1]))
                         continue
-                    consumer = ops.consumer(tensor, dst, o.mb)
-                    co = origin(consumer)
-                    post = _in_progress(busy_starts[peer], busy_ends[peer], end)
                     events.append((end, 0, at_place, 1, rank, pos, k, dst, None, rank,
-                                   Send(tensor, s, mb, peer, tag, op=oo[0], at=oo[1])))
-                    events.append((post, -1, end, rank, pos, k, dst, None, peer,
-                                   IRecv(tensor, s, mb, rank, tag, op=co[0], at=co[1])))
-                    waits.setdefault(ops.first_of(consumer), []).append(
-                        WaitRecv(tensor, s, mb, rank, tag, op=co[0], at=co[1]))
+                                   Send(tensor, s, mb, peer, tag_of(tensor, s, mb, stages),
+                                        op=oo[0], at=oo[1])))
             if len(unit) > 1:  # a pair: nothing may come between its instructions
                 body = body[:1] + [replace(b, paired=True) for b in body[1:]]
             events.append((start, 0, at_place, 0, rank, pos, op, rank, body))
             if after:
                 events.append((end, 0, at_place, 1, rank, pos, -1, None, rank, after))
-    out: list[list[Instr]] = [[] for _ in range(cfg.ranks)]
-    events.sort()
-    for e in events:
-        computed, r, instrs = e[-3], e[-2], e[-1]
-        if computed is not None:  # compute: its waits first (in the order their sends happen)
-            out[r].extend(waits.pop(computed, []))
-        if type(instrs) is list:
-            out[r].extend(instrs)
-        else:
-            out[r].append(instrs)
+        events.sort()
+        mine: list[Instr] = []
+        for e in events:
+            computed, instrs = e[-3], e[-1]
+            if computed is not None:  # compute: its waits first (in the order their sends
+                mine.extend(waits.pop(computed, []))  # happen)
+            if type(instrs) is list:
+                mine.extend(instrs)
+            else:
+                mine.append(instrs)
+        del events
+        out.append(mine)
     return out
 
 

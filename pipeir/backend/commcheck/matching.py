@@ -5,7 +5,7 @@ one tag), *computing* (every stage's forward, loss and backward per micro-batch,
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import cast
 
 from pipeir.backend.commcheck.findings import Channel, Finding, Key, Site, what
@@ -35,6 +35,10 @@ from pipeir.backend.instructions import (
 _COMPUTE_KIND: dict[type[Instr], str] = {
     Forward: "F", ForwardCheckpoint: "FC", Recompute: "RC", Offload: "OFF", Reload: "RELOAD",
     Loss: "L", Backward: "B", BackwardInput: "I", BackwardWeight: "W"}
+#: the compute kinds by number, and their numbers by instruction type (`rule_compute`)
+_CODE_KIND: tuple[str, ...] = tuple(dict.fromkeys(_COMPUTE_KIND.values()))
+_COMPUTE_CODE: dict[type[Instr], int] = {t: _CODE_KIND.index(k)
+                                         for t, k in _COMPUTE_KIND.items()}
 _WHY = "every stage runs one forward and one backward (B, or I then W) per micro-batch"
 _NOUNS = {"F": "forward", "FC": "checkpointed forward", "RC": "recompute", "OFF": "offload",
           "RELOAD": "reload", "L": "loss", "B": "backward", "I": "input gradient (I)",
@@ -110,14 +114,21 @@ class Matching(Programs):
         its input and the last stage its target first, once. Without this a compute whose
         output no other rank receives (stage 0's backward, any W, a recompute, a reload)
         could be left out, or run twice, and still pass."""
-        runs: dict[tuple[int, int], dict[str, list[Site]]] = {}
+        # NOTE: per (stage, micro-batch), its computes as ints packing (rank, pc, kind), in
+        # program order; their sites are made only where that op is checked (`_sites`): a
+        # large program's proof peaked at a dict of site lists per op. Computes of a stage or
+        # micro-batch out of range are never looked at (other rules name them).
+        stages, mbs = self.last + 1, self.mbs
+        runs: dict[int, list[int]] = {}
         loads: dict[tuple[str, int], list[Site]] = {}
         for rank, prog in enumerate(self.low.programs):
             for pc, ins in enumerate(prog):
-                kind = _COMPUTE_KIND.get(type(ins))
+                kind = _COMPUTE_CODE.get(type(ins))
                 if kind is not None:  # (each of those types has a stage and a micro-batch)
-                    runs.setdefault((ins.stage, ins.mb), {}).setdefault(  # type: ignore[attr-defined]
-                        kind, []).append(Site(rank, pc, ins))
+                    s, mb = ins.stage, ins.mb  # type: ignore[attr-defined]
+                    if 0 <= s < stages and 0 <= mb < mbs:
+                        runs.setdefault(s * mbs + mb, []).append(
+                            ((rank << 32 | pc) << 4) | kind)
                 elif type(ins) is Load:
                     loads.setdefault((ins.part, ins.mb), []).append(Site(rank, pc, ins))
         for s in range(self.last + 1):
@@ -127,7 +138,8 @@ class Matching(Programs):
                                f"{s} there: {_WHY}", None)
                 continue
             for mb in range(self.mbs):
-                found = list(self._one_op(s, mb, rank, runs.get((s, mb), {}), loads))
+                got = self._sites(runs.get(s * mbs + mb, ()))
+                found = list(self._one_op(s, mb, rank, got, loads))
                 yield from found[:1]  # the first thing wrong with this op
         for (part, mb), sites in sorted(loads.items()):
             stage = 0 if part == "input" else self.last
@@ -135,6 +147,15 @@ class Matching(Programs):
                 yield Finding(f"loads the {part} of micro-batch {mb}, which only stage "
                                f"{stage}'s forward of a micro-batch in 0 to {self.mbs - 1} uses"
                                f" (on rank {self.low.placement[stage]})", sites[0])
+
+    def _sites(self, packed: Iterable[int]) -> dict[str, list[Site]]:
+        """An op's computes (packed by `rule_compute`) by kind, in program order."""
+        got: dict[str, list[Site]] = {}
+        progs = self.low.programs
+        for x in packed:
+            rank, pc = x >> 36, (x >> 4) & 0xFFFFFFFF
+            got.setdefault(_CODE_KIND[x & 15], []).append(Site(rank, pc, progs[rank][pc]))
+        return got
 
     def _one_op(self, s: int, mb: int, rank: int, got: dict[str, list[Site]],
                 loads: dict[tuple[str, int], list[Site]]) -> Iterator[Finding]:

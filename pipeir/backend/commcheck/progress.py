@@ -73,37 +73,44 @@ def run(lowered: Lowered) -> tuple[list[int], Callable[[int], Comm | None]]:
 _WAITING = frozenset({Send, Recv, WaitSend, WaitRecv})
 #: What posts without waiting (the step of anything else waits for and posts nothing).
 _POSTING = frozenset({ISend, IRecv, Batch})
-_NOTHING: tuple[int, int, tuple[int, ...]] = (-1, 0, ())
+#: One instruction's step: the channel side it waits on (-1: none), the index there that
+#: must be posted, and the sides it posts to.
+Step = tuple[int, int, tuple[int, ...]]
+_NOTHING: Step = (-1, 0, ())
 
 
 def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channel], int]
-           ) -> list[tuple[int, int, tuple[int, ...]]]:
+           ) -> list[Step]:
     """Per instruction of `rank`: the channel side it waits on (-1: none) and the index there
     that must be posted, and the channel sides it posts to (numbered in `channels`)."""
-    sides: dict[tuple[bool, int], tuple[int, int]] = {}  # (a few peers per rank)
+    # (a few peers per rank) -> its side, the other side, what a blocking send or receive
+    # posts there, and the step of a post there alone: made once per side, shared by every
+    # transfer (a large program has hundreds of thousands)
+    sides: dict[tuple[bool, int], tuple[int, int, tuple[int], Step]] = {}
 
-    def side(send: bool, peer: int) -> tuple[int, int]:
+    def side(send: bool, peer: int) -> tuple[int, int, tuple[int], Step]:
         found = sides.get((send, peer))
         if found is None:
             ch = (rank, peer) if send else (peer, rank)
-            found = sides[send, peer] = (channels.setdefault((send, ch), len(channels)),
-                                         channels.setdefault((not send, ch), len(channels)))
+            mine = channels.setdefault((send, ch), len(channels))
+            theirs = channels.setdefault((not send, ch), len(channels))
+            found = sides[send, peer] = (mine, theirs, (mine,), (-1, 0, (mine,)))
         return found
 
     own: dict[int, int] = {}  # channel side -> posts so far
     handle: dict[tuple[bool, Key], int] = {}  # a post's index, for its wait
-    out: list[tuple[int, int, tuple[int, ...]]] = []
+    out: list[Step] = []
     for ins in prog:
         t = type(ins)
         if t is Send or t is Recv:
             c = ins  # type: ignore[assignment]
-            mine, theirs = side(t is Send, c.peer)  # type: ignore[attr-defined]
+            mine, theirs, posts_mine, _ = side(t is Send, c.peer)  # type: ignore[attr-defined]
             k = own.get(mine, 0)
             own[mine] = k + 1
-            out.append((theirs, k, (mine,)))
+            out.append((theirs, k, posts_mine))
         elif t is WaitSend or t is WaitRecv:
             send = t is WaitSend
-            _, theirs = side(send, ins.peer)  # type: ignore[attr-defined]
+            _, theirs, _, _ = side(send, ins.peer)  # type: ignore[attr-defined]
             # (rule 1 proved every wait follows its post; none would wait forever)
             out.append((theirs, handle.get((send, ins.key), 1 << 62), ()))  # type: ignore[attr-defined]
         elif t not in _POSTING:
@@ -112,12 +119,12 @@ def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channe
             posted = []
             for c in posts(ins):
                 send = is_send(c)
-                mine, _ = side(send, c.peer)
+                mine, _, _, alone = side(send, c.peer)
                 k = own.get(mine, 0)
                 own[mine] = k + 1
                 handle[(send, c.key)] = k
                 posted.append(mine)
-            out.append((-1, 0, tuple(posted)))
+            out.append(alone if len(posted) == 1 else (-1, 0, tuple(posted)))
     return out
 
 
