@@ -235,6 +235,12 @@ class Schedule:
                 self._deps = DepGraph.of(self.programs, self._graph, self.pairs)
         return self._deps
 
+    def drop_index(self) -> None:
+        """Forget the numbered index (`deps`); its next use builds it again. For a caller
+        that keeps the schedule past the index's last use, such as compile, which holds it
+        while it proves the lowered programs (at scale the index is a third of that peak)."""
+        self._deps = None
+
     def pair_of(self, op: Op) -> Op | None:
         """The op `op` runs together with, if it is half of an overlapped pair."""
         return self.pair_next(op) or self.pair_prev(op)

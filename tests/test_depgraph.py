@@ -148,3 +148,22 @@ def test_topological_order_is_networkx_order(case: tuple[list[int], list[tuple[i
 def test_topological_order_rejects_a_cycle() -> None:
     with pytest.raises(ValueError, match="cycle"):
         topological_order(["a", "b", "c"], [("a", "b"), ("b", "c"), ("c", "b")])
+
+
+def test_a_dropped_index_is_built_again_the_same() -> None:
+    """`Schedule.drop_index` (compile drops it after lowering, to prove large programs in
+    less memory) only forgets the cache: the next use builds an equal index, and a
+    compiled schedule still simulates."""
+    from pipeir.passes import PassContext, PassManager, parse_pipeline
+    from pipeir.sim import CostModel, simulate
+
+    s = library.get("interleaved-1f1b", 2, 4, v=2)
+    before = s.deps
+    fields = ("ops", "preds", "data_preds", "succs", "pair_waits", "order")
+    s.drop_index()
+    again = s.deps
+    assert again is not before and again is s.deps
+    assert all(getattr(again, f) == getattr(before, f) for f in fields)
+    compiled = PassManager(parse_pipeline("overlap"),
+                           context=PassContext(CostModel())).compile(s)
+    assert simulate(compiled.schedule, CostModel()).makespan == simulate(s, CostModel()).makespan
