@@ -228,10 +228,9 @@ class PassManager:
         schedule, context = done.schedule, done.context
         self._phase(f"lowering {len(schedule):,} ops")
         lowered = lower(schedule, context.costs)
-        # NOTE (memory): from here on nothing reads the schedule's numbered index, nor a
-        # lowered pass's input once it has run; holding either while a large program is
-        # proved was a quarter of compile's peak memory
-        schedule.drop_index()
+        # NOTE (memory): nothing reads a lowered pass's input once it has run (holding it
+        # while a large program is proved raised compile's peak; `lower` drops the
+        # schedule's numbered index likewise)
         for i in range(n, len(passes)):
             p = passes[i]
             assert isinstance(p, LoweredPass)

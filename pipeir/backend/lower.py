@@ -77,6 +77,11 @@ def lower(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
         f" ({cfg.accumulate} rounds: accumulate)" if cfg.accumulate > 1 else ""),
         len(schedule), cfg.accumulate)
     times = _times(schedule, costs if costs is not None else CostModel())
+    # NOTE (memory): what lowering still needs of the schedule's numbered index (the op
+    # numbers and topological places) is in `times`; the rest (edges, order) would be a
+    # third of a large lowering's peak. Dropped here (its next user builds it again: compile
+    # and `check` have none).
+    schedule.drop_index()
     ops = _Ops(schedule, times.index)
     rounds = [_lower_round(schedule, times, r, ops) for r in range(cfg.accumulate)]
     programs = []

@@ -113,6 +113,16 @@ def check_comm(lowered: Lowered, locator: Locator | None = None) -> CommReport:
     raise VerifyError(check="comm") with one diagnostic per finding of the first rule that
     fails otherwise."""
     loc: Locator = locator if locator is not None else PlainLocator()
+    report = _rules(lowered, loc)  # (their per-transfer sides are let go before the run)
+    pc, waits_on = run(lowered)
+    stuck = [r for r in range(len(lowered.programs)) if pc[r] < len(lowered.programs[r])]
+    if stuck:
+        raise VerifyError(explain(lowered, pc, stuck, waits_on, loc), check="comm")
+    return report
+
+
+def _rules(lowered: Lowered, loc: Locator) -> CommReport:
+    """Rules 1 to 3 (the package NOTE), raising at the first that fails; the transfers."""
     matching = Matching(lowered)
     order = Order(lowered, shared=matching)
     for rule in (Local(lowered).rule_local, matching.rule_matching, matching.rule_compute,
@@ -124,12 +134,7 @@ def check_comm(lowered: Lowered, locator: Locator | None = None) -> CommReport:
                 shown.append(Diagnostic(f"... and more like these (the first {MAX_FINDINGS} "
                                         "are shown)", None, ()))
             raise VerifyError(shown, check="comm")
-    pc, waits_on = run(lowered)
-    stuck = [r for r in range(len(lowered.programs)) if pc[r] < len(lowered.programs[r])]
-    if stuck:
-        raise VerifyError(explain(lowered, pc, stuck, waits_on, loc), check="comm")
-    sent, _ = matching.sides()
-    return CommReport({ch: len(q) for ch, q in sorted(sent.items())})
+    return CommReport({ch: len(q) for ch, q in sorted(matching.sides()[0].items())})
 
 
 def summary(lowered: Lowered, report: CommReport) -> str:
