@@ -236,9 +236,10 @@ class Schedule:
         return self._deps
 
     def drop_index(self) -> None:
-        """Forget the numbered index (`deps`); its next use builds it again. For a caller
-        that keeps the schedule past the index's last use, such as compile, which holds it
-        while it proves the lowered programs (at scale the index is a third of that peak)."""
+        """Forget the numbered index (`deps`); its next use builds it again. For the index's
+        last user while the schedule lives on: lowering, after which compile holds the
+        schedule while it proves the programs (at scale the index was a third of lowering's
+        peak memory)."""
         self._deps = None
 
     def pair_of(self, op: Op) -> Op | None:

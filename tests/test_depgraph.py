@@ -151,9 +151,9 @@ def test_topological_order_rejects_a_cycle() -> None:
 
 
 def test_a_dropped_index_is_built_again_the_same() -> None:
-    """`Schedule.drop_index` (compile drops it after lowering, to prove large programs in
-    less memory) only forgets the cache: the next use builds an equal index, and a
-    compiled schedule still simulates."""
+    """`Schedule.drop_index` (lowering drops the index once it has what it needs, to lower
+    and prove large programs in less memory) only forgets the cache: the next use builds
+    an equal index, and a compiled schedule still simulates."""
     from pipeir.passes import PassContext, PassManager, parse_pipeline
     from pipeir.sim import CostModel, simulate
 
