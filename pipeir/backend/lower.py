@@ -200,7 +200,6 @@ class _Ops:
     consumers and origins are lists by number, not dicts keyed by op or by (kind, stage,
     micro-batch) tuple: a large lowering's peak memory held them all."""
 
-
     def __init__(self, schedule: Schedule, index: Mapping[Op, int]) -> None:
         self.next = dict(schedule.pairs)
         self.prev = {b: a for a, b in schedule.pairs}
@@ -300,7 +299,7 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
                     consumer = ops.consumer(tensor, dst, o.mb)
                     co = origin(consumer)
                     post = _in_progress(busy_starts[peer], busy_ends[peer], end)
-                    incoming[peer].append((post, -1, end, rank, pos, k, dst, None, peer,
+                    incoming[peer].append((post, -1, end, rank, pos, k, dst, None,
                                            IRecv(tensor, s, mb, rank, tag, op=co[0],
                                                  at=co[1])))
                     waits.setdefault(ops.first_of(consumer), []).append(
@@ -309,7 +308,7 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
     out: list[list[Instr]] = []
     for rank, prog in enumerate(schedule.programs):
         # Each event is its sort key followed by: the op whose receives are waited for
-        # first (or None), the rank, and its instruction or instructions. NOTE: flat, not
+        # first (or None), and its instruction or instructions. NOTE: flat, not
         # (key, payload): no two keys are equal over their common length (they differ by
         # time, then posts first, then by the op's topological place, then compute before
         # its sends, then by consumer), so the sort never compares a payload, and a large
@@ -323,7 +322,7 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
                 if final:
                     name, at = origin(op)
                     i = index[op]
-                    events.append((t_start[i], 0, topo[i], 0, rank, pos, None, rank,
+                    events.append((t_start[i], 0, topo[i], 0, rank, pos, None,
                                    ReduceGrad(op.stage, op=name, at=at)))
                 continue
             unit = ops.unit(op)
@@ -340,18 +339,18 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
                     if peer == rank:
                         after.append(Handoff(tensor, s, mb, op=oo[0], at=oo[1]))
                         continue
-                    events.append((end, 0, at_place, 1, rank, pos, k, dst, None, rank,
+                    events.append((end, 0, at_place, 1, rank, pos, k, dst, None,
                                    Send(tensor, s, mb, peer, tag_of(tensor, s, mb, stages),
                                         op=oo[0], at=oo[1])))
             if len(unit) > 1:  # a pair: nothing may come between its instructions
                 body = body[:1] + [replace(b, paired=True) for b in body[1:]]
-            events.append((start, 0, at_place, 0, rank, pos, op, rank, body))
+            events.append((start, 0, at_place, 0, rank, pos, op, body))
             if after:
-                events.append((end, 0, at_place, 1, rank, pos, -1, None, rank, after))
+                events.append((end, 0, at_place, 1, rank, pos, -1, None, after))
         events.sort()
         mine: list[Instr] = []
         for e in events:
-            computed, instrs = e[-3], e[-1]
+            computed, instrs = e[-2], e[-1]
             if computed is not None:  # compute: its waits first (in the order their sends
                 mine.extend(waits.pop(computed, []))  # happen)
             if type(instrs) is list:

@@ -201,9 +201,10 @@ def _link(args: argparse.Namespace, progress: Progress, device: torch.device | N
 
     if _link_given(args):
         return Link(args.latency or 0.0, args.bandwidth)
+    from pipeir.runtime.dist import backend_for
     from pipeir.runtime.profile import measure_link
 
-    backend = "nccl" if device is not None and device.type == "cuda" else "gloo"
+    backend = backend_for(device) if device is not None else "gloo"
     progress(f"timing transfers between two {backend} ranks")
     try:
         latency, bandwidth = measure_link(timeout_s=args.timeout, backend=backend)

@@ -57,11 +57,12 @@ def _run(args: argparse.Namespace) -> int:
     spec = resolve(args.model)
     resolve_output(args.output, "-o")  # before the measurement (after the import: not over it)
     from pipeir.runtime import profile as prof  # torch is imported here, not before
+    from pipeir.runtime.dist import backend_for
 
     device, why = prof.timing_device(args.nproc)
     if why is not None:
         print(f"note: {why}", file=sys.stderr)
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = backend_for(device)
     with Progress("profile") as progress:
         def measure() -> tuple[float, float | None] | None:
             if args.nproc == 1:

@@ -15,13 +15,21 @@ ENV: Final = "PIPEIR_DEVICE"
 MODES: Final = ("auto", "cpu", "cuda")
 
 
-def mode() -> str:
-    """The requested mode (`auto` unless `ENV` says otherwise; empty is unset); a bad value
-    is a ValueError."""
-    value = os.environ.get(ENV) or "auto"
-    if value not in MODES:
-        raise ValueError(f"{ENV}={value!r}: expected auto, cpu or cuda")
+def env_choice(name: str, choices: tuple[str, ...]) -> str:
+    """The environment variable `name`, one of `choices` (the first where it is unset or
+    empty); another value is a ValueError naming them: the runtime's switches
+    (`PIPEIR_DEVICE`, `PIPEIR_P2P_GROUPS`) read alike."""
+    value = os.environ.get(name) or choices[0]
+    if value not in choices:
+        raise ValueError(f"{name}={value!r}: expected {', '.join(choices[:-1])} or "
+                         f"{choices[-1]}")
     return value
+
+
+def mode() -> str:
+    """The requested mode (`auto` unless `ENV` says otherwise); a bad value is a
+    ValueError."""
+    return env_choice(ENV, MODES)
 
 
 def choose(requested: str, gpus: int, local_world: int | None, fallback: bool = True

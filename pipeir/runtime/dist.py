@@ -75,9 +75,7 @@ def init(rank: int, world: int, init_method: str, timeout_s: float,
 
 def per_channel(device: torch.device) -> bool:
     """Whether point-to-point runs one group per directed channel (the NOTE above)."""
-    mode = os.environ.get(P2P_GROUPS, "auto")
-    if mode not in ("auto", "channel", "default"):
-        raise ValueError(f"{P2P_GROUPS}={mode!r}: expected auto, channel or default")
+    mode = devices.env_choice(P2P_GROUPS, ("auto", "channel", "default"))
     return mode == "channel" or (mode == "auto" and device.type == "cuda")
 
 

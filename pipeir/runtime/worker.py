@@ -123,7 +123,8 @@ def size(x: Any) -> int:
 
 def channels(low: Lowered, mesh: Mesh | None) -> set[tuple[int, int]]:
     """Every directed channel (global sender, global receiver) `low`'s programs transfer on,
-    in every replica."""
+    in every replica. (Not commcheck's `posts`: importing the proof would load the compiler,
+    networkx included, into every rank.)"""
     pairs: set[tuple[int, int]] = set()
     for r, prog in enumerate(low.programs):
         for ins in prog:
