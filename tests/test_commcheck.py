@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 import pipeir
 from pipeir.backend.commcheck import Key, check_comm, schedule_locator, what
 from pipeir.backend.instructions import (
+    COMPUTE,
     Backward,
     BackwardInput,
     BackwardWeight,
@@ -37,6 +38,7 @@ from pipeir.backend.instructions import (
     Instr,
     IRecv,
     ISend,
+    Load,
     Loss,
     Lowered,
     OptimizerStep,
@@ -368,6 +370,61 @@ def test_the_matching_rules_shortcut_finds_what_its_full_check_finds(
         assert fast and "with tag" in fast[0][0]
     if fault == "twice":
         assert fast and "a second time" in fast[0][0]
+
+
+@given(schedules(configs(max_ranks=4, max_microbatches=4, max_chunks=2, min_ranks=2)),
+       st.sampled_from(("", "split-backward", "recompute{all=true}", "offload{budget=1}")),
+       st.sampled_from(("none", "drop", "twice", "move", "mb", "scale", "load", "late")),
+       st.randoms(use_true_random=False))
+def test_the_compute_rules_shortcut_finds_what_its_full_check_finds(
+        schedule, pipeline: str, fault: str, rnd: random.Random) -> None:
+    """`rule_compute` takes the common correct compute sequences without looking further
+    (`Matching._normal`); the oracle is the full per-op check it skips (`_one_op`), on the
+    same programs: the same findings, in order, for sound programs and for computes and
+    loads dropped, doubled, moved or changed, a load just after its use, and a loss scaled
+    wrongly."""
+    from pipeir.backend.commcheck import matching
+    from pipeir.passes import PassContext, PassManager, parse_pipeline
+    from pipeir.sim import CostModel
+
+    if pipeline:
+        try:
+            schedule = PassManager(parse_pipeline(pipeline),
+                                   context=PassContext(CostModel())).run(schedule)
+        except PipeirError:
+            assume(False)
+    low = lower(schedule)
+    if fault != "none":
+        kinds = (Load,) if fault in ("load", "late") else (Loss,) if fault == "scale" \
+            else COMPUTE
+        where = [(r, k) for r, prog in enumerate(low.programs) for k, i in enumerate(prog)
+                 if isinstance(i, kinds)]
+        assume(where)
+        r, k = rnd.choice(where)
+        prog = list(low.programs[r])
+        ins = prog[k]
+        if fault in ("drop", "load"):
+            del prog[k]
+        elif fault == "twice":
+            prog.insert(rnd.randrange(len(prog) + 1), ins)
+        elif fault == "move":
+            prog.insert(rnd.randrange(len(prog) + 1), prog.pop(k))
+        elif fault == "late":  # just after the compute that needs it
+            j = next(j for j in range(k + 1, len(prog)) if isinstance(prog[j], COMPUTE))
+            prog.insert(j, prog.pop(k))
+        elif fault == "mb":
+            prog[k] = replace(ins, mb=ins.mb + 1)  # type: ignore[call-arg]
+        else:
+            prog[k] = replace(ins, scale=2 * ins.scale)  # type: ignore[attr-defined, call-arg]
+        low = _with(low, r, prog)
+
+    def findings() -> list[tuple[str, object, object]]:
+        return [(f.message, f.site, f.notes) for f in matching.Matching(low).rule_compute()]
+    fast = findings()
+    with mock.patch.object(matching.Matching, "_normal", lambda *args: False):
+        assert fast == findings()
+    if fault in ("drop", "twice", "scale", "load", "late"):
+        assert fast
 
 
 @given(schedules(configs(max_ranks=3, max_microbatches=4, min_ranks=2, min_microbatches=2)))

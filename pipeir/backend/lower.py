@@ -246,8 +246,11 @@ class _Ops:
         if name is None:
             span = self.span_of(op)
             if span is not None:
-                self._ats[i] = self._lines.setdefault((span.file, span.line),
-                                                      f"{span.file}:{span.line}")
+                line = (span.file, span.line)
+                at = self._lines.get(line)
+                if at is None:
+                    at = self._lines[line] = f"{span.file}:{span.line}"
+                self._ats[i] = at
             name = self._names[i] = str(op)
         return name, self._ats[i]
 

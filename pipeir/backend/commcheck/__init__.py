@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -122,19 +123,37 @@ def check_comm(lowered: Lowered, locator: Locator | None = None) -> CommReport:
 
 
 def _rules(lowered: Lowered, loc: Locator) -> CommReport:
-    """Rules 1 to 3 (the package NOTE), raising at the first that fails; the transfers."""
+    """Rules 1 to 3 (the package NOTE), raising at the first that fails; the transfers.
+
+    NOTE (memory): computing (rule 2b) is checked before matching builds the channels'
+    sides, which matching and order share, and reported after matching: a large program's
+    proof peaked where computing's per-op index and the sides were alive together. It reads
+    only computes and loads, so what matching would find changes nothing it finds."""
     matching = Matching(lowered)
     order = Order(lowered, shared=matching)
-    for rule in (Local(lowered).rule_local, matching.rule_matching, matching.rule_compute,
-                 matching.rule_step, order.rule_order):
-        found = list(itertools.islice(rule(), MAX_FINDINGS + 1))
-        if found:
-            shown = [_diagnostic(f, loc) for f in found[:MAX_FINDINGS]]
-            if len(found) > MAX_FINDINGS:
-                shown.append(Diagnostic(f"... and more like these (the first {MAX_FINDINGS} "
-                                        "are shown)", None, ()))
-            raise VerifyError(shown, check="comm")
+    _report(_found(Local(lowered).rule_local), loc)
+    computing = _found(matching.rule_compute)
+    _report(_found(matching.rule_matching), loc)
+    _report(computing, loc)
+    del computing
+    for rule in (matching.rule_step, order.rule_order):
+        _report(_found(rule), loc)
     return CommReport({ch: len(q) for ch, q in sorted(matching.sides()[0].items())})
+
+
+def _found(rule: Callable[[], Iterator[Finding]]) -> list[Finding]:
+    """A rule's findings, one more than are reported at most."""
+    return list(itertools.islice(rule(), MAX_FINDINGS + 1))
+
+
+def _report(found: list[Finding], loc: Locator) -> None:
+    """Raise a rule's findings (`_found`), if it has any."""
+    if found:
+        shown = [_diagnostic(f, loc) for f in found[:MAX_FINDINGS]]
+        if len(found) > MAX_FINDINGS:
+            shown.append(Diagnostic(f"... and more like these (the first {MAX_FINDINGS} "
+                                    "are shown)", None, ()))
+        raise VerifyError(shown, check="comm")
 
 
 def summary(lowered: Lowered, report: CommReport) -> str:

@@ -6,12 +6,18 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pipeir.backend.commcheck.findings import Finding, Key, Site, what
-from pipeir.backend.commcheck.programs import Programs, is_send, posts
+from pipeir.backend.commcheck.programs import (
+    COMPUTE_TYPES,
+    SENDS,
+    SINGLE_POSTS,
+    Programs,
+    is_send,
+)
 from pipeir.backend.instructions import (
-    COMPUTE,
     Backward,
     BackwardInput,
     BackwardWeight,
+    Batch,
     Comm,
     Forward,
     ForwardCheckpoint,
@@ -28,10 +34,8 @@ from pipeir.backend.instructions import (
     WaitSend,
 )
 
-#: By exact type (`programs.py`'s NOTE): the computes (COMPUTE with its subclass), and what
-#: may sit inside an overlapped pair.
-_COMPUTE_TYPES = frozenset({*COMPUTE, ForwardCheckpoint})
-_PAIRABLE = frozenset({*_COMPUTE_TYPES, Load})
+#: What may sit inside an overlapped pair, by exact type (`programs.py`'s NOTE).
+_PAIRABLE = frozenset({*COMPUTE_TYPES, Load})
 #: What sends on an activation (a forward) and an input gradient (a backward), by exact type.
 _FORWARDS = frozenset({Forward, ForwardCheckpoint})
 _BACKWARDS = frozenset({Backward, BackwardInput})
@@ -106,7 +110,14 @@ class Local(Programs):
                            f"(0 to {self.mbs - 1})", site)
 
     def rule_local(self) -> Iterator[Finding]:
+        # NOTE (speed): the look-ups of the fast path are inline (a transfer's placement, a
+        # compute's input and output, a post's key): this rule visits every instruction of
+        # every rank, and a method call or property per instruction was most of its time.
+        # The helpers explain what the inline tests find wrong. A post waiting for its wait
+        # is kept as a plain (rank, pc, post) tuple, made a `Site` only where a finding
+        # names it, and a key's entry leaves `outstanding` with its last post.
         place, last, mbs = self.low.placement, self.last, self.mbs
+        key: Key
         for rank, prog in enumerate(self.low.programs):
             held: set[Key] = set()  # produced here and not yet freed
             freed: dict[Key, Site] = {}
@@ -119,37 +130,53 @@ class Local(Programs):
                     yield Finding("sits inside an overlapped pair, whose two ops start "
                                    "together: only their compute may come between them",
                                    Site(rank, pc, ins))
-                compute = t in _COMPUTE_TYPES
-                if compute:  # its placement, checked inline when it is right
-                    stage, mb = ins.stage, ins.mb  # type: ignore[attr-defined]
-                    if not (0 <= stage <= last and place[stage] == rank and 0 <= mb < mbs):
-                        yield from self._compute_placement(Site(rank, pc, ins))
-                for c in posts(ins):
-                    key = c.key
-                    post = Site(rank, pc, c)
-                    send = is_send(c)
-                    if not self._placed(rank, c, send):
-                        bad = self._placement(post, c)
+                if t in SINGLE_POSTS:
+                    cs: tuple[Comm, ...] = (ins,)  # type: ignore[assignment]
+                elif t is Batch:
+                    cs = ins.posts  # type: ignore[attr-defined]
+                else:
+                    cs = ()
+                for c in cs:
+                    ct = type(c)
+                    tensor, stage, mb = key = (c.tensor, c.stage, c.mb)
+                    send = ct in SENDS
+                    dst = stage + 1 if tensor == "act" else stage - 1
+                    if 0 <= stage <= last and 0 <= dst <= last and 0 <= mb < mbs:
+                        me, other = (stage, dst) if send else (dst, stage)
+                        placed = place[me] == rank and place[other] != rank and \
+                            c.peer == place[other]
+                    else:
+                        placed = False
+                    if not placed:
+                        bad = self._placement(Site(rank, pc, c), c)
                         assert bad is not None
                         yield bad
                     elif send:
                         if key not in held:
-                            yield from self._send_held(post, key, held, freed)
-                    elif outstanding.get((False, key)):
+                            yield from self._send_held(Site(rank, pc, c), key, held, freed)
+                    elif (False, key) in outstanding:
+                        first = outstanding[(False, key)][0]
                         yield Finding(f"receives {what(key)} a second time while the "
                                        f"first receive is still outstanding (torch: \"Recv "
-                                       f"twice without executing\")", post,
-                                       (("the first receive", outstanding[(False, key)][0]),))
-                    ct = type(c)
+                                       f"twice without executing\")", Site(rank, pc, c),
+                                       (("the first receive", Site(*first)),))
                     if ct is Recv:  # blocking: posted and waited at once
                         received.add(key)
                     elif ct is not Send:
-                        outstanding.setdefault((send, key), []).append(post)
+                        entry = outstanding.get((send, key))
+                        if entry is None:
+                            outstanding[(send, key)] = [(rank, pc, c)]  # type: ignore[list-item]
+                        else:
+                            entry.append((rank, pc, c))  # type: ignore[arg-type]
                 if t is WaitSend or t is WaitRecv:
-                    key, send = ins.key, t is WaitSend  # type: ignore[attr-defined]
+                    send = t is WaitSend
+                    key = (ins.tensor, ins.stage, ins.mb)  # type: ignore[attr-defined]
                     posted = outstanding.get((send, key))
                     if posted:  # (`_wait`'s way, inline: every wait passes here)
-                        posted.pop(0)
+                        if len(posted) == 1:
+                            del outstanding[(send, key)]
+                        else:
+                            posted.pop(0)
                         if not send:
                             received.add(key)
                     else:
@@ -159,30 +186,33 @@ class Local(Programs):
                     if key not in held:
                         yield from self._send_held(Site(rank, pc, ins), key, held, freed)
                     handed.add(key)
-                elif compute:
-                    yield from self._consumes(rank, pc, ins, received, handed, outstanding)
-                    if t is Backward or t is BackwardInput:
-                        act = ("act", ins.stage, ins.mb)  # type: ignore[attr-defined]
+                elif t in COMPUTE_TYPES:
+                    stage, mb = ins.stage, ins.mb  # type: ignore[attr-defined]
+                    if not (0 <= stage <= last and place[stage] == rank and 0 <= mb < mbs):
+                        yield from self._compute_placement(Site(rank, pc, ins))
+                    if t in _FORWARDS:
+                        if 0 < stage <= last and ("act", stage - 1, mb) not in (
+                                handed if place[stage - 1] == rank else received):
+                            yield from self._consumes(rank, pc, ins, received, handed,
+                                                      outstanding)
+                        if stage < last:
+                            held.add(("act", stage, mb))
+                    elif t in _BACKWARDS:
+                        if 0 <= stage < last and ("grad", stage + 1, mb) not in (
+                                handed if place[stage + 1] == rank else received):
+                            yield from self._consumes(rank, pc, ins, received, handed,
+                                                      outstanding)
+                        act = ("act", stage, mb)
                         if act in held:
                             held.discard(act)
                             freed[act] = Site(rank, pc, ins)
-                    out = self._output(ins)
-                    if out is not None:
-                        held.add(out)
+                        if stage > 0:
+                            held.add(("grad", stage, mb))
             for (send, key), left in sorted(outstanding.items()):
                 for post in left:
                     yield Finding(f"posts a {'send' if send else 'receive'} of {what(key)} "
-                                   f"that is never waited for before the program ends", post)
-
-    def _placed(self, rank: int, c: Comm, send: bool) -> bool:
-        """Whether `_placement` finds nothing wrong with `c` on `rank` (its fast path)."""
-        tensor, stage, mb = c.key
-        last, place = self.last, self.low.placement
-        dst = stage + 1 if tensor == "act" else stage - 1
-        if not (0 <= stage <= last and 0 <= dst <= last and 0 <= mb < self.mbs):
-            return False
-        me, other = (stage, dst) if send else (dst, stage)
-        return place[me] == rank and place[other] != rank and c.peer == place[other]
+                                   f"that is never waited for before the program ends",
+                                   Site(*post))
 
     def _wait(self, site: Site, outstanding: dict[tuple[bool, Key], list[Site]],
               received: set[Key]) -> Iterator[Finding]:
@@ -249,6 +279,6 @@ class Local(Programs):
                 if posted:
                     yield Finding(f"computes on {what(key)} without waiting for its "
                                    f"receive", site, (("the receive it must wait for",
-                                                       posted[0]),))
+                                                       Site(*posted[0])),))
                 else:
                     yield from self._not_posted(site, key, send=False)

@@ -9,9 +9,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from typing import cast
 
 from pipeir.backend.commcheck.findings import Channel, Finding, Key, Site, what
-from pipeir.backend.commcheck.programs import Programs
+from pipeir.backend.commcheck.programs import COMPUTE_TYPES, Programs
 from pipeir.backend.instructions import (
-    COMPUTE,
     Backward,
     BackwardInput,
     BackwardWeight,
@@ -39,6 +38,15 @@ _COMPUTE_KIND: dict[type[Instr], str] = {
 _CODE_KIND: tuple[str, ...] = tuple(dict.fromkeys(_COMPUTE_KIND.values()))
 _COMPUTE_CODE: dict[type[Instr], int] = {t: _CODE_KIND.index(k)
                                          for t, k in _COMPUTE_KIND.items()}
+#: The compute sequences (kinds in program order) `rule_compute` takes without looking
+#: further (`Matching._normal`): a forward, then B or I and W, each alone or with a
+#: checkpoint's recompute or an offload and its reload; on the last stage a plain forward,
+#: the loss and the backward.
+_NORMAL: frozenset[tuple[int, ...]] = frozenset(
+    tuple(_CODE_KIND.index(k) for k in (*fwd, *back))
+    for fwd in (("F",), ("FC", "RC"), ("F", "OFF", "RELOAD")) for back in (("B",), ("I", "W")))
+_NORMAL_LAST: frozenset[tuple[int, ...]] = frozenset(
+    tuple(_CODE_KIND.index(k) for k in ("F", "L", *back)) for back in (("B",), ("I", "W")))
 _WHY = "every stage runs one forward and one backward (B, or I then W) per micro-batch"
 _NOUNS = {"F": "forward", "FC": "checkpointed forward", "RC": "recompute", "OFF": "offload",
           "RELOAD": "reload", "L": "loss", "B": "backward", "I": "input gradient (I)",
@@ -137,8 +145,12 @@ class Matching(Programs):
                 yield Finding(f"rank {rank}'s program is empty, but the placement runs stage "
                                f"{s} there: {_WHY}", None)
                 continue
+            normal = _NORMAL_LAST if s == self.last else _NORMAL
             for mb in range(self.mbs):
-                got = self._sites(runs.get(s * mbs + mb, ()))
+                packed = runs.get(s * mbs + mb, ())
+                if self._normal(s, mb, packed, normal, loads):
+                    continue
+                got = self._sites(packed)
                 found = list(self._one_op(s, mb, rank, got, loads))
                 yield from found[:1]  # the first thing wrong with this op
         for (part, mb), sites in sorted(loads.items()):
@@ -147,6 +159,40 @@ class Matching(Programs):
                 yield Finding(f"loads the {part} of micro-batch {mb}, which only stage "
                                f"{stage}'s forward of a micro-batch in 0 to {self.mbs - 1} uses"
                                f" (on rank {self.low.placement[stage]})", sites[0])
+
+    def _normal(self, s: int, mb: int, packed: Sequence[int], normal: frozenset[tuple[int, ...]],
+                loads: dict[tuple[str, int], list[Site]]) -> bool:
+        """Whether an op's computes (packed by `rule_compute`) are one of the common correct
+        sequences (`_NORMAL`), on one rank, with the loads and the loss scale `_one_op`
+        wants: then `_one_op` would find nothing, and its sites are never made. Anything
+        else goes to `_one_op` (tests/test_commcheck.py checks the two agree)."""
+        if len(packed) < 2:
+            return False
+        rank = packed[0] >> 36
+        kinds = []
+        for x in packed:
+            if x >> 36 != rank:
+                return False
+            kinds.append(x & 15)
+        if tuple(kinds) not in normal:
+            return False
+        if s == 0 and not self._loaded("input", mb, rank, (packed[0] >> 4) & 0xFFFFFFFF, loads):
+            return False
+        if s == self.last:  # (a last stage's sequence is F, L, ...)
+            pc = (packed[1] >> 4) & 0xFFFFFFFF
+            scale = self.low.programs[rank][pc].scale  # type: ignore[attr-defined]
+            if abs(scale * self.mbs - 1) > 1e-9 or not self._loaded("target", mb, rank, pc,
+                                                                      loads):
+                return False
+        return True
+
+    @staticmethod
+    def _loaded(part: str, mb: int, rank: int, pc: int,
+                loads: dict[tuple[str, int], list[Site]]) -> bool:
+        """Whether `part` of micro-batch `mb` is loaded once, on `rank`, before `pc`."""
+        sites = loads.get((part, mb))
+        return sites is not None and len(sites) == 1 and sites[0].rank == rank and \
+            sites[0].pc <= pc
 
     def _sites(self, packed: Iterable[int]) -> dict[str, list[Site]]:
         """An op's computes (packed by `rule_compute`) by kind, in program order."""
@@ -252,20 +298,38 @@ class Matching(Programs):
         and before the step. Otherwise, silently: a missing `zero-grad` adds gradients up
         across steps, a missing `step` never trains, a compute after it uses the new weights,
         and a stage left unreduced lets the replicas drift apart."""
+        reducing = False
         for rank, prog in enumerate(self.low.programs):
-            if prog:  # (an empty program is `rule_compute`'s finding)
-                yield from self._one_step(rank, prog)
-        if any(isinstance(i, (ReduceGrad, WaitReduce)) for p in self.low.programs for i in p):
+            if not prog:  # (an empty program is `rule_compute`'s finding)
+                continue
+            # one pass per program, by exact type (`programs.py`'s NOTE): the first and last
+            # compute, the first two `zero-grad`s and `step`s, and whether it reduces
+            first = last = -1
+            zeros: list[int] = []
+            steps: list[int] = []
+            for pc, i in enumerate(prog):
+                t = type(i)
+                if t in COMPUTE_TYPES:
+                    if first < 0:
+                        first = pc
+                    last = pc
+                elif t is ZeroGrad:
+                    zeros.append(pc)
+                elif t is OptimizerStep:
+                    steps.append(pc)
+                elif t is ReduceGrad or t is WaitReduce:
+                    reducing = True
+            yield from self._one_step(rank, prog, first, last, zeros, steps)
+        if reducing:
             yield from self._reductions()
 
-    def _one_step(self, rank: int, prog: Sequence[Instr]) -> Iterator[Finding]:
-        """`rule_step` for one program: its `zero-grad` and its `step`."""
+    def _one_step(self, rank: int, prog: Sequence[Instr], first: int, last: int,
+                  zeros: list[int], steps: list[int]) -> Iterator[Finding]:
+        """`rule_step` for one program (its first and last compute, -1 where it has none,
+        and its `zero-grad`s and `step`s): its `zero-grad` and its `step`."""
         def at(pc: int) -> Site:
             return Site(rank, pc, prog[pc])
 
-        computes = [pc for pc, i in enumerate(prog) if isinstance(i, COMPUTE)]
-        zeros = [pc for pc, i in enumerate(prog) if isinstance(i, ZeroGrad)]
-        steps = [pc for pc, i in enumerate(prog) if isinstance(i, OptimizerStep)]
         if not zeros:
             yield Finding(f"rank {rank}'s program has no `zero-grad` (before its first "
                            "instruction, shown): each program is one optimizer step, and "
@@ -274,10 +338,10 @@ class Matching(Programs):
             if len(zeros) > 1:
                 yield Finding("clears the gradients a second time: each program is one "
                                "optimizer step", at(zeros[1]), (("the first", at(zeros[0])),))
-            if computes and computes[0] < zeros[0]:
+            if 0 <= first < zeros[0]:
                 yield Finding("clears the gradients after a compute of the same step: "
                                "`zero-grad` comes before every compute", at(zeros[0]),
-                               (("the compute", at(computes[0])),))
+                               (("the compute", at(first)),))
         if not steps:
             yield Finding(f"rank {rank}'s program has no `step` (after its last instruction, "
                            "shown): each program is one optimizer step, and ends by applying "
@@ -286,9 +350,9 @@ class Matching(Programs):
             if len(steps) > 1:
                 yield Finding("steps a second time: each program is one optimizer step",
                                at(steps[1]), (("the first", at(steps[0])),))
-            if computes and computes[-1] > steps[0]:
+            if last > steps[0]:
                 yield Finding("steps before a compute of the same step: `step` comes after "
-                               "every compute", at(steps[0]), (("the compute", at(computes[-1])),))
+                               "every compute", at(steps[0]), (("the compute", at(last)),))
 
     def _reductions(self) -> Iterator[Finding]:
         """`rule_step`'s gradient reductions: one pass over the programs, then per stage."""

@@ -8,8 +8,10 @@ from collections.abc import Callable, Iterator
 
 from pipeir.backend.commcheck.findings import Channel, Key, Site
 from pipeir.backend.instructions import (
+    COMPUTE,
     Batch,
     Comm,
+    ForwardCheckpoint,
     Instr,
     IRecv,
     ISend,
@@ -23,19 +25,21 @@ from pipeir.backend.instructions import (
 #: subclass would have no mnemonic and could be neither printed nor written): these look-ups
 #: test `type(...)` in a set, several times cheaper than `isinstance` over a tuple, and they
 #: run for every instruction of every rule.
-_SENDS = frozenset({Send, ISend, WaitSend})
-_SINGLE_POSTS = frozenset({ISend, IRecv, Send, Recv})
+SENDS = frozenset({Send, ISend, WaitSend})
+SINGLE_POSTS = frozenset({ISend, IRecv, Send, Recv})
+#: the compute instructions (COMPUTE with its subclass)
+COMPUTE_TYPES = frozenset({*COMPUTE, ForwardCheckpoint})
 
 
 def is_send(c: Instr) -> bool:
     """The sending side of a transfer (a send, its post or its wait)."""
-    return type(c) in _SENDS
+    return type(c) in SENDS
 
 
 def posts(ins: Instr) -> tuple[Comm, ...]:
     """The transfers `ins` posts: a batch's, its own for a send or receive, else none."""
     t = type(ins)
-    if t in _SINGLE_POSTS:
+    if t in SINGLE_POSTS:
         return (ins,)  # type: ignore[return-value]
     if t is Batch:
         return ins.posts  # type: ignore[attr-defined, no-any-return]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from pipeir.backend.commcheck.findings import Channel, Key, Locator, Site, describe
-from pipeir.backend.commcheck.programs import is_send, posts
+from pipeir.backend.commcheck.programs import is_send
 from pipeir.backend.instructions import (
     Batch,
     Comm,
@@ -71,8 +71,6 @@ def run(lowered: Lowered) -> tuple[list[int], Callable[[int], Comm | None]]:
 
 #: What a rank can wait at (by exact type: `programs.py`'s NOTE).
 _WAITING = frozenset({Send, Recv, WaitSend, WaitRecv})
-#: What posts without waiting (the step of anything else waits for and posts nothing).
-_POSTING = frozenset({ISend, IRecv, Batch})
 #: One instruction's step: the channel side it waits on (-1: none), the index there that
 #: must be posted, and the sides it posts to.
 Step = tuple[int, int, tuple[int, ...]]
@@ -100,26 +98,35 @@ def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channe
     own: dict[int, int] = {}  # channel side -> posts so far
     handle: dict[tuple[bool, Key], int] = {}  # a post's index, for its wait
     out: list[Step] = []
+    # (a side's look-up is inline, `side` only makes it: this visits every instruction)
     for ins in prog:
         t = type(ins)
         if t is Send or t is Recv:
-            c = ins  # type: ignore[assignment]
-            mine, theirs, posts_mine, _ = side(t is Send, c.peer)  # type: ignore[attr-defined]
+            send, peer = t is Send, ins.peer  # type: ignore[attr-defined]
+            mine, theirs, posts_mine, _ = sides.get((send, peer)) or side(send, peer)
             k = own.get(mine, 0)
             own[mine] = k + 1
             out.append((theirs, k, posts_mine))
         elif t is WaitSend or t is WaitRecv:
-            send = t is WaitSend
-            _, theirs, _, _ = side(send, ins.peer)  # type: ignore[attr-defined]
+            send, peer = t is WaitSend, ins.peer  # type: ignore[attr-defined]
+            theirs = (sides.get((send, peer)) or side(send, peer))[1]
             # (rule 1 proved every wait follows its post; none would wait forever)
-            out.append((theirs, handle.get((send, ins.key), 1 << 62), ()))  # type: ignore[attr-defined]
-        elif t not in _POSTING:
+            out.append((theirs, handle.get(
+                (send, (ins.tensor, ins.stage, ins.mb)), 1 << 62), ()))  # type: ignore[attr-defined]
+        elif t is ISend or t is IRecv:
+            send, peer = t is ISend, ins.peer  # type: ignore[attr-defined]
+            mine, _, _, alone = sides.get((send, peer)) or side(send, peer)
+            k = own.get(mine, 0)
+            own[mine] = k + 1
+            handle[(send, (ins.tensor, ins.stage, ins.mb))] = k  # type: ignore[attr-defined]
+            out.append(alone)
+        elif t is not Batch:
             out.append(_NOTHING)  # (one shared step for every compute)
         else:
             posted = []
-            for c in posts(ins):
+            for c in ins.posts:  # type: ignore[attr-defined]
                 send = is_send(c)
-                mine, _, _, alone = side(send, c.peer)
+                mine, _, _, alone = sides.get((send, c.peer)) or side(send, c.peer)
                 k = own.get(mine, 0)
                 own[mine] = k + 1
                 handle[(send, c.key)] = k
