@@ -44,26 +44,6 @@ _BACKWARDS = frozenset({Backward, BackwardInput})
 class Local(Programs):
     """Rule 1 over one set of programs."""
 
-    def _inputs(self, ins: Instr) -> list[tuple[Key, int]]:
-        """What a compute instruction consumes from another stage: (key, producing rank)."""
-        place, t = self.low.placement, type(ins)
-        if t in _FORWARDS and 0 < ins.stage <= self.last:  # type: ignore[attr-defined]
-            s, mb = ins.stage, ins.mb  # type: ignore[attr-defined]
-            return [(("act", s - 1, mb), place[s - 1])]
-        if t in _BACKWARDS and 0 <= ins.stage < self.last:  # type: ignore[attr-defined]
-            s, mb = ins.stage, ins.mb  # type: ignore[attr-defined]
-            return [(("grad", s + 1, mb), place[s + 1])]
-        return []
-
-    def _output(self, ins: Instr) -> Key | None:
-        """The tensor a compute instruction produces for another stage."""
-        t = type(ins)
-        if t in _FORWARDS and ins.stage < self.last:  # type: ignore[attr-defined]
-            return ("act", ins.stage, ins.mb)  # type: ignore[attr-defined]
-        if t in _BACKWARDS and ins.stage > 0:  # type: ignore[attr-defined]
-            return ("grad", ins.stage, ins.mb)  # type: ignore[attr-defined]
-        return None
-
     def _placement(self, site: Site, c: Comm) -> Finding | None:
         """Stage, micro-batch and peer of a transfer against the placement."""
         tensor, stage, mb = c.key
@@ -190,18 +170,21 @@ class Local(Programs):
                     stage, mb = ins.stage, ins.mb  # type: ignore[attr-defined]
                     if not (0 <= stage <= last and place[stage] == rank and 0 <= mb < mbs):
                         yield from self._compute_placement(Site(rank, pc, ins))
+                    # what it consumes from another stage (a forward the activation of
+                    # the stage before, a backward the input gradient of the one after),
+                    # handed over here or received from the producing rank
+                    need: Key | None = None
                     if t in _FORWARDS:
-                        if 0 < stage <= last and ("act", stage - 1, mb) not in (
-                                handed if place[stage - 1] == rank else received):
-                            yield from self._consumes(rank, pc, ins, received, handed,
-                                                      outstanding)
+                        if 0 < stage <= last:
+                            need, src = ("act", stage - 1, mb), place[stage - 1]
+                    elif t in _BACKWARDS and 0 <= stage < last:
+                        need, src = ("grad", stage + 1, mb), place[stage + 1]
+                    if need is not None and need not in (handed if src == rank else received):
+                        yield from self._missing(Site(rank, pc, ins), need, src, outstanding)
+                    if t in _FORWARDS:
                         if stage < last:
                             held.add(("act", stage, mb))
                     elif t in _BACKWARDS:
-                        if 0 <= stage < last and ("grad", stage + 1, mb) not in (
-                                handed if place[stage + 1] == rank else received):
-                            yield from self._consumes(rank, pc, ins, received, handed,
-                                                      outstanding)
                         act = ("act", stage, mb)
                         if act in held:
                             held.discard(act)
@@ -267,18 +250,16 @@ class Local(Programs):
             yield Finding(f"{verb} {what(key)}, which no op before it on rank {site.rank} "
                            f"produces", site)
 
-    def _consumes(self, rank: int, pc: int, ins: Instr, received: set[Key], handed: set[Key],
-                  outstanding: dict[tuple[bool, Key], list[Site]]) -> Iterator[Finding]:
-        for key, src in self._inputs(ins):
-            if src == rank and key not in handed:
-                yield Finding(f"computes on {what(key)} before it is handed over on this "
-                               f"rank", Site(rank, pc, ins))
-            elif src != rank and key not in received:
-                site = Site(rank, pc, ins)
-                posted = outstanding.get((False, key))
-                if posted:
-                    yield Finding(f"computes on {what(key)} without waiting for its "
-                                   f"receive", site, (("the receive it must wait for",
-                                                       Site(*posted[0])),))
-                else:
-                    yield from self._not_posted(site, key, send=False)
+    def _missing(self, site: Site, key: Key, src: int,
+                 outstanding: dict[tuple[bool, Key], list[Site]]) -> Iterator[Finding]:
+        """Why the compute at `site` lacks its input `key`, produced on rank `src`."""
+        if src == site.rank:
+            yield Finding(f"computes on {what(key)} before it is handed over on this rank",
+                          site)
+            return
+        posted = outstanding.get((False, key))
+        if posted:
+            yield Finding(f"computes on {what(key)} without waiting for its receive", site,
+                          (("the receive it must wait for", Site(*posted[0])),))
+        else:
+            yield from self._not_posted(site, key, send=False)
