@@ -14,10 +14,11 @@ CPython 3.11, x86-64, at commit 03cbf00; the interpreter and pipeir's imports ta
   rounds, so it multiplies the count.
 - Parsing costs ~400 B per byte of dense `.sched` text (Lark's tree and tokens): the printed
   32-rank, 256-micro-batch 1F1B (167 KB) peaks at 109 MB.
-- Reading a lowered.json (`check --lowered`, a compiled program's main.py) costs ~6 B per byte
-  (json's objects, then the instructions): `check --lowered` of that p=16 program's 9.0 MB
-  file peaks at 95 MB, 50 MB over the interpreter and imports. BYTES_PER_JSON_BYTE rounds that
-  up to 8.
+- Reading a lowered.json (`check --lowered`, a compiled program's main.py) costs ~5 to 7 B per
+  byte (json's lists, then the instructions; the file is a table of short rows, about 60 bytes
+  an instruction): `check --lowered` of that p=16 program's 4.2 MiB file peaks at 74 MB, 30 MB
+  over the interpreter and imports, and of the p=32, m=256 one's 17.5 MiB at 132 MB.
+  BYTES_PER_JSON_BYTE rounds that up to 8.
 Every size limit is the memory budget divided by one of these costs, so the one variable
 PIPEIR_MAX_MEMORY (default 2 GiB) raises them all: by default a schedule may hold 1,073,741
 ops (p=64, v=4, m=512 split into F/I/W is 393,216), lowering 390,451 ops x rounds, an

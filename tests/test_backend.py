@@ -27,7 +27,8 @@ from pipeir.backend.instructions import (
     WaitRecv,
 )
 from pipeir.backend.lower import lower
-from pipeir.backend.program_io import format_lowered, from_json, to_json
+from pipeir.backend.program_io import format_lowered, to_json
+from pipeir.backend.program_read import from_json
 from pipeir.backend.table import rank_table
 from pipeir.diagnostics import VerifyError
 from pipeir.passes.overlap import Overlap
@@ -426,12 +427,12 @@ def _any_instruction(draw: st.DrawFn, depth: int = 0) -> object:
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_any_instruction(), min_size=1, max_size=4))
 def test_the_fast_writer_writes_what_json_dumps_writes(prog: list[object]) -> None:
-    """program_io's NOTE on the fast writer, against `json.dumps` of the instruction dicts
-    (the oracle, and the writer it replaced): the same text, or the same refusal."""
-    from pipeir.backend.program_io import _instr_json, _program_text
+    """program_io's NOTE on the fast writer, against `json.dumps` of the program's rows (the
+    oracle): the same text, or the same refusal."""
+    from pipeir.backend.program_io import _program_json, _program_text
 
     try:
-        want: str | type[Exception] = json.dumps([_instr_json(i) for i in prog])  # type: ignore[arg-type]
+        want: str | type[Exception] = json.dumps(_program_json(prog))  # type: ignore[arg-type]
     except Exception as e:  # (what the old writer raised on such fields, the new one must)
         want = type(e)
     try:
@@ -442,11 +443,47 @@ def test_the_fast_writer_writes_what_json_dumps_writes(prog: list[object]) -> No
 
 
 def test_the_fast_writer_writes_every_lowered_program_as_json_dumps_does() -> None:
-    from pipeir.backend.program_io import _instr_json, _program_text
+    from pipeir.backend.program_io import _program_json, _program_text
 
     for name in ("1f1b", "zb-v", "dualpipe-v", "interleaved-1f1b"):
         for low in (lower(pipeir.library.get(name, 2, 4)),
                     Overlap().run(lower(pipeir.library.get(name, 2, 4)))):
             strs: dict[str, str] = {}
             for prog in low.programs:
-                assert _program_text(prog, strs) == json.dumps([_instr_json(i) for i in prog])
+                assert _program_text(prog, strs) == json.dumps(_program_json(prog))
+                assert json.loads(_program_text(prog, strs, lines=True)) == _program_json(prog)
+
+
+# ---- instructions build as their dataclass declares ------------------------------------------
+
+def test_every_instruction_takes_the_parameters_its_fields_declare() -> None:
+    """`instructions._quick_init` (its NOTE) replaces the dataclasses' `__init__`: each class
+    still takes its fields, positional then keyword-only with their defaults, stores each
+    value as given, refuses a wrong call, and stays frozen and comparable."""
+    import dataclasses
+    import inspect
+
+    from pipeir.backend.instructions import MNEMONICS
+
+    for cls in MNEMONICS:
+        fs = dataclasses.fields(cls)
+        params = list(inspect.signature(cls).parameters.values())
+        declared = [f for f in fs if not f.kw_only] + [f for f in fs if f.kw_only]
+        assert [(p.name, p.kind, p.default) for p in params] == [
+            (f.name, inspect.Parameter.KEYWORD_ONLY if f.kw_only else
+             inspect.Parameter.POSITIONAL_OR_KEYWORD,
+             inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default)
+            for f in declared], cls
+        values = {f.name: object() for f in fs}
+        ins = cls(**values)
+        assert all(getattr(ins, f.name) is values[f.name] for f in fs)
+        assert ins == cls(**values) and ins != cls(**{**values, "op": "other"})
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            ins.op = "x"  # type: ignore[misc]
+        with pytest.raises(TypeError):
+            cls(*(values[f.name] for f in fs))  # keyword-only fields given by position
+        plain = [f for f in fs if not f.kw_only]
+        if plain:
+            with pytest.raises(TypeError):
+                cls()  # a field without a default left out
+        assert dataclasses.replace(ins, paired=True).paired is True

@@ -35,15 +35,32 @@ def _lowered() -> dict[str, Any]:
     return to_json(lower(pipeir.library.get("1f1b", 2, 2)))
 
 
+def _table(data: dict[str, Any], rank: int) -> list[list[Any]]:
+    return data["programs"][rank]["table"]  # type: ignore[no-any-return]
+
+
 def _at(data: dict[str, Any], rank: int, mnemonic: str) -> int:
     """The position of the first `mnemonic` instruction in `rank`'s program."""
-    return next(pc for pc, ins in enumerate(data["programs"][rank]) if ins["i"] == mnemonic)
+    return next(pc for pc, row in enumerate(_table(data, rank)) if row[0] == mnemonic)
+
+
+def _column(data: dict[str, Any], mnemonic: str, name: str) -> int:
+    """Where a `mnemonic` row holds the field `name`: after the mnemonic and the origin, in
+    the order of the header's "columns"."""
+    return 2 + data["columns"][mnemonic].index(name)  # type: ignore[no-any-return]
 
 
 def _set(rank: int, mnemonic: str, **fields: Any) -> Edit:
     def edit(data: dict[str, Any]) -> None:
-        data["programs"][rank][_at(data, rank, mnemonic)].update(fields)
+        row = _table(data, rank)[_at(data, rank, mnemonic)]
+        for name, value in fields.items():
+            row[_column(data, mnemonic, name)] = value
     return edit
+
+
+def _first_line(value: Any) -> str:
+    """How `_write` begins to write `value`."""
+    return json.dumps(value, indent=1).splitlines()[0]
 
 
 def _header(**fields: Any) -> Edit:
@@ -106,7 +123,6 @@ BAD_INSTRUCTIONS: list[tuple[str, int, str, dict[str, Any], str]] = [
     ("tensor", 0, "send", {"tensor": "weights"},
      '"tensor" must be one of "act", "grad", got "weights"'),
     ("scale", 1, "loss", {"scale": "half"}, '"scale" must be a finite number, got "half"'),
-    ("unknown-field", 0, "forward", {"micro": 0}, 'unknown field "micro"'),
 ]
 
 
@@ -117,43 +133,100 @@ def test_a_bad_instruction_field_is_named(cli: Cli, tmp_path: Path, rank: int, m
                                           fields: dict[str, Any], message: str) -> None:
     data = _lowered()
     pc = _at(data, rank, mnemonic)
-    data["programs"][rank][pc].update(fields)
-    got = _refused_at(cli, _write(tmp_path, data), json.dumps(next(iter(fields))))
+    _set(rank, mnemonic, **fields)(data)
+    got = _refused_at(cli, _write(tmp_path, data), _first_line(next(iter(fields.values()))))
     assert got.startswith(f"rank {rank}, instruction {pc} ({mnemonic}): {message}"), got
 
 
-def test_an_unknown_instruction_is_named(cli: Cli, tmp_path: Path) -> None:
+def _extra(row: list[Any]) -> None:
+    row.append(0)
+
+
+def _short(row: list[Any]) -> None:
+    del row[-1]
+
+
+def _origin(row: list[Any]) -> None:
+    row[1] = 999
+
+
+def _unknown(row: list[Any]) -> None:
+    row[0] = "frobnicate"
+
+
+def _paired(row: list[Any]) -> None:
+    row.append("paired")
+
+
+@pytest.mark.parametrize(("edit", "at", "message"), [
+    (_extra, "0", ' (forward): only "paired" may follow the mb, got 0'),
+    (_short, "[", ' (forward): expected 4 values ["forward", origin, stage, mb], then "paired" '
+                  "where it runs back to back with the instruction before; got 3"),
+    (_origin, "999", " (forward): the origin must be an index into the program's \"origins\" "
+                     "(0 to 4), got 999"),
+    (_unknown, '"frobnicate"', ': unknown instruction "frobnicate"'),
+], ids=["extra-value", "missing-value", "origin-range", "unknown-instruction"])
+def test_a_row_of_the_wrong_shape_is_named(cli: Cli, tmp_path: Path,
+                                          edit: Callable[[list[Any]], None], at: str,
+                                          message: str) -> None:
     data = _lowered()
     pc = _at(data, 0, "forward")
-    data["programs"][0][pc]["i"] = "frobnicate"
-    message = _refused_at(cli, _write(tmp_path, data), '"i"')
-    assert message == f'rank 0, instruction {pc}: unknown instruction "frobnicate" (field "i")'
+    assert len(data["programs"][0]["origins"]) == 5  # (the origin-range case's "0 to 4")
+    edit(_table(data, 0)[pc])
+    got = _refused_at(cli, _write(tmp_path, data), at)
+    assert got == f"rank 0, instruction {pc}{message}", got
 
 
-def test_a_missing_field_and_a_non_object_instruction_are_named(cli: Cli,
+def test_a_paired_row_is_read_as_paired(tmp_path: Path) -> None:
+    """A row ending in "paired" runs back to back with the one before (the NOTE on the
+    instruction table): the reader keeps it, and the writer writes it back."""
+    from pipeir.backend.program_read import from_json
+
+    data = _lowered()
+    pc = _at(data, 0, "forward")
+    _paired(_table(data, 0)[pc])
+    low = from_json(data)
+    assert low.programs[0][pc].paired
+    assert to_json(low) == data
+
+
+def test_a_non_row_instruction_and_a_malformed_program_are_named(cli: Cli,
                                                                 tmp_path: Path) -> None:
     data = _lowered()
-    pc = _at(data, 0, "forward")
-    del data["programs"][0][pc]["mb"]
+    _table(data, 1).insert(2, {"i": "forward"})
     message = _refused_at(cli, _write(tmp_path, data), "{")
-    assert message == f'rank 0, instruction {pc} (forward): missing field "mb"'
+    assert message == ('rank 1, instruction 2: expected an instruction row ["mnemonic", '
+                       'origin, ...], got {"i": "forward"}')
     data = _lowered()
-    data["programs"][1].insert(2, [1])
+    data["programs"][1] = [["zero-grad", 0]]
     message = _refused_at(cli, _write(tmp_path, data), "[")
-    assert message == 'rank 1, instruction 2: expected an instruction object {"i": ...}, got [1]'
+    assert message == ('the program of rank 1 must be an object {"origins": [...], "table": '
+                       '[...]}, got [["zero-grad", 0]]')
+    data = _lowered()
+    del data["programs"][0]["origins"]
+    message = _refused_at(cli, _write(tmp_path, data), "{")
+    assert message == 'the program of rank 0: missing field "origins"'
+    data = _lowered()
+    data["programs"][0]["origins"][2] = ["F(0,1)"]
+    message = _refused_at(cli, _write(tmp_path, data), "[")
+    assert message == ('origin 2 of rank 0 must be a pair of strings [op, .sched line], got '
+                       '["F(0,1)"]')
+    data = _lowered()
+    data["programs"][0]["rows"] = []
+    message = _refused_at(cli, _write(tmp_path, data), '"rows"')
+    assert message == 'the program of rank 0: unknown field "rows" (a program has origins, table)'
 
 
 def test_a_batch_holds_only_isend_and_irecv(cli: Cli, tmp_path: Path) -> None:
     data = _lowered()
-    data["programs"][0].insert(1, {"i": "batch", "posts": [{"i": "forward", "stage": 0,
-                                                            "mb": 0}]})
-    message = _refused_at(cli, _write(tmp_path, data), "{")
+    _table(data, 0).insert(1, ["batch", 0, [["forward", 0, 0, 0]]])
+    message = _refused_at(cli, _write(tmp_path, data), "[")
     assert message == ("rank 0, instruction 1 (batch), post 0 (forward): a batch holds only "
                        "isend and irecv posts")
-    data["programs"][0][1]["posts"] = []
-    message = _refused_at(cli, _write(tmp_path, data), '"posts"')
+    _table(data, 0)[1][2] = []
+    message = _refused_at(cli, _write(tmp_path, data), "[]")
     assert message.endswith('(batch): "posts" must be a non-empty list of isend and irecv '
-                            'objects, got []')
+                            'rows, got []')
 
 
 BAD_HEADERS: list[tuple[str, Edit, str]] = [  # the fault is at "at" below
@@ -178,7 +251,12 @@ BAD_HEADERS: list[tuple[str, Edit, str]] = [  # the fault is at "at" below
      '"programs" must be a list of programs (one per rank), got 5'),
     ("name", _header(name=7), '"name" must be a string, got 7'),
     ("overlap", _header(overlap="yes"), '"overlap" must be true or false, got "yes"'),
-    ("version", _header(version=2), '"version" 2 is not one this pipeir reads (1)'),
+    ("version", _header(version=3), '"version" 3 is not one this pipeir reads (2)'),
+    ("earlier-version", _header(version=1), '"version" 1 is not one this pipeir reads (2); '
+     "an earlier pipeir wrote it: compile the schedule again"),
+    ("columns", lambda d: d["columns"]["forward"].reverse(),
+     '"columns" are not this pipeir\'s instructions (another version wrote the file? compile '
+     "the schedule again)"),
     ("missing", lambda d: d.pop("stages") and None, 'missing field "stages"'),
     ("missing-version", lambda d: d.pop("version") and None, 'missing field "version"'),
     ("unknown-field", _header(dp=2), 'unknown field "dp" (the header has format, version, '),
@@ -200,6 +278,7 @@ HEADER_AT = {"more-ranks-than-programs": '"ranks"', "fewer-ranks-than-programs":
              "placement-length": '"placement"', "placement-rank": "5",
              "idle-rank": '"placement"', "programs-not-a-list": '"programs"', "name": '"name"',
              "overlap": '"overlap"', "version": '"version"', "missing": "{",
+             "earlier-version": '"version"', "columns": '"columns"',
              "missing-version": "{", "unknown-field": '"dp"',
              "more-than-the-programs-hold": '"microbatches"',
              "rounds-past-the-programs": '"microbatches"'}
@@ -229,13 +308,13 @@ def test_unreadable_json_is_one_line(cli: Cli, tmp_path: Path, text: str, messag
 
 def test_a_nan_points_at_its_field(cli: Cli, tmp_path: Path) -> None:
     path = tmp_path / "odd.json"
-    path.write_text('{"format": "pipeir-lowered", "version": 1, "name": "x", "ranks": 1, '
+    path.write_text('{"format": "pipeir-lowered", "version": 2, "name": "x", "ranks": 1, '
                     '"stages": 1, "microbatches": 1, "accumulate": 1, "placement": [0],\n'
-                    ' "programs": [[{"i": "loss", "stage": 0, "mb": 0, "scale": NaN},\n'
-                    '   {"i": "backward", "stage": 0, "mb": 0}]]}', encoding="utf-8")
+                    ' "programs": [{"origins": [["", ""]], "table": [["loss", 0, 0, 0, NaN],\n'
+                    '   ["backward", 0, 0, 0]]}]}', encoding="utf-8")
     code, out, err = cli("check", "--lowered", path)
     assert (code, out) == (2, "") and "Traceback" not in err
-    assert err.startswith(f'{path}:2:51: error: rank 0, instruction 0 (loss): "scale" must be '
+    assert err.startswith(f'{path}:2:67: error: rank 0, instruction 0 (loss): "scale" must be '
                           "a finite number, got NaN"), err
 
 
@@ -392,66 +471,71 @@ def test_lowered_takes_the_directory_compile_wrote(cli: Cli, tmp_path: Path) -> 
 
 # ---- the fast reader accepts exactly what the checking reader accepts -------------------------
 
-def _instruction_objects() -> list[dict[str, Any]]:
-    """Every instruction object of an overlapped zero-bubble lowering with gradient
-    reductions: batches of posts, waits, losses (a float), pairs, reductions."""
+def _instruction_rows() -> list[tuple[list[Any], list[tuple[str, str]]]]:
+    """Every instruction row of overlapped lowerings of zero-bubble with gradient reductions
+    and of DualPipeV (batches of posts, waits, losses (a float), reductions, overlapped
+    pairs), each with its program's origins."""
     from pipeir.passes.dp_reduce import DpReduce
     from pipeir.passes.overlap import Overlap
 
-    s = DpReduce().run(pipeir.library.get("zb-v", 2, 4))
-    data = to_json(Overlap().run(lower(s)))
-    return [ins for prog in data["programs"] for ins in prog]
+    return [(row, [tuple(o) for o in prog["origins"]])  # type: ignore[misc]
+            for s in (DpReduce().run(pipeir.library.get("zb-v", 2, 4)),
+                      pipeir.library.get("dualpipe-v", 2, 4))
+            for prog in to_json(Overlap().run(lower(s)))["programs"] for row in prog["table"]]
 
 
 _ODD = (-1, 0, 7, 2**63, 2**63 - 1, True, False, 1.5, float("nan"), float("inf"), "x", "act",
-        "input", None, [], [{"i": "send"}], {})
+        "input", "paired", None, [], [["send", 0]], {})
 
 
 @settings(max_examples=400, deadline=None)
 @given(st.data())
 def test_the_fast_reader_agrees_with_the_checking_reader(data: st.DataObject) -> None:
-    """`_fast` (program_io's NOTE on the fast reader) reads an instruction object exactly
-    when `_instr_from`, the reader that explains every fault, accepts it, and reads it to
-    the same instruction: the oracle is the checking reader, on mutated objects."""
+    """`_fast` (program_io's NOTE on the fast reader) reads an instruction row exactly when
+    `_row_from`, the reader that explains every fault, accepts it, and reads it to the same
+    instruction: the oracle is the checking reader, on mutated rows."""
     import copy
 
-    from pipeir.backend.program_io import _fast, _Fault, _instr_from
+    from pipeir.backend.program_read import _fast, _Fault, _row_from
 
-    objects = _instruction_objects()
-    d = copy.deepcopy(data.draw(st.sampled_from(objects)))
-    target = d
-    if "posts" in d and data.draw(st.booleans()):
-        target = data.draw(st.sampled_from(d["posts"]))
-    how = data.draw(st.sampled_from(("keep", "drop", "add", "set", "rename")))
-    keys = sorted(target)
+    row, origins = data.draw(st.sampled_from(_instruction_rows()))
+    row = copy.deepcopy(row)
+    target = row
+    if row[0] == "batch" and data.draw(st.booleans()):
+        target = data.draw(st.sampled_from(row[2]))
+    how = data.draw(st.sampled_from(("keep", "drop", "append", "set", "rename", "pair")))
     if how == "drop":
-        del target[data.draw(st.sampled_from(keys))]
-    elif how == "add":
-        target[data.draw(st.sampled_from(("extra", "paired", "scale", "tag")))] = \
-            data.draw(st.sampled_from(_ODD))
+        del target[data.draw(st.integers(0, len(target) - 1))]
+    elif how == "append":
+        target.append(data.draw(st.sampled_from(_ODD)))
     elif how == "set":
-        target[data.draw(st.sampled_from(keys))] = data.draw(st.sampled_from(_ODD))
+        target[data.draw(st.integers(0, len(target) - 1))] = data.draw(st.sampled_from(_ODD))
     elif how == "rename":
-        target["i"] = data.draw(st.sampled_from(("send", "irecv", "batch", "forward", "loss",
-                                                 "nope", "wait-recv")))
+        target[0] = data.draw(st.sampled_from(("send", "irecv", "batch", "forward", "loss",
+                                               "nope", "wait-recv")))
+    elif how == "pair":
+        target.append("paired")
     try:
-        slow = _instr_from(d, "here", ())
+        slow = _row_from(row, "here", (), origins)
     except _Fault:
         slow = None
-    fast = _fast(d, {})
-    assert fast == slow, (how, d)
+    fast = _fast(row, origins, {})
+    assert fast == slow, (how, row)
     if how == "keep":
         assert fast is not None
+    if how == "pair" and fast is not None and target is row:
+        assert fast.paired
 
 
 def test_the_fast_reader_reads_every_valid_instruction() -> None:
-    from pipeir.backend.program_io import _fast, _instr_from
+    from pipeir.backend.program_read import _fast, _row_from
 
-    objects = _instruction_objects()
-    assert {o["i"] for o in objects} >= {"batch", "wait-recv", "loss", "forward", "handoff",
-                                          "reduce-grad"}
-    for o in objects:
-        assert _fast(o, {}) == _instr_from(o, "here", ())
+    rows = _instruction_rows()
+    assert {row[0] for row, _ in rows} >= {"batch", "wait-recv", "loss", "forward", "handoff",
+                                           "reduce-grad"}
+    assert any(row[-1] == "paired" for row, _ in rows)
+    for row, origins in rows:
+        assert _fast(row, origins, {}) == _row_from(row, "here", (), origins)
 
 
 # ---- lowered.json read a program at a time: the same as reading it whole ----------------------
@@ -515,7 +599,8 @@ def test_reading_an_array_member_piece_by_piece_reads_what_json_reads(text: str)
 def test_a_lowered_json_read_a_program_at_a_time_is_the_one_read_whole(tmp_path: Path) -> None:
     """`program_io.load` (the streamed reader) against `from_json` over `json.loads` of the
     same file, on compiled programs with every instruction kind."""
-    from pipeir.backend.program_io import dumps, from_json, load
+    from pipeir.backend.program_io import dumps
+    from pipeir.backend.program_read import from_json, load
     from pipeir.passes.dp_reduce import DpReduce
     from pipeir.passes.overlap import Overlap
 
@@ -530,14 +615,14 @@ def test_a_lowered_json_read_a_program_at_a_time_is_the_one_read_whole(tmp_path:
 def test_the_fast_reader_refuses_a_batch_of_other_posts() -> None:
     """A batch holds isend and irecv posts only: a send (the same fields as an isend) or a
     wait inside one is refused by both readers."""
-    from pipeir.backend.program_io import _fast, _Fault, _instr_from
+    from pipeir.backend.program_read import _fast, _Fault, _row_from
 
-    batch = next(o for o in _instruction_objects() if o["i"] == "batch")
+    batch, origins = next((r, o) for r, o in _instruction_rows() if r[0] == "batch")
     for other in ("send", "recv", "wait-recv", "wait-send"):
-        bad = {**batch, "posts": [{**batch["posts"][0], "i": other}]}
-        assert _fast(bad, {}) is None
+        bad = [*batch[:2], [[other, *batch[2][0][1:]]]]
+        assert _fast(bad, origins, {}) is None
         with pytest.raises(_Fault, match="a batch holds only isend and irecv posts"):
-            _instr_from(bad, "here", ())
+            _row_from(bad, "here", (), origins)
 
 
 def test_what_the_streamed_reader_is_handed_to_raises_propagates() -> None:

@@ -608,18 +608,18 @@ def test_check_lowered_points_at_the_instruction_in_the_json_file(cli, tmp_path:
                out)[0] == 0
     path = out / "lowered.json"
     data = json.loads(path.read_text())
-    prog = data["programs"][0]
-    drop = next(k for k, i in enumerate(prog) if i["i"] == "backward")
-    fwd = next(k for k, i in enumerate(prog) if i["i"] == "forward")
+    prog = data["programs"][0]["table"]
+    drop = next(k for k, row in enumerate(prog) if row[0] == "backward")
+    fwd = next(k for k, row in enumerate(prog) if row[0] == "forward")
     del prog[drop]
     text = json.dumps(data, indent=1) + "\n"
     path.write_text(text)
-    line = text.splitlines().index('    "i": "forward",') + 1  # rank 0's first forward
+    line = text.splitlines().index('     "forward",') + 1  # rank 0's first forward
     code, _, err = cli("check", "--lowered", path)
     assert code == 1
-    assert err.startswith(f"{path}:{line}:5: error: rank 0 at #{fwd} `forward stage=0 mb=0` "
+    assert err.startswith(f"{path}:{line}:6: error: rank 0 at #{fwd} `forward stage=0 mb=0` "
                           "(F(0,0), ")
-    assert "has no backward" in err and '\n        "i": "forward",\n' in err
+    assert "has no backward" in err and '\n         "forward",\n' in err
 
 
 def test_findings_of_one_rule_are_capped() -> None:
@@ -639,8 +639,9 @@ def test_findings_of_one_rule_are_capped() -> None:
 
 @pytest.mark.parametrize("indent", [None, 1])
 def test_instruction_spans_find_each_mnemonic_in_any_layout(indent: int | None) -> None:
-    """The walk behind `check --lowered`'s locations: keys in reverse order (a batch's posts,
-    each with its own "i", before the batch's own), compact or indented, CRLF line ends."""
+    """The walk behind `check --lowered`'s locations: keys in reverse order (a program's
+    table before its origins), compact or indented, CRLF line ends; a batch's posts, rows
+    inside a row, are not instructions of the program."""
     from pipeir.backend.commcheck import instruction_spans
     from pipeir.backend.program_io import to_json
     from pipeir.diagnostics import Source
@@ -654,10 +655,10 @@ def test_instruction_spans_find_each_mnemonic_in_any_layout(indent: int | None) 
     data = reverse(to_json(low))
     text = json.dumps(data, indent=indent).replace("\n", "\r\n")
     spans = instruction_spans(Source("x.json", text))
-    programs = data["programs"]  # type: ignore[index]
-    assert set(spans) == {(r, k) for r, prog in enumerate(programs) for k in range(len(prog))}
-    assert any(i["i"] == "batch" for prog in programs for i in prog)
+    tables = [prog["table"] for prog in data["programs"]]  # type: ignore[index]
+    assert set(spans) == {(r, k) for r, table in enumerate(tables) for k in range(len(table))}
+    assert any(row[0] == "batch" for table in tables for row in table)
     lines = text.split("\n")
     for (r, k), span in spans.items():
         line = lines[span.line - 1]
-        assert line[span.col - 1:span.end_col - 1] == f'"i": "{programs[r][k]["i"]}"'
+        assert line[span.col - 1:span.end_col - 1] == json.dumps(tables[r][k][0])

@@ -110,7 +110,7 @@ def test_cli_and_api_lower_alike(name: str, passes: str, dp: str, costs: Path | 
     assert not refused
     assert code == 0, f"the CLI refused what the API compiled:\n{err}"
     assert out == dumps(compiled.lowered)
-    kinds = [i["i"] for program in json.loads(out)["programs"] for i in program]
+    kinds = [row[0] for program in json.loads(out)["programs"] for row in program["table"]]
     # two replicas: every rank reduces its gradients (the dp policy ran in both doors)
     assert ("reduce-grad" in kinds) == (dp != "1"), kinds
 
@@ -122,8 +122,8 @@ def test_api_compile_reduces_with_dp2_costs() -> None:
     s = pipeir.library.get("1f1b", ranks=2, microbatches=2)
     def reductions(dp: int | None) -> int:
         lowered = pipeir.compile(s, costs=CostModel(dp=2), dp=dp).lowered
-        return sum(i["i"] == "reduce-grad" for p in json.loads(dumps(lowered))["programs"]
-                   for i in p)
+        return sum(row[0] == "reduce-grad" for p in json.loads(dumps(lowered))["programs"]
+                   for row in p["table"])
 
     assert (reductions(None), reductions(2), reductions(1)) == (2, 2, 0)
 

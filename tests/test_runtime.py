@@ -467,7 +467,8 @@ def test_generated_program_runs_only_what_check_lowered_verified(
     assert main(["compile", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
                  "--blocking", "-o", str(gen)]) == 0
     lowered = json.loads((gen / "lowered.json").read_text())
-    lowered["programs"][1] = [i for i in lowered["programs"][1] if i["i"] != "zero-grad"]
+    table = lowered["programs"][1]["table"]
+    lowered["programs"][1]["table"] = [row for row in table if row[0] != "zero-grad"]
     (gen / "lowered.json").write_text(json.dumps(lowered))
     capsys.readouterr()
     assert main(["check", "--lowered", str(gen / "lowered.json")]) == 1
@@ -479,9 +480,9 @@ def test_generated_program_runs_only_what_check_lowered_verified(
 
 @pytest.mark.parametrize(("text", "message"), [
     ("[" * 100_000, "malformed lowered-program JSON file: nested too deeply"),
-    ('{"format": "pipeir-lowered", "version": 1, "version": 1}',
+    ('{"format": "pipeir-lowered", "version": 2, "version": 2}',
      "field 'version' is given twice in one object (JSON would keep the last without a word)"),
-    ('{"format": "pipeir-lowered", "version": 1, "name": "x", "ranks": "2"}',
+    ('{"format": "pipeir-lowered", "version": 2, "name": "x", "ranks": "2"}',
      'missing field "stages"'),
 ], ids=["deep", "duplicate-key", "missing-field"])
 def test_generated_program_reads_lowered_json_as_check_does(
@@ -523,13 +524,14 @@ def test_generated_program_refuses_a_lowered_json_that_would_deadlock(
     assert main(["compile", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
                  "--blocking", "-o", str(gen)]) == 0
     lowered = json.loads((gen / "lowered.json").read_text())
-    send = next(i for i in lowered["programs"][0] if i["i"] == "send")
-    send["tag"] += 5
+    send = next(row for row in lowered["programs"][0]["table"] if row[0] == "send")
+    tag = lowered["columns"]["send"].index("tag") + 2  # (after the mnemonic and the origin)
+    send[tag] += 5
     (gen / "lowered.json").write_text(json.dumps(lowered))
     capsys.readouterr()
     assert main(["check", "--lowered", str(gen / "lowered.json")]) == 1
     checked = capsys.readouterr().err.splitlines()[0]
-    assert f"but rank 0 sends it with tag {send['tag']}" in checked, checked
+    assert f"but rank 0 sends it with tag {send[tag]}" in checked, checked
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert torchrun_main(gen, ["--steps", "1"]) == 1
@@ -544,6 +546,8 @@ def test_generated_program_proves_a_lowered_json_edited_under_its_recorded_diges
     """compile records a digest of what it proved in lowered.json's trailer, and main.py skips
     the proof only for exactly that text: a tag edited in place (the trailer and its digest
     untouched) is proved again and refused with check's own line and exit code."""
+    import json
+
     from pipeir.cli import main
     from pipeir.runtime.torchrun import main as torchrun_main
 
@@ -553,9 +557,10 @@ def test_generated_program_proves_a_lowered_json_edited_under_its_recorded_diges
     path = gen / "lowered.json"
     text = path.read_text()
     assert '"proved": "sha256:' in text.splitlines()[-2]
-    line = next(ln for ln in text.splitlines() if '"i": "send"' in ln)
-    tag = int(line.split('"tag": ')[1].rstrip("},"))
-    path.write_text(text.replace(line, line.replace(f'"tag": {tag}', f'"tag": {tag + 7}'), 1))
+    line = next(ln for ln in text.splitlines() if ln.lstrip().startswith('["send", '))
+    row = json.loads(line.strip().rstrip(","))
+    tag = row[-1]  # (a send's last column)
+    path.write_text(text.replace(line, line.replace(f", {tag}]", f", {tag + 7}]"), 1))
     capsys.readouterr()
     assert main(["check", "--lowered", str(path)]) == 1
     checked = capsys.readouterr().err.splitlines()[0]
@@ -571,7 +576,8 @@ def test_recorded_proof_is_trusted_only_for_the_text_and_rules_it_names(
     """`prove_file` (main.py's proof) runs the rules unless the file is byte for byte what
     compile proved under the same rules; `check --lowered` always proves."""
     from pipeir.backend import commcheck
-    from pipeir.backend.program_io import is_proved, load
+    from pipeir.backend.program_io import is_proved
+    from pipeir.backend.program_read import load
     from pipeir.cli import main
 
     gen = tmp_path / "gen"
@@ -581,7 +587,7 @@ def test_recorded_proof_is_trusted_only_for_the_text_and_rules_it_names(
     rules = commcheck.rules_id()
     assert is_proved(source.text, rules)
     assert not is_proved(source.text, rules + " (other rules)")
-    assert not is_proved(source.text.replace('"peer": 1', '"peer": 0', 1), rules)
+    assert not is_proved(source.text.replace('"grad", ', '"act", ', 1), rules)
     assert not is_proved(source.text.replace('"name": "', '"name": "x', 1), rules)
     proved: list[int] = []
     monkeypatch.setattr(commcheck, "check_comm",

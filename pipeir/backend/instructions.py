@@ -10,8 +10,8 @@ reading a program needs neither the simulator nor the verifier.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field, fields
-from typing import Literal
+from dataclasses import MISSING, dataclass, field, fields
+from typing import Any, Literal
 
 Tensor = Literal["act", "grad"]
 Part = Literal["input", "target"]
@@ -230,6 +230,43 @@ MNEMONICS: dict[type, str] = {
     Batch: "batch", ReduceGrad: "reduce-grad", WaitReduce: "wait-reduce",
 }
 BY_MNEMONIC: dict[str, type] = {v: k for k, v in MNEMONICS.items()}
+
+
+def _quick_init(cls: type) -> None:
+    """Give `cls` an `__init__` that stores each field through its slot directly.
+
+    NOTE: a frozen dataclass's own `__init__` stores each field with `object.__setattr__`
+    (a global, an attribute and a generic call per field: 1 µs for a `send`), and lowering,
+    the overlap pass and reading lowered.json build an instruction per row, millions at
+    p = 64. The slot's descriptor stores the same value in half the time, and like
+    `object.__setattr__` it is not the frozen class's refusing `__setattr__`, so instances are
+    as immutable as before; equality, hashing, `fields` and `replace` are the dataclass's.
+    Generated from `fields(cls)`, as dataclasses generates its own: the same parameters,
+    defaults and keyword-only fields (tests/test_backend.py compares the signatures)."""
+    scope: dict[str, Any] = {}
+    plain: list[str] = []
+    keyword: list[str] = []
+    body: list[str] = []
+    for f in fields(cls):
+        if f.default_factory is not MISSING or hasattr(cls, "__post_init__"):
+            raise TypeError(f"{cls.__name__}: _quick_init stores fields only")
+        slot = getattr(cls, f.name)
+        scope[f"set_{f.name}"] = slot.__set__
+        param = f.name
+        if f.default is not MISSING:
+            scope[f"default_{f.name}"] = f.default
+            param += f"=default_{f.name}"
+        (keyword if f.kw_only else plain).append(param)
+        body.append(f"    set_{f.name}(self, {f.name})")
+    params = ", ".join(["self", *plain, *(["*", *keyword] if keyword else [])])
+    exec(f"def __init__({params}):\n" + ("\n".join(body) or "    pass"), scope)
+    init = scope["__init__"]
+    init.__qualname__ = f"{cls.__qualname__}.__init__"
+    cls.__init__ = init  # type: ignore[misc]
+
+
+for _cls in MNEMONICS:
+    _quick_init(_cls)
 
 #: Instructions that do model compute (their time is "busy" in the measured bubble).
 COMPUTE: tuple[type, ...] = (Forward, Loss, Backward, BackwardInput, BackwardWeight,

@@ -40,7 +40,7 @@ from typing import Any, NoReturn
 from pipeir.argtypes import positive_int, timeout_seconds
 from pipeir.backend.codegen import rank_source
 from pipeir.backend.commcheck import prove_file
-from pipeir.backend.program_io import load
+from pipeir.backend.program_read import load
 from pipeir.diagnostics import PipeirError, UsageError
 from pipeir.models.refs import resolve
 from pipeir.runtime.dist import torchrun_device_kind

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING
 
 from pipeir import jsonread
 from pipeir._gc import paused_gc
-from pipeir.backend import instructions, program_io
+from pipeir.backend import instructions, program_io, program_read
 from pipeir.backend.commcheck.findings import (
     Channel,
     Finding,
@@ -73,7 +73,8 @@ from pipeir.backend.commcheck.order import Order
 from pipeir.backend.commcheck.progress import explain, run
 from pipeir.backend.instructions import Lowered
 from pipeir.backend.lower import lower
-from pipeir.backend.program_io import is_proved, load
+from pipeir.backend.program_io import is_proved
+from pipeir.backend.program_read import instruction_spans, load
 from pipeir.diagnostics import Diagnostic, Note, Source, Span, VerifyError
 
 if TYPE_CHECKING:
@@ -165,12 +166,12 @@ def summary(lowered: Lowered, report: CommReport) -> str:
 @functools.cache
 def rules_id() -> str:
     """Names the rules this pipeir proves with: a digest of their source (this package, the
-    instruction set and the lowered-JSON reader), so that a lowered.json proved under other
-    rules is proved again (`program_io`'s NOTE on the recorded proof)."""
+    instruction set, the lowered-JSON format and its reader), so that a lowered.json proved
+    under other rules is proved again (`program_io`'s NOTE on the recorded proof)."""
     h = hashlib.sha256()
     files = sorted(Path(__file__).parent.glob("*.py"))
     for path in (*files, Path(instructions.__file__), Path(program_io.__file__),
-                 Path(jsonread.__file__)):
+                 Path(program_read.__file__), Path(jsonread.__file__)):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return "commcheck " + h.hexdigest()
 
@@ -206,20 +207,6 @@ def check_json(path: str) -> str:
     naming the field (`from_json`), never a traceback from the rules."""
     lowered, source = load(path)
     return f"{path}: {summary(lowered, check_comm(lowered, JsonLocator(source)))}"
-
-
-def instruction_spans(source: Source) -> dict[tuple[int, int], Span]:
-    """(rank, position) -> the span of that instruction's `"i": ...` member (the whole
-    instruction where it has none) in `source`, a valid lowered JSON file: the line a reader
-    of the file looks for."""
-    places = jsonread.positions(source)
-    out: dict[tuple[int, int], Span] = {}
-    for path, place in places.items():
-        if len(path) == 3 and path[0] == "programs" and \
-                isinstance(path[1], int) and isinstance(path[2], int):
-            mnemonic = places.get((*path, "i"))
-            out[path[1], path[2]] = (mnemonic or place).whole
-    return out
 
 
 @dataclass
