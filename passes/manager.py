@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, TextIO
 import pipeir
 from pipeir._gc import paused_gc
 from pipeir.backend.commcheck import check_comm
-from pipeir.backend.lower import lower
+from pipeir.backend.lower import lower, lower_verified
 from pipeir.diagnostics import Diagnostic, Note, PipeirError, UsageError, VerifyError
 from pipeir.files import make_dir, write_atomic
 from pipeir.passes.base import LoweredPass, Pass, PassBase
@@ -227,7 +227,8 @@ class PassManager:
         done = self._run_schedule(schedule, n)
         schedule, context = done.schedule, done.context
         self._phase(f"lowering {len(schedule):,} ops")
-        lowered = lower(schedule, context.costs)
+        # (with verify_each, `_run_schedule` verified it: as the input or a pass's output)
+        lowered = (lower_verified if self.verify_each else lower)(schedule, context.costs)
         # NOTE (memory): nothing reads a lowered pass's input once it has run (holding it
         # while a large program is proved raised compile's peak; `lower` drops the
         # schedule's numbered index likewise)

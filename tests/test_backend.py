@@ -463,7 +463,7 @@ def test_every_instruction_takes_the_parameters_its_fields_declare() -> None:
     import dataclasses
     import inspect
 
-    from pipeir.backend.instructions import MNEMONICS
+    from pipeir.backend.instructions import BUILD, MNEMONICS
 
     for cls in MNEMONICS:
         fs = dataclasses.fields(cls)
@@ -487,3 +487,5 @@ def test_every_instruction_takes_the_parameters_its_fields_declare() -> None:
             with pytest.raises(TypeError):
                 cls()  # a field without a default left out
         assert dataclasses.replace(ins, paired=True).paired is True
+        built = BUILD[cls](*(values[f.name] for f in declared))  # the readers' builder
+        assert type(built) is cls and built == ins

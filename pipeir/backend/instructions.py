@@ -9,7 +9,7 @@ reading a program needs neither the simulator nor the verifier.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Literal
 
@@ -232,8 +232,15 @@ MNEMONICS: dict[type, str] = {
 BY_MNEMONIC: dict[str, type] = {v: k for k, v in MNEMONICS.items()}
 
 
+#: Per instruction class, a function taking every field by position, in `__init__`'s order
+#: (its own, then `op`, `at` and `paired`): how the lowered-JSON reader builds one
+#: (`_quick_init`).
+BUILD: dict[type, Callable[..., Instr]] = {}
+
+
 def _quick_init(cls: type) -> None:
-    """Give `cls` an `__init__` that stores each field through its slot directly.
+    """Give `cls` an `__init__` that stores each field through its slot directly, and its
+    positional builder (`BUILD`).
 
     NOTE: a frozen dataclass's own `__init__` stores each field with `object.__setattr__`
     (a global, an attribute and a generic call per field: 1 µs for a `send`), and lowering,
@@ -243,7 +250,7 @@ def _quick_init(cls: type) -> None:
     as immutable as before; equality, hashing, `fields` and `replace` are the dataclass's.
     Generated from `fields(cls)`, as dataclasses generates its own: the same parameters,
     defaults and keyword-only fields (tests/test_backend.py compares the signatures)."""
-    scope: dict[str, Any] = {}
+    scope: dict[str, Any] = {"new": object.__new__, "cls": cls}
     plain: list[str] = []
     keyword: list[str] = []
     body: list[str] = []
@@ -259,10 +266,14 @@ def _quick_init(cls: type) -> None:
         (keyword if f.kw_only else plain).append(param)
         body.append(f"    set_{f.name}(self, {f.name})")
     params = ", ".join(["self", *plain, *(["*", *keyword] if keyword else [])])
-    exec(f"def __init__({params}):\n" + ("\n".join(body) or "    pass"), scope)
+    names = ", ".join(p.partition("=")[0] for p in (*plain, *keyword))
+    exec(f"def __init__({params}):\n" + ("\n".join(body) or "    pass") + "\n"
+         f"def build({names}):\n    self = new(cls)\n" + "".join(b + "\n" for b in body) +
+         "    return self", scope)
     init = scope["__init__"]
     init.__qualname__ = f"{cls.__qualname__}.__init__"
     cls.__init__ = init  # type: ignore[misc]
+    BUILD[cls] = scope["build"]
 
 
 for _cls in MNEMONICS:

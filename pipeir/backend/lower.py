@@ -67,11 +67,18 @@ from pipeir.sim.engine import Timing
 from pipeir.verify import verify
 
 
-@paused_gc()  # (pipeir._gc: ~10 objects per op, no cycles)
 def lower(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
     """Lower a schedule (verified here first) to per-rank instruction programs; `costs`
     (default: unit costs) only decide where communication is placed, never correctness."""
     verify(schedule)
+    return lower_verified(schedule, costs)
+
+
+@paused_gc()  # (pipeir._gc: ~10 objects per op, no cycles)
+def lower_verified(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
+    """`lower` of a schedule its caller has just verified: the pass manager verifies every
+    pass's output (under the costs' activation sizes, as `check` counts), and verifying a
+    262k-op schedule again was 0.4 to 0.6 s of its compile."""
     cfg = schedule.config
     limits.check_lowering(f"lowering '{schedule.name}'" + (
         f" ({cfg.accumulate} rounds: accumulate)" if cfg.accumulate > 1 else ""),

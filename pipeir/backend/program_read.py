@@ -13,7 +13,15 @@ from typing import Any, get_args
 
 from pipeir import jsonread, limits
 from pipeir._gc import paused_gc
-from pipeir.backend.instructions import BY_MNEMONIC, MNEMONICS, Instr, IRecv, ISend, Lowered
+from pipeir.backend.instructions import (
+    BUILD,
+    BY_MNEMONIC,
+    MNEMONICS,
+    Instr,
+    IRecv,
+    ISend,
+    Lowered,
+)
 from pipeir.backend.program_io import (
     BOOL,
     COLUMNS,
@@ -255,7 +263,7 @@ def _reader(cls: type) -> Callable[..., Instr | None]:
              "    o = row[1]",
              "    if type(o) is not int or not 0 <= o < len(origins): return None",
              "    op, at = origins[o]"]
-    scope: dict[str, Any] = {"cls": cls, "PAIRED": PAIRED, "MAX": _MAX,
+    scope: dict[str, Any] = {"build": BUILD[cls], "PAIRED": PAIRED, "MAX": _MAX,
                              "isfinite": math.isfinite, "overflow": limits.int_overflow,
                              "posts": _fast_posts}
     args = []
@@ -276,12 +284,13 @@ def _reader(cls: type) -> Callable[..., Instr | None]:
             lines += [f"    if type({x}) is not list or not {x}: return None",
                       f"    {x} = posts({x}, origins, texts)",
                       f"    if {x} is None: return None"]
-        else:  # a Literal of strings
-            scope[f"c{k}"] = want
-            lines += [f"    if type({x}) is not str or {x} not in c{k}: return None",
-                      f"    {x} = texts.setdefault({x}, {x})"]
+        else:  # a Literal of strings: each read as the one object of its text
+            scope[f"c{k}"] = {c: c for c in want}
+            lines += [f"    if type({x}) is not str: return None",
+                      f"    {x} = c{k}.get({x})",
+                      f"    if {x} is None: return None"]
         args.append(x)
-    lines.append(f"    return cls({''.join(a + ', ' for a in args)}op=op, at=at, paired=paired)")
+    lines.append(f"    return build({''.join(a + ', ' for a in args)}op, at, paired)")
     exec("\n".join(lines), scope)
     return scope["read"]  # type: ignore[no-any-return]
 
@@ -339,8 +348,13 @@ def _fast_program(prog: object, texts: dict[str, str]) -> tuple[Instr, ...] | No
     if origins is None or type(table) is not list:
         return None
     out = []
+    readers = _READERS  # (`_fast` inline: a call less per instruction)
     for row in table:
-        ins = _fast(row, origins, texts)
+        if type(row) is not list or not row:
+            return None
+        name = row[0]
+        read = readers.get(name) if type(name) is str else None
+        ins = read(row, origins, texts) if read is not None else None
         if ins is None:
             return None
         out.append(ins)

@@ -9,6 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from pipeir import driver
+from pipeir._gc import paused_gc
 from pipeir.cli.common import add_schedule_args, load_with_costs, show
 from pipeir.cli.simulate import add_costs_arg
 from pipeir.diagnostics import EXIT_OK, UsageError
@@ -73,10 +74,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from pipeir.backend.codegen import generate, rank_source, unrolled_source
-    from pipeir.backend.commcheck import rules_id
-    from pipeir.backend.program_io import dumps, format_lowered
-
     if args.output == "":
         raise UsageError("-o: empty path")
     if not args.output and not args.emit:
@@ -88,6 +85,22 @@ def run(args: argparse.Namespace) -> int:
         if not out.parent.is_dir():
             raise UsageError(f"-o {out}: directory {out.parent} does not exist")
         check_tree(out, MARKER, flag="-o", force=args.force)
+    # NOTE (the collector): the phases that build objects by the million (elaboration,
+    # lowering, the proof, writing) pause the cyclic collector, and none of them makes
+    # cycles; between them, and once more after the work, it walked every object made while
+    # paused (1.7 s of an 18 s compile at p = 64) and could free none. One command is one
+    # pipeline, so the collector waits for its end: `_compile` returns, letting its objects
+    # go, before the collector runs again (pipeir._gc).
+    with paused_gc():
+        _compile(args, out)
+    return EXIT_OK
+
+
+def _compile(args: argparse.Namespace, out: Path | None) -> None:
+    from pipeir.backend.codegen import generate, rank_source, unrolled_source
+    from pipeir.backend.commcheck import rules_id
+    from pipeir.backend.program_io import dumps, format_lowered
+
     with Progress("compile") as progress:
         progress("reading the schedule")
         build = compile_args(args, progress)
@@ -111,4 +124,3 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(rank_source(lowered, 0))
     elif args.emit == "unrolled":
         sys.stdout.write(unrolled_source(lowered, 0))
-    return EXIT_OK

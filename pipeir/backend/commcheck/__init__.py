@@ -201,6 +201,7 @@ def check_schedule(schedule: Schedule) -> str:
     return summary(lowered, check_comm(lowered, schedule_locator(schedule)))
 
 
+@paused_gc()  # (reading and proving, both paused, as one: pipeir.cli.compile's NOTE)
 def check_json(path: str) -> str:
     """Prove the lowered programs in a `lowered.json` file; `path: summary`. A file that is
     not lowered programs (bad JSON, or a field of the wrong shape or type) is a UsageError
