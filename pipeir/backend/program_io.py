@@ -213,7 +213,7 @@ def dumps(lowered: Lowered, proof: str | None = None) -> str:
 def dump_parts(lowered: Lowered, proof: str | None = None) -> Iterator[str]:
     """`dumps`'s text in parts (a header, one part per rank, a trailer), each made when it is
     asked for: `pipeir.files` writes each before the next is made, so the text of a large
-    program (35 MB at 65k ops, 0.7 KB per op) never exists whole, nor encoded whole.
+    program (18 MB at 65k ops, 0.28 KB per op) never exists whole, nor encoded whole.
 
     NOTE: written a program at a time by the fast writer, one instruction per line (`json`'s
     own `indent` is pure Python: it was half of compiling a large schedule). The digest (the
