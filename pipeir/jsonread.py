@@ -80,7 +80,7 @@ def loads_streamed(src: Source, member: str, each: Callable[[int, Any], Any]
     """A top-level JSON object read as `loads` reads it, except that the elements of its
     array `member` are passed to `each` (index, value) one at a time as they are read, and
     what `each` returns is kept instead: only one element's JSON values exist at once (a
-    lowered.json holds a dict per instruction, 4 KB per op if read whole). None for any text
+    lowered.json holds a list per instruction, each program's table a rank's). None for any text
     `loads` might refuse or read otherwise (not an object, a fault, a key given twice): the
     caller then reads it with `loads`, which explains. Exceptions from `each` propagate."""
     text, dec = src.text, json.JSONDecoder(object_pairs_hook=_unique)

@@ -5,6 +5,7 @@ directory's lowered.json edited by hand (each fault one `l.json:line:col: error:
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from collections.abc import Callable
@@ -43,26 +44,35 @@ def _at_line(_: Path, out: str, err: str) -> tuple[str, str] | None:
 def _drop_first(mnemonic: str) -> Callable[[str], str]:
     def edit(text: str) -> str:
         lines = text.splitlines(keepends=True)
-        at = next(i for i, ln in enumerate(lines) if f'"i": "{mnemonic}"' in ln and i > 1)
+        at = next(i for i, ln in enumerate(lines) if ln.lstrip().startswith(f'["{mnemonic}", '))
         return "".join(lines[:at] + lines[at + 1:])
     return edit
 
 
+#: rank 0's first send: the activation of stage 0, micro-batch 0, to rank 1 with tag 0 (its
+#: row's last columns: tensor, stage, mb, peer, tag)
+_SEND = '"act", 0, 0, 1, 0]'
+
 #: (name, edit of the compiled text): each must be refused with a position in the file
 EDITS: list[tuple[str, Callable[[str], str]]] = [
-    ("a renamed instruction", lambda t: t.replace('"i": "forward"', '"i": "forwrd"', 1)),
+    ("a renamed instruction", lambda t: t.replace('["forward", ', '["forwrd", ', 1)),
     ("a dropped send", _drop_first("send")),
     ("a dropped forward", _drop_first("forward")),
-    ("a swapped peer", lambda t: t.replace('"peer": 1, "tag": 0', '"peer": 0, "tag": 0', 1)),
-    ("a wrong tag", lambda t: t.replace('"peer": 1, "tag": 0', '"peer": 1, "tag": 7', 1)),
-    ("a negative tag", lambda t: t.replace('"peer": 1, "tag": 0', '"peer": 1, "tag": -7', 1)),
-    ("a NaN micro-batch", lambda t: t.replace('"mb": 0}', '"mb": NaN}', 1)),
-    ("a bad line", lambda t: t.replace('"i": "forward"', '"i": "forward",,', 1)),
-    ("a key given twice", lambda t: t.replace('"mb": 0}', '"mb": 0, "mb": 1}', 1)),
-    ("an unknown field", lambda t: t.replace('"mb": 0}', '"mb": 0, "micro": 1}', 1)),
+    ("a swapped peer", lambda t: t.replace(_SEND, '"act", 0, 0, 0, 0]', 1)),
+    ("a wrong tag", lambda t: t.replace(_SEND, '"act", 0, 0, 1, 7]', 1)),
+    ("a negative tag", lambda t: t.replace(_SEND, '"act", 0, 0, 1, -7]', 1)),
+    ("a NaN micro-batch", lambda t: t.replace(_SEND, '"act", 0, NaN, 1, 0]', 1)),
+    ("a row too short", lambda t: t.replace(_SEND, '"act", 0, 0, 1]', 1)),
+    ("a value after the last column", lambda t: t.replace(_SEND, '"act", 0, 0, 1, 0, 0]', 1)),
+    ("an origin past the table", lambda t: re.sub(r'\["forward", \d+, ', '["forward", 99, ', t,
+                                                  count=1)),
+    ("a bad line", lambda t: t.replace('["forward", ', '["forward",, ', 1)),
+    ("a key given twice", lambda t: t.replace('{"origins": ', '{"table": [], "origins": ', 1)),
+    ("an unknown field", lambda t: t.replace('{"origins": ', '{"micro": 1, "origins": ', 1)),
     ("truncated", lambda t: t[:len(t) // 2]),
     ("empty", lambda t: ""),
     ("a header with fewer ranks", lambda t: t.replace('"ranks": 2', '"ranks": 1', 1)),
+    ("a format of an earlier pipeir", lambda t: t.replace('"version": 2', '"version": 1', 1)),
 ]
 
 

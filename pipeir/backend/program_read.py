@@ -285,6 +285,7 @@ def _reader(cls: type) -> Callable[..., Instr | None]:
                       f"    {x} = posts({x}, origins, texts)",
                       f"    if {x} is None: return None"]
         else:  # a Literal of strings: each read as the one object of its text
+            assert isinstance(want, frozenset)
             scope[f"c{k}"] = {c: c for c in want}
             lines += [f"    if type({x}) is not str: return None",
                       f"    {x} = c{k}.get({x})",
