@@ -9,6 +9,7 @@ language's own values.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -105,9 +106,10 @@ class RunContext:
     calls: int = 0
     rank_note: str = ""
 
-    @property
+    @functools.cached_property
     def max_calls(self) -> int:
-        """Function and macro calls one elaboration may make (`pipeir.limits`)."""
+        """Function and macro calls one elaboration may make (`pipeir.limits`); read on every
+        call, so worked out once."""
         c = self.config
         return limits.CALLS_BASE + limits.CALLS_PER_PAIR * c.stages * c.microbatches
 
@@ -137,13 +139,14 @@ def invoke(fn: Closure, args: list[Any], ctx: RunContext | None, span: Span) -> 
         return fn.expr(env, None) if fn.expr is not None else None
     ctx.depth += 1
     ctx.calls += 1
-    what = "functions" if fn.expr is not None else "macros"
     if ctx.depth > limits.MAX_DEPTH:
         ctx.depth -= 1
+        what = "functions" if fn.expr is not None else "macros"
         raise UsageError(f"{what} nest deeper than {limits.MAX_DEPTH} calls; is a recursion "
                          "missing its base case?", span)
     if ctx.calls > ctx.max_calls:
         ctx.depth -= 1
+        what = "functions" if fn.expr is not None else "macros"
         raise UsageError(
             f"the schedule calls {what} more than {ctx.max_calls:,} times ({limits.CALLS_BASE:,}"
             f" + {limits.CALLS_PER_PAIR} per (stage, micro-batch) pair); does a function call "
