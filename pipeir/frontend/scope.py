@@ -141,16 +141,15 @@ def invoke(fn: Closure, args: list[Any], ctx: RunContext | None, span: Span) -> 
     ctx.calls += 1
     if ctx.depth > limits.MAX_DEPTH:
         ctx.depth -= 1
-        what = "functions" if fn.expr is not None else "macros"
-        raise UsageError(f"{what} nest deeper than {limits.MAX_DEPTH} calls; is a recursion "
+        raise UsageError(f"{_what(fn)} nest deeper than {limits.MAX_DEPTH} calls; is a recursion "
                          "missing its base case?", span)
     if ctx.calls > ctx.max_calls:
         ctx.depth -= 1
-        what = "functions" if fn.expr is not None else "macros"
         raise UsageError(
-            f"the schedule calls {what} more than {ctx.max_calls:,} times ({limits.CALLS_BASE:,}"
-            f" + {limits.CALLS_PER_PAIR} per (stage, micro-batch) pair); does a function call "
-            "itself (or another) twice per level? Each such level doubles the calls", span)
+            f"the schedule calls {_what(fn)} more than {ctx.max_calls:,} times "
+            f"({limits.CALLS_BASE:,} + {limits.CALLS_PER_PAIR} per (stage, micro-batch) pair); "
+            "does a function call itself (or another) twice per level? Each such level doubles "
+            "the calls", span)
     try:
         if fn.expr is not None:
             return fn.expr(env, ctx)
@@ -166,6 +165,10 @@ def invoke(fn: Closure, args: list[Any], ctx: RunContext | None, span: Span) -> 
     finally:
         ctx.depth -= 1
     return None
+
+
+def _what(fn: Closure) -> str:
+    return "functions" if fn.expr is not None else "macros"
 
 
 _CALLED = "in the call of"

@@ -37,8 +37,8 @@ Posts inside a `batch` (torch's `batch_isend_irecv`) are posted in their listed 
 batch's position, so all rules apply to them as to single posts.
 
 Findings name the instruction (`Locator.name`) and point at its source (`Locator.span`): the
-`.sched` op for pipeir's programs, the CSV cell for torch's, the instruction's `"i"` member
-in a lowered JSON file (`check --lowered DIR/lowered.json`).
+`.sched` op for pipeir's programs, the CSV cell for torch's, the mnemonic of the instruction's
+row in a lowered JSON file (`check --lowered DIR/lowered.json`).
 
 The package holds one module per rule: `local` (1), `matching` (2: matching, computing,
 stepping), `order` (3) and `progress` (4), over the shared `programs` and `findings`.
@@ -212,7 +212,7 @@ def check_json(path: str) -> str:
 
 @dataclass
 class JsonLocator:
-    """Names an instruction as `describe` does; points at its `"i"` member in `source`, a
+    """Names an instruction as `describe` does; points at its row's mnemonic in `source`, a
     lowered JSON file (`instruction_spans`), found only when a finding needs it."""
 
     source: Source
