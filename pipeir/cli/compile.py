@@ -90,7 +90,9 @@ def run(args: argparse.Namespace) -> int:
     # cycles; between them, and once more after the work, it walked every object made while
     # paused (1.7 s of an 18 s compile at p = 64) and could free none. One command is one
     # pipeline, so the collector waits for its end: `_compile` returns, letting its objects
-    # go, before the collector runs again (pipeir._gc).
+    # go, before the collector runs again (pipeir._gc). Cycles a user's pass makes (built-in
+    # passes already run paused: `PassManager`) wait for that end too: they are bounded by
+    # one command, not kept across many.
     with paused_gc():
         _compile(args, out)
     return EXIT_OK
