@@ -6,6 +6,8 @@ import re
 from pathlib import Path
 
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 import pipeir
 from pipeir import B, F, I, W
@@ -357,3 +359,72 @@ def test_a_schedule_parameter_cannot_take_a_built_in_name(param: str) -> None:
     d = e.value.diagnostics[0]
     assert d.message == f"'{param}' is a built-in name; pick another name"
     assert d.span is not None and (d.span.line, d.span.col) == (2, 12)
+
+
+_OPERATORS = ("+", "-", "*", "//", "%", "/", "<", "<=", ">", ">=")
+_PY = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
+       "//": lambda a, b: a // b, "%": lambda a, b: a % b, "/": lambda a, b: a / b,
+       "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
+       ">=": lambda a, b: a >= b}
+
+
+def _spelt(v: int | bool, shape: str, name: str) -> tuple[str, str]:
+    """A `let` for operand `v` and how the expression reads it: a number, a variable, an
+    expression (a closure: the path a generated operator takes for anything else)."""
+    lit = ("true" if v else "false") if isinstance(v, bool) else (f"({v})" if v < 0 else str(v))
+    if shape == "number" and not isinstance(v, bool):
+        return "", lit
+    if shape == "expression":
+        return f"let {name} = {lit} ", f"max({name}, {name})" if not isinstance(v, bool) \
+            else f"({name} and true)"
+    return f"let {name} = {lit} ", name
+
+
+@settings(max_examples=300, deadline=None)
+@given(op=st.sampled_from(_OPERATORS),
+       a=st.one_of(st.integers(-9, 9), st.sampled_from([2**62, -2**62, 2**63 - 1, True])),
+       b=st.one_of(st.integers(-9, 9), st.sampled_from([2**62, 3, -(2**63 - 1), False])),
+       left=st.sampled_from(["number", "variable", "expression"]),
+       right=st.sampled_from(["number", "variable", "expression"]))
+def test_arithmetic_is_pythons_within_64_bits(op: str, a: int | bool, b: int | bool, left: str,
+                                              right: str) -> None:
+    """Every operator on every operand shape (the generated operators read numbers and
+    variables inline) gives Python's result, refuses booleans, division by zero and results
+    past 64 bits, and names the operand or expression at fault."""
+    let_a, ea = _spelt(a, left, "a")
+    let_b, eb = _spelt(b, right, "b")
+    expr = f"{ea} {op} {eb}"
+    text = ("pipeline { ranks = 1  microbatches = 1 }\n"
+            f"schedule s {{ rank r {{ {let_a}{let_b}let got = {expr} "
+            "require got == want, \"differs\"  F(0, 0) B(0, 0) }}")
+    if isinstance(a, bool) or isinstance(b, bool):
+        want_error = f"'{op}' needs numbers, got a boolean"
+    elif b == 0 and op in ("//", "%", "/"):
+        want_error = "division by zero"
+    else:
+        want = _PY[op](a, b)
+        if isinstance(want, bool):
+            spelt = "true" if want else "false"
+        elif isinstance(want, float):  # ('/': compared where Python spells it plainly)
+            spelt = repr(want) if want >= 0 else f"({want!r})"
+            assume("e" not in spelt)
+        elif not -(2**63 - 1) <= want <= 2**63 - 1:
+            with pytest.raises(pipeir.UsageError, match=f"integer overflow: {a} "
+                                                        f"{re.escape(op)} {b} is outside"):
+                pipeir.parse(text.replace("want", "0"))
+            return
+        else:
+            spelt = f"({want})" if want < 0 else str(want)
+        pipeir.parse(text.replace("want", spelt))  # `require` holds: got == Python's result
+        with pytest.raises(pipeir.UsageError, match="differs"):
+            pipeir.parse(text.replace("want", spelt).replace("got == ", "got != "))
+        return
+    with pytest.raises(pipeir.UsageError) as e:
+        pipeir.parse(text.replace("want", "0"))
+    d = e.value.diagnostics[0]
+    assert want_error in d.message
+    line = text.split("\n")[1]
+    col = line.index(" = " + expr) + 4  # (1-based) the left operand, then the right one
+    at, spelt = (col, ea) if isinstance(a, bool) else (col + len(ea) + len(op) + 2, eb)
+    at += spelt.startswith("(")  # (a parenthesised operand's span is inside its parentheses)
+    assert d.span is not None and (d.span.line, d.span.col) == (2, at)

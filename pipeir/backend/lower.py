@@ -30,7 +30,6 @@ the pair's first carry `paired` so that later passes put nothing in between.
 from __future__ import annotations
 
 from bisect import bisect_right
-from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -84,12 +83,12 @@ def lower_verified(schedule: Schedule, costs: CostModel | None = None) -> Lowere
         f" ({cfg.accumulate} rounds: accumulate)" if cfg.accumulate > 1 else ""),
         len(schedule), cfg.accumulate)
     times = _times(schedule, costs if costs is not None else CostModel())
-    # NOTE (memory): what lowering still needs of the schedule's numbered index (the op
-    # numbers and topological places) is in `times`; the rest (edges, order) would be a
-    # third of a large lowering's peak. Dropped here (its next user builds it again: compile
-    # and `check` have none).
+    # NOTE (memory): what lowering still needs of the schedule's numbered index (the
+    # topological places, the pairs by number) is in `times`; the rest (edges, order, the
+    # op -> number dict) would be a third of a large lowering's peak. Dropped here (its next
+    # user builds it again: compile and `check` have none).
     schedule.drop_index()
-    ops = _Ops(schedule, times.index)
+    ops = _Ops(schedule, times.pairs)
     rounds = [_lower_round(schedule, times, r, ops) for r in range(cfg.accumulate)]
     programs = []
     for rank in range(cfg.ranks):
@@ -138,7 +137,8 @@ class _Times:
     large lowering's peak memory is these and its events), and per rank the spans of its
     computes, sorted (`_in_progress`)."""
 
-    index: Mapping[Op, int]
+    #: the overlapped pairs, by number
+    pairs: list[tuple[int, int]]
     start: list[float]
     end: list[float]
     #: each op's place in the topological order (`_times`)
@@ -159,29 +159,30 @@ def _times(schedule: Schedule, costs: CostModel) -> _Times:
         raise AssertionError("schedule deadlocks after verification")
     t = timing.sweep([costs.cost(op) for op in timing.ops])
     deps = schedule.deps
-    index, start, end = deps.index, t.start, t.end  # (the sweep's own lists, numbered as deps)
+    start, end = t.start, t.end  # (the sweep's own lists, numbered as deps)
     # a reduction is issued when its rank reaches it (its channel may start it later)
     computes: list[list[int]] = []
+    i = 0  # (deps numbers ops in program order, rank by rank)
     for prog in schedule.programs:
         reached = 0.0
         mine = []
         for op in prog:
-            i = index[op]
             if op.kind == "R":
                 start[i] = end[i] = reached
             else:
                 reached = end[i]
                 mine.append(i)
+            i += 1
         computes.append(mine)
-    for first, second in schedule.pairs:
-        i, j = index[first], index[second]
+    pairs = [(deps.index[first], deps.index[second]) for first, second in schedule.pairs]
+    for i, j in pairs:
         start[i], end[i], start[j], end[j] = start[i], end[j], start[i], end[j]
     starts, ends = [], []
     for mine in computes:
         mine.sort(key=lambda i: (start[i], end[i]))
         starts.append([start[i] for i in mine])
         ends.append([end[i] for i in mine])
-    return _Times(index, start, end, deps.place(), starts, ends)
+    return _Times(pairs, start, end, deps.place(), starts, ends)
 
 
 def _in_progress(starts: list[float], ends: list[float], t: float) -> float:
@@ -193,64 +194,67 @@ def _in_progress(starts: list[float], ends: list[float], t: float) -> float:
     return t
 
 
+#: a receive until its receiver's program is emitted: its `irecv`'s fields (tensor, producing
+#: stage, micro-batch, sending rank, tag, and the consuming op's name and `.sched` line)
+_Recv = tuple[Tensor, int, int, int, int, str, str]
+
 #: the kinds that consume a tensor from another stage, and their slot in `_Ops._consumers`
 _CONSUMING: Final = {"F": 0, "FC": 1, "B": 2, "I": 3}
 
 
 class _Ops:
-    """What lowering looks up per op, read from the schedule once: overlapped partners, the
-    consumer of a tensor, and each op's origin (name and `.sched` line).
+    """What lowering looks up per op, read from the schedule once, by the op's number
+    (`Schedule.deps` numbers ops in program order, rank by rank: a rank's op at `pos` is
+    number `first + pos`): overlapped pairs, the consumer of a tensor, and each op's origin
+    (name and `.sched` line).
 
     NOTE: looking these up through the graph's node views per op (a view object, a dict
     per look-up, and an `Op` built and compared to find a consumer) was a third of lowering a
-    large schedule; plain dicts keyed by the stored ops (compared by identity) are not. The
-    consumers and origins are lists by number, not dicts keyed by op or by (kind, stage,
-    micro-batch) tuple: a large lowering's peak memory held them all."""
+    large schedule, and dicts keyed by op still hash it (a Python-level `__hash__`) several
+    times per op; lists and flags by number do neither, and a large lowering's peak memory
+    holds a dict less."""
 
-    def __init__(self, schedule: Schedule, index: Mapping[Op, int]) -> None:
-        self.next = dict(schedule.pairs)
-        self.prev = {b: a for a, b in schedule.pairs}
+    def __init__(self, schedule: Schedule, pairs: list[tuple[int, int]]) -> None:
         cfg = schedule.config
+        self.ops = [op for prog in schedule.programs for op in prog]
+        n = len(self.ops)
+        #: 1 where the op opens an overlapped pair (its partner is the next number)
+        self.opens = bytearray(n)
+        #: 1 where the op closes one (its partner is the number before)
+        self.closes = bytearray(n)
+        for first, second in pairs:
+            self.opens[first] = self.closes[second] = 1
         self._mbs = cfg.microbatches
         self._stages = cfg.stages
-        self._consumers: list[Op | None] = [None] * (4 * cfg.stages * cfg.microbatches)
-        for op in schedule:
+        self._consumers = [-1] * (4 * cfg.stages * cfg.microbatches)
+        for i, op in enumerate(self.ops):
             k = _CONSUMING.get(op.kind)
             if k is not None:
-                self._consumers[self._slot(k, op.stage, op.mb)] = op
+                self._consumers[self._slot(k, op.stage, op.mb)] = i
         self.span_of = schedule.span_of
-        self._index = index
-        self._names: list[str | None] = [None] * len(index)
-        self._ats: list[str] = [""] * len(index)
+        self._names: list[str | None] = [None] * n
+        self._ats: list[str] = [""] * n
         self._lines: dict[tuple[str, int], str] = {}
 
     def _slot(self, k: int, stage: int, mb: int) -> int:
         return (k * self._stages + stage) * self._mbs + mb
 
-    def unit(self, op: Op) -> tuple[Op, ...]:
-        """`op` alone, or `op` and its partner when `op` opens an overlapped pair."""
-        partner = self.next.get(op)
-        return (op, partner) if partner is not None else (op,)
-
-    def first_of(self, op: Op) -> Op:
-        """The op that opens `op`'s overlapped pair (or `op`): waits go before the pair."""
-        return self.prev.get(op, op)
-
-    def consumer(self, tensor: Tensor, stage: int, mb: int) -> Op:
-        """The op of `stage` that consumes `tensor` of micro-batch `mb`."""
+    def consumer(self, tensor: Tensor, stage: int, mb: int) -> int:
+        """The number of the op of `stage` that consumes `tensor` of micro-batch `mb`."""
         first, second = (0, 1) if tensor == "act" else (2, 3)
-        found = self._consumers[self._slot(first, stage, mb)] or \
-            self._consumers[self._slot(second, stage, mb)]
-        if found is None:  # pragma: no cover - verify() rejected incomplete schedules
+        found = self._consumers[self._slot(first, stage, mb)]
+        if found < 0:
+            found = self._consumers[self._slot(second, stage, mb)]
+        if found < 0:  # pragma: no cover - verify() rejected incomplete schedules
             raise AssertionError(f"no consumer of the {tensor} of stage {stage}, mb {mb}")
         return found
 
-    def origin(self, op: Op) -> tuple[str, str]:
-        """The op's name and `.sched` line, made once per op and shared by its instructions
-        (one string each per op, not per instruction)."""
-        i = self._index[op]
+    def origin(self, i: int) -> tuple[str, str]:
+        """Op number `i`'s name and `.sched` line, made once per op and shared by its
+        instructions (one string each per op, not per instruction)."""
         name = self._names[i]
         if name is None:
+            op = self.ops[i]
             span = self.span_of(op)
             if span is not None:
                 line = (span.file, span.line)
@@ -281,10 +285,10 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
     last = cfg.stages - 1
     offset = rnd * cfg.microbatches
     scale = 1.0 / (cfg.microbatches * cfg.accumulate)
-    index, t_start, t_end, topo = times.index, times.start, times.end, times.place
+    t_start, t_end, topo = times.start, times.end, times.place
+    opens, closes = ops.opens, ops.closes
     busy_starts, busy_ends = times.busy_starts, times.busy_ends
     final = rnd == cfg.accumulate - 1  # reductions run once per step, after the last round
-    waits: dict[Op, list[Instr]] = {}
     origin, placement, stages = ops.origin, cfg.placement, cfg.stages
 
     # NOTE (one rank at a time): a rank's instructions are its events in sorted order, and
@@ -292,33 +296,43 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
     # keys are unique). So the receives each rank posts are found first (with the waits of
     # their consumers), and each rank's own events are then made, sorted and emitted before
     # the next rank's: a large lowering holds one rank's events at a time, not every rank's.
+    #
+    # NOTE (locality): a receive is found while lowering its sender but built while emitting
+    # its receiver (`_Recv` until then), so each rank's instructions are made together and
+    # lie together in memory: the proof and the writer walk a program at a time, and at
+    # p = 64 (1.3 M instructions, past the caches) a receiver's instructions scattered among
+    # every other rank's made the proof about a fifth slower.
     incoming: list[list[tuple[Any, ...]]] = [[] for _ in range(cfg.ranks)]
+    waits: dict[int, list[_Recv]] = {}  # by the number of the op they go before
+    first = 0  # the number of the rank's first op
     for rank, prog in enumerate(schedule.programs):
         for pos, op in enumerate(prog):
-            if op in ops.prev or op.kind == "R":
+            i = first + pos
+            if closes[i] or op.kind == "R":
                 continue
-            unit = ops.unit(op)
-            end = t_end[index[unit[-1]]]
-            for k, o in enumerate(unit):
-                s, mb = o.stage, o.mb + offset
+            pair = opens[i]  # (1: the op and the next are a pair, lowered as one unit)
+            end = t_end[i + pair]
+            for k in range(1 + pair):
+                o = prog[pos + k]
                 for tensor, dst in outputs_of(o, stages):
                     peer = placement[dst]
                     if peer == rank:
                         continue
-                    tag = tag_of(tensor, s, mb, stages)
                     consumer = ops.consumer(tensor, dst, o.mb)
-                    co = origin(consumer)
+                    mb = o.mb + offset if offset else o.mb  # (the op's own int where it can)
+                    recv = (tensor, o.stage, mb, rank, tag_of(tensor, o.stage, mb, stages),
+                            *origin(consumer))
                     post = _in_progress(busy_starts[peer], busy_ends[peer], end)
-                    incoming[peer].append((post, -1, end, rank, pos, k, dst, None,
-                                           IRecv(tensor, s, mb, rank, tag, op=co[0],
-                                                 at=co[1])))
-                    waits.setdefault(ops.first_of(consumer), []).append(
-                        WaitRecv(tensor, s, mb, rank, tag, op=co[0], at=co[1]))
+                    incoming[peer].append((post, -1, end, rank, pos, k, dst, None, recv))
+                    waits.setdefault(consumer - closes[consumer], []).append(recv)
+        first += len(prog)
 
     out: list[list[Instr]] = []
+    first = 0
     for rank, prog in enumerate(schedule.programs):
-        # Each event is its sort key followed by: the op whose receives are waited for
-        # first (or None), and its instruction or instructions. NOTE: flat, not
+        # Each event is its sort key followed by: the number of the op whose receives are
+        # waited for first (or None), and its instruction, its instructions, or the receive it posts
+        # (`_Recv`, built here). NOTE: flat, not
         # (key, payload): no two keys are equal over their common length (they differ by
         # time, then posts first, then by the op's topological place, then compute before
         # its sends, then by consumer), so the sort never compares a payload, and a large
@@ -326,23 +340,23 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
         events = incoming[rank]
         incoming[rank] = []
         for pos, op in enumerate(prog):
-            if op in ops.prev:
+            i = first + pos
+            if closes[i]:
                 continue  # lowered with the first op of its pair
             if op.kind == "R":
                 if final:
-                    name, at = origin(op)
-                    i = index[op]
+                    name, at = origin(i)
                     events.append((t_start[i], 0, topo[i], 0, rank, pos, None,
                                    ReduceGrad(op.stage, op=name, at=at)))
                 continue
-            unit = ops.unit(op)
-            i = index[op]
-            start, end, at_place = t_start[i], t_end[index[unit[-1]]], topo[i]
+            pair = opens[i]
+            start, end, at_place = t_start[i], t_end[i + pair], topo[i]
             body: list[Instr] = []
             after: list[Instr] = []
-            for k, o in enumerate(unit):
-                oo = origin(o)
-                s, mb = o.stage, o.mb + offset
+            for k in range(1 + pair):
+                o = prog[pos + k]
+                oo = origin(i + k)
+                s, mb = o.stage, o.mb + offset if offset else o.mb
                 body += compute_instrs(o, mb, last, scale, oo)
                 for tensor, dst in outputs_of(o, stages):
                     peer = placement[dst]
@@ -352,9 +366,9 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
                     events.append((end, 0, at_place, 1, rank, pos, k, dst, None,
                                    Send(tensor, s, mb, peer, tag_of(tensor, s, mb, stages),
                                         op=oo[0], at=oo[1])))
-            if len(unit) > 1:  # a pair: nothing may come between its instructions
+            if pair:  # nothing may come between a pair's instructions
                 body = body[:1] + [replace(b, paired=True) for b in body[1:]]
-            events.append((start, 0, at_place, 0, rank, pos, op, body))
+            events.append((start, 0, at_place, 0, rank, pos, i, body))
             if after:
                 events.append((end, 0, at_place, 1, rank, pos, -1, None, after))
         events.sort()
@@ -362,13 +376,18 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
         for e in events:
             computed, instrs = e[-2], e[-1]
             if computed is not None:  # compute: its waits first (in the order their sends
-                mine.extend(waits.pop(computed, []))  # happen)
+                for tensor, s, mb, src, tag, name, at in waits.pop(computed, ()):  # happen)
+                    mine.append(WaitRecv(tensor, s, mb, src, tag, op=name, at=at))
             if type(instrs) is list:
                 mine.extend(instrs)
+            elif type(instrs) is tuple:
+                tensor, s, mb, src, tag, name, at = instrs
+                mine.append(IRecv(tensor, s, mb, src, tag, op=name, at=at))
             else:
                 mine.append(instrs)
         del events
         out.append(mine)
+        first += len(prog)
     return out
 
 

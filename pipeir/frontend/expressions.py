@@ -7,8 +7,9 @@ Integers are Python ints (`//` and `%` floor), `/` gives a decimal, comparisons 
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, NoReturn
 
 from pipeir import limits
 from pipeir.config import PipelineConfig, spell
@@ -27,13 +28,29 @@ from pipeir.frontend.scope import (
     want_int,
 )
 
+#: (the `operator` module's functions, not lambdas: a Python-level call less per arithmetic op)
 _ARITH: Final[dict[str, Callable[[Any, Any], Any]]] = {
-    "+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b,
-    "//": lambda a, b: a // b, "%": lambda a, b: a % b, "/": lambda a, b: a / b,
-    "<": lambda a, b: a < b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b,
-    ">=": lambda a, b: a >= b, "==": lambda a, b: a == b, "!=": lambda a, b: a != b,
+    "+": operator.add, "-": operator.sub, "*": operator.mul, "//": operator.floordiv,
+    "%": operator.mod, "/": operator.truediv, "<": operator.lt, "<=": operator.le,
+    ">": operator.gt, ">=": operator.ge, "==": operator.eq, "!=": operator.ne,
 }
+#: the operators whose result on two ints is an int, kept within ±MAX_INT
+_INT_RESULT: Final = frozenset({"+", "-", "*", "//", "%"})
 Ctx = RunContext | None
+
+
+def _operand(e: ast.Expr, scope: Scope, side: str, names: dict[str, Any]) -> str:
+    """How a generated operator reads its operand `e` (whose closure `names` holds as
+    `{side}f`): a number as a constant, a variable from the environment, else its closure."""
+    if isinstance(e, ast.Num):
+        names[f"{side}c"] = e.value
+        return f"{side}c"
+    if isinstance(e, ast.Var):
+        b = scope.lookup(e.name) or BUILTINS.get(e.name)
+        if b is not None and b.kind == "value":  # (as `_var` reads it)
+            names[f"{side}n"] = e.name
+            return f"env[{side}n]"
+    return f"{side}f(env, ctx)"
 
 
 class ExprCompiler:
@@ -117,29 +134,45 @@ class ExprCompiler:
                                      f"({spell(a)} {op} {spell(b)})", espan)
                 return fn(a, b)
             return equal
-        top = limits.MAX_INT  # NOTE: compared inline: a call per arithmetic op cost 13 % of
-        low = -top            # elaborating interleaved 1F1B at p = 32, m = 256
+        top = limits.MAX_INT
+        division = op in ("//", "%", "/")
 
-        def arith(env: Env, ctx: Ctx) -> Any:
-            a, b = lf(env, ctx), rf(env, ctx)
-            ta, tb = type(a), type(b)
-            if ta is int and tb is int:
-                if b == 0 and op in ("//", "%", "/"):
-                    raise UsageError("division by zero", rspan,
-                                     (Note(f"the right-hand side of '{op}' is 0"),))
-                r = fn(a, b)
-                if type(r) is int and not low <= r <= top:
-                    raise UsageError(f"integer overflow: {a} {op} {b} is outside the 64-bit "
-                                     f"range (at most {limits.MAX_INT:,} in magnitude)", espan)
-                return r
-            if ta not in (int, float):
+        def zero() -> NoReturn:
+            raise UsageError("division by zero", rspan,
+                             (Note(f"the right-hand side of '{op}' is 0"),))
+
+        def overflow(a: int, b: int) -> NoReturn:
+            raise UsageError(f"integer overflow: {a} {op} {b} is outside the 64-bit "
+                             f"range (at most {limits.MAX_INT:,} in magnitude)", espan)
+
+        def mixed(a: Any, b: Any) -> Any:  # (not two ints)
+            if type(a) not in (int, float):
                 raise UsageError(f"'{op}' needs numbers, got {type_name(a)} ({spell(a)})", lspan)
-            if tb not in (int, float):
+            if type(b) not in (int, float):
                 raise UsageError(f"'{op}' needs numbers, got {type_name(b)} ({spell(b)})", rspan)
-            if b == 0 and op in ("//", "%", "/"):
+            if b == 0 and division:
                 raise UsageError("division by zero", rspan)
             return fn(a, b)
-        return arith
+
+        # NOTE (speed): arithmetic is most of elaborating a large schedule (interleaved 1F1B's
+        # `chunk_mb(k)` per op), so each operator gets a function generated for its operands
+        # (as `dataclasses` generates `__init__`): the operator itself, not a call, and an
+        # operand that is a variable or a number read inline, not through its closure. Only
+        # two ints take that path; anything else goes through `mixed`'s checks.
+        names: dict[str, Any] = {"lf": lf, "rf": rf, "zero": zero, "overflow": overflow,
+                                 "mixed": mixed, "low": -top, "top": top}
+        code = [
+            "def arith(env, ctx):",
+            f"    a = {_operand(e.left, scope, 'l', names)}",
+            f"    b = {_operand(e.right, scope, 'r', names)}",
+            "    if type(a) is int and type(b) is int:",
+            *(["        if b == 0: zero()"] if division else []),
+            f"        r = a {op} b",
+            *(["        if not low <= r <= top: overflow(a, b)"] if op in _INT_RESULT else []),
+            "        return r",
+            "    return mixed(a, b)"]
+        exec("\n".join(code), names)
+        return names["arith"]  # type: ignore[no-any-return]
 
     def _call(self, e: ast.Call, scope: Scope) -> ExprFn:
         b = self.callee(e.name, e.name_span, len(e.args), e.span, scope)
