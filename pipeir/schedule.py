@@ -98,8 +98,12 @@ class Schedule:
         #: findings that point into the library name that place too (`pipeir.verify`)
         self.used_as: tuple[str, Span] | None = None
         self._graph: nx.DiGraph | None = graph
-        #: op -> (rank, position, span), in the order the ops were added (the graph's)
-        self._where: dict[Op, tuple[int, int, Span | None]] | None = None
+        #: op -> its span, in the order the ops were added (the graph's). NOTE: the span
+        #: alone, not (rank, position, span): a tuple and an int per op were a fifth of a
+        #: large schedule's memory, held through its whole compile, while only error
+        #: messages and views ask an op's rank or position (`_at`, made when first asked)
+        self._where: dict[Op, Span | None] | None = None
+        self._at: dict[Op, tuple[int, int]] | None = None
         self._programs: tuple[tuple[Op, ...], ...] | None = None
         self._pairs: tuple[tuple[Op, Op], ...] | None = None
         self._next: dict[Op, Op] | None = None
@@ -107,7 +111,7 @@ class Schedule:
         self._deps: DepGraph | None = None
 
     @classmethod
-    def _compact(cls, config: PipelineConfig, where: dict[Op, tuple[int, int, Span | None]],
+    def _compact(cls, config: PipelineConfig, where: dict[Op, Span | None],
                  programs: tuple[tuple[Op, ...], ...], pairs: Sequence[tuple[Op, Op]],
                  name: str, span: Span | None) -> Schedule:
         """A schedule without its networkx graph, which is built on first use of `graph`.
@@ -174,24 +178,30 @@ class Schedule:
     def graph(self) -> nx.DiGraph:
         """The dependency graph (networkx; see the module docstring), built on first use."""
         if self._graph is None:
-            where = self._places()
-            self._graph = _digraph(where, _edges(self.deps, where, self.programs),
-                                   self.pairs)
+            where = self._spans()
+            self._graph = _digraph(where, self._places(),
+                                   _edges(self.deps, where, self.programs), self.pairs)
         return self._graph
 
-    def _places(self) -> dict[Op, tuple[int, int, Span | None]]:
+    def _spans(self) -> dict[Op, Span | None]:
         if self._where is None:
-            self._where = {op: (a["rank"], a["pos"], a["span"])
-                           for op, a in self.graph.nodes(data=True)}
+            self._where = {op: a["span"] for op, a in self.graph.nodes(data=True)}
         return self._where
+
+    def _places(self) -> dict[Op, tuple[int, int]]:
+        """op -> (rank, position in its program)."""
+        if self._at is None:
+            self._at = {op: (r, pos) for r, prog in enumerate(self.programs)
+                        for pos, op in enumerate(prog)}
+        return self._at
 
     @property
     def programs(self) -> tuple[tuple[Op, ...], ...]:
         """Each rank's ops in program order."""
         if self._programs is None:
             progs: list[list[tuple[int, Op]]] = [[] for _ in range(self.config.ranks)]
-            for op, (rank, pos, _) in self._places().items():
-                progs[rank].append((pos, op))
+            for op, a in self.graph.nodes(data=True):
+                progs[a["rank"]].append((a["pos"], op))
             self._programs = tuple(tuple(op for _, op in sorted(p, key=_first)) for p in progs)
         return self._programs
 
@@ -228,7 +238,7 @@ class Schedule:
         if self._deps is None:
             if self._graph is None:
                 self._deps = DepGraph.number(
-                    self.programs, self._places(), self.pairs,
+                    self.programs, self._spans(), self.pairs,
                     lambda op, lookup: _predecessors(op, lookup, self.config.stages,
                                                      self.config.microbatches))
             else:
@@ -259,15 +269,15 @@ class Schedule:
         return self._prev.get(op)
 
     def span_of(self, op: Op) -> Span | None:
-        return self._places()[op][2]
+        return self._spans()[op]
 
     def spans(self) -> dict[Op, Span | None]:
         """Every op's span (None where it has none), in graph order."""
-        return {op: w[2] for op, w in self._places().items()}
+        return dict(self._spans())
 
     def __contains__(self, op: object) -> bool:
         try:
-            return op in self._places()
+            return op in self._spans()
         except TypeError:  # unhashable: not an op
             return False
 
@@ -276,7 +286,7 @@ class Schedule:
             yield from prog
 
     def __len__(self) -> int:
-        return len(self._places())
+        return len(self._spans())
 
     def data_edges(self) -> Iterator[tuple[Op, Op]]:
         for u, v, k in self.graph.edges(data="kind"):
@@ -318,7 +328,7 @@ class ScheduleBuilder:
         self.config = config
         self.name = name
         self._programs: list[list[Op]] = [[] for _ in range(config.ranks)]
-        self._where: dict[Op, tuple[int, int, Span | None]] = {}
+        self._where: dict[Op, Span | None] = {}  # (as `Schedule._where`)
         self._pairs: list[tuple[Op, Op]] = []
         self._max_ops = limits.max_ops()
 
@@ -328,8 +338,10 @@ class ScheduleBuilder:
             raise VerifyError(Diagnostic(
                 f"{op} is placed on rank {rank}, but ranks are 0 to {self.config.ranks - 1}",
                 span), check="range")
-        first = self._where.get(op)
-        if first is not None:
+        where = self._where
+        n = len(where)
+        where.setdefault(op, span)  # (one look-up: it was new if it made the dict longer)
+        if len(where) == n:
             # written inside `rank r { ... }`, an op of a missing stage is added by every
             # rank: say what is wrong with it, not that it repeats; of another rank's stage,
             # say whose it is
@@ -337,19 +349,21 @@ class ScheduleBuilder:
             why = c.out_of_range(op.stage, None if op.kind == REDUCE else op.mb)
             if why is not None:
                 raise VerifyError(Diagnostic(f"{op}: {why}", span), check="range")
-            notes = [Note(f"first {op} is here", first[2])] if first[2] is not None else []
+            first = where[op]
+            notes = [Note(f"first {op} is here", first)] if first is not None else []
             owner = c.placement[op.stage]
             if owner != rank:
                 notes.append(Note(f"stage {op.stage} lives on rank {owner}, so rank {rank} "
                                   f"should not run {op}"))
             raise VerifyError(Diagnostic(
-                f"duplicate op {op}: it already runs on rank {first[0]}", span, tuple(notes)),
-                check="duplicate")
-        if len(self._where) >= self._max_ops:  # before the memory is spent (pipeir.limits)
-            limits.check_ops(f"schedule '{self.name}'", len(self._where) + 1)
-        prog = self._programs[rank]
-        self._where[op] = (rank, len(prog), span)
-        prog.append(op)
+                f"duplicate op {op}: it already runs on rank "
+                f"{next(r for r, p in enumerate(self._programs) if op in p)}", span,
+                tuple(notes)), check="duplicate")
+        if n >= self._max_ops:  # before the memory is spent (pipeir.limits)
+            del where[op]  # (not added unless the budget allows it after all)
+            limits.check_ops(f"schedule '{self.name}'", n + 1)
+            where[op] = span
+        self._programs[rank].append(op)
 
     def add_pair(self, rank: int, first: Op, second: Op, first_span: Span | None = None,
                  second_span: Span | None = None) -> None:
@@ -385,7 +399,7 @@ def _edges(deps: DepGraph, where: Iterable[Op], programs: Sequence[Sequence[Op]]
     return edges
 
 
-def _digraph(where: dict[Op, tuple[int, int, Span | None]],
+def _digraph(where: dict[Op, Span | None], places: dict[Op, tuple[int, int]],
              edges: dict[tuple[Op, Op], int], pairs: Iterable[tuple[Op, Op]]) -> nx.DiGraph:
     """The graph, filled in through networkx's adjacency dicts.
 
@@ -396,7 +410,8 @@ def _digraph(where: dict[Op, tuple[int, int, Span | None]],
     """
     g: nx.DiGraph = nx.DiGraph()
     node, succ, pred = g._node, g._succ, g._pred
-    for op, (r, p, sp) in where.items():
+    for op, sp in where.items():
+        r, p = places[op]
         node[op] = {"rank": r, "pos": p, "span": sp}
         succ[op] = {}
         pred[op] = {}

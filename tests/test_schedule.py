@@ -11,7 +11,8 @@ import pytest
 
 import pipeir
 from pipeir import B, F, I, W
-from pipeir.schedule import EdgeKind
+from pipeir.diagnostics import Source, Span
+from pipeir.schedule import EdgeKind, ScheduleBuilder
 
 EXAMPLE = Path(__file__).parent.parent / "examples" / "interleaved.sched"
 
@@ -107,3 +108,26 @@ def test_anything_not_an_op_is_not_in_a_schedule() -> None:
     s = pipeir.library.get("1f1b", 2, 2)
     assert F(0, 0) in s and F(0, 5) not in s
     assert [1] not in s and "F(0,0)" not in s and None not in s  # (unhashable: no TypeError)
+
+
+def test_a_duplicate_names_the_rank_and_place_of_the_first() -> None:
+    """The builder keeps only each op's span; the rank of the first occurrence is found
+    when a duplicate is reported, and the refused op leaves the builder as it was."""
+    b = ScheduleBuilder(pipeir.PipelineConfig.make(ranks=2, microbatches=1))
+    src = Source("s.sched", "\n" * 5)
+    first = Span(src, 3, 5, 3, 11)
+    b.add(1, F(1, 0), first)
+    b.add(0, F(0, 0))
+    with pytest.raises(pipeir.VerifyError) as e:
+        b.add(0, F(1, 0), Span(src, 4, 5, 4, 11))
+    d = e.value.diagnostics[0]
+    assert d.message == "duplicate op F(1,0): it already runs on rank 1"
+    assert [n.message for n in d.notes] == [
+        "first F(1,0) is here", "stage 1 lives on rank 1, so rank 0 should not run F(1,0)"]
+    assert d.notes[0].span == first
+    for rank, op in ((1, B(1, 0)), (0, B(0, 0))):
+        b.add(rank, op)
+    s = b.build()
+    assert s.programs == ((F(0, 0), B(0, 0)), (F(1, 0), B(1, 0)))
+    assert s.span_of(F(1, 0)) == first and s.span_of(F(0, 0)) is None
+    assert (s.rank_of(F(1, 0)), s.position_of(B(1, 0))) == (1, 1)
