@@ -331,12 +331,12 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
     first = 0
     for rank, prog in enumerate(schedule.programs):
         # Each event is its sort key followed by: the number of the op whose receives are
-        # waited for first (or None), and its instruction, its instructions, or the receive it posts
-        # (`_Recv`, built here). NOTE: flat, not
-        # (key, payload): no two keys are equal over their common length (they differ by
-        # time, then posts first, then by the op's topological place, then compute before
-        # its sends, then by consumer), so the sort never compares a payload, and a large
-        # lowering holds a tuple less per event.
+        # waited for first (or None), and its instruction, its instructions, or the receive
+        # it posts (`_Recv`, built here). NOTE: flat, not (key, payload): no two keys are
+        # equal over their common length (they differ by time, then posts first, then by
+        # the op's topological place, then compute before its sends, then by consumer), so
+        # the sort never compares a payload, and a large lowering holds a tuple less per
+        # event.
         events = incoming[rank]
         incoming[rank] = []
         for pos, op in enumerate(prog):
