@@ -143,6 +143,9 @@ class Schedule:
         for r, prog in enumerate(programs):
             for item in prog:
                 if isinstance(item, tuple):
+                    if len(item) != 2:
+                        raise TypeError(f"rank {r}'s program: an overlapped pair is two ops, "
+                                        f"got {len(item)} items {item!r}")
                     x, y = item
                     b.add_pair(r, x, y, None if spans is None else spans.get(x),
                                None if spans is None else spans.get(y))
@@ -334,6 +337,9 @@ class ScheduleBuilder:
 
     def add(self, rank: int, op: Op, span: Span | None = None) -> None:
         """Append `op` to rank `rank`'s program. A duplicate op is a VerifyError."""
+        if not isinstance(op, Op):  # (else an error far from here, in verify)
+            raise TypeError(f"rank {rank}'s program: expected an op (e.g. pipeir.F(0, 0)) or "
+                            f"an overlapped pair of two, got {type(op).__name__} {op!r}")
         if not 0 <= rank < self.config.ranks:
             raise VerifyError(Diagnostic(
                 f"{op} is placed on rank {rank}, but ranks are 0 to {self.config.ranks - 1}",

@@ -3,6 +3,7 @@ by hand here (not through `data_predecessors`, which the builder uses)."""
 
 from __future__ import annotations
 
+import re
 from itertools import pairwise
 from pathlib import Path
 
@@ -131,3 +132,17 @@ def test_a_duplicate_names_the_rank_and_place_of_the_first() -> None:
     assert s.programs == ((F(0, 0), B(0, 0)), (F(1, 0), B(1, 0)))
     assert s.span_of(F(1, 0)) == first and s.span_of(F(0, 0)) is None
     assert (s.rank_of(F(1, 0)), s.position_of(B(1, 0))) == (1, 1)
+
+
+@pytest.mark.parametrize(("program", "message"), [
+    (["F(0,0)"], "rank 0's program: expected an op (e.g. pipeir.F(0, 0)) or an overlapped "
+                 "pair of two, got str 'F(0,0)'"),
+    ([(F(0, 0), 1)], "got int 1"),
+    ([(F(0, 0), B(0, 0), W(0, 0))], "rank 0's program: an overlapped pair is two ops, got 3"),
+])
+def test_programs_of_other_things_than_ops_are_refused_up_front(program: list[object],
+                                                                message: str) -> None:
+    """Not an AttributeError from deep inside verify, later."""
+    cfg = pipeir.PipelineConfig.make(ranks=1, microbatches=1)
+    with pytest.raises(TypeError, match=re.escape(message)):
+        pipeir.Schedule.from_programs(cfg, [program])  # type: ignore[list-item]
