@@ -11,10 +11,11 @@ from __future__ import annotations
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Literal
+from typing import Literal, get_args
 
+from pipeir.diagnostics import UsageError
 from pipeir.sim.chunks import rescale
-from pipeir.sim.costs import CostModel
+from pipeir.sim.costs import CostModel, expect_costs
 
 CommModel = Literal["overlapped", "blocking"]
 
@@ -32,6 +33,12 @@ class PassContext:
 
     costs: CostModel = UNIT_COSTS
     comm: CommModel = "overlapped"
+
+    def __post_init__(self) -> None:
+        expect_costs(self.costs, "PassContext(costs=...)")
+        if self.comm not in get_args(CommModel):
+            raise UsageError(f"PassContext(comm=...): expected one of "
+                             f"{', '.join(get_args(CommModel))}, got {self.comm!r}")
 
     def for_stages(self, before: int, after: int) -> PassContext:
         """The context for what a pass made of `before` stages into `after` (`interleave`):

@@ -38,7 +38,8 @@ from pipeir.passes.context import (
 from pipeir.passes.pipeline import Pipeline
 from pipeir.passes.verify import Verify
 from pipeir.printer import print_schedule
-from pipeir.schedule import Schedule
+from pipeir.schedule import Schedule, expect_schedule
+from pipeir.sim.costs import CostModel
 from pipeir.usercode import UserCodeError, contained
 from pipeir.verify import verify
 
@@ -190,6 +191,14 @@ class PassManager:
     def __init__(self, pipeline: Pipeline | Sequence[PassBase], *,
                  context: PassContext = DEFAULT_CONTEXT, verify_each: bool = True,
                  instruments: Sequence[Instrument] = ()):
+        if isinstance(pipeline, str):
+            raise TypeError(f"PassManager takes passes, not a pipeline string: "
+                            f"PassManager(parse_pipeline({pipeline!r}))")
+        if not isinstance(context, PassContext):
+            raise TypeError(f"PassManager(context=...): expected a PassContext, got "
+                            f"{type(context).__name__}" + (
+                                ": give costs as PassContext(costs=...)"
+                                if isinstance(context, CostModel) else ""))
         self.pipeline = pipeline if isinstance(pipeline, Pipeline) else Pipeline.of(pipeline)
         self.context = context
         if context.costs is UNIT_COSTS:
@@ -259,6 +268,7 @@ class PassManager:
             inst.phase(text)
 
     def _run_schedule(self, schedule: Schedule, n: int) -> Optimized:
+        expect_schedule(schedule, "PassManager")
 
         passes, spans = self.pipeline.passes, self.pipeline.spans
         context = self.context

@@ -31,8 +31,18 @@ class Pipeline:
     passes: tuple[PassBase, ...]
     spans: tuple[Span | None, ...]
 
+    def __post_init__(self) -> None:
+        # (passes built in Python never met the pipeline syntax's checks: the same here)
+        for p in self.passes:
+            expect_pass(p)
+
     @classmethod
     def of(cls, passes: Sequence[PassBase]) -> Pipeline:
+        if isinstance(passes, PassBase | str):
+            raise TypeError(f"expected a list of passes, got {type(passes).__name__} "
+                            f"{passes!r}: " + ("put it in a list" if isinstance(passes, PassBase)
+                                                else "a pipeline string goes to "
+                                                     "parse_pipeline(...)"))
         return cls(tuple(passes), (None,) * len(passes))
 
     @property
@@ -292,6 +302,56 @@ def convert(text: str, hint: Any, what: str, span: Span | None) -> Any:
     if hint is str:
         return text
     raise UsageError(f"{what} has a type the pipeline syntax cannot spell ({hint!r})", span)
+
+
+def expect_pass(p: object) -> PassBase:
+    """`p` if it is a pass whose options have their annotated types (what `convert` makes
+    of a pipeline string: `recompute{all=false}` is False, while `Recompute(all="false")`
+    in Python was a true string and recomputed every forward); else a TypeError, or the
+    UsageError `convert` gives for the same value written in a pipeline."""
+    if not isinstance(p, PassBase):
+        hint = ""
+        if isinstance(p, type) and issubclass(p, PassBase):
+            hint = f": give an instance, {p.__name__}()"
+        elif isinstance(p, str):
+            hint = (": a pipeline is one string of passes ('split-backward,overlap'), read by "
+                    "parse_pipeline, not a list of names")
+        raise TypeError(f"expected a pass, got {type(p).__name__} {p!r}{hint}")
+    hints = typing.get_type_hints(type(p))
+    for f in dataclasses.fields(p):
+        _check_value(getattr(p, f.name), hints[f.name], f"option '{f.name}' of pass '{p.name}'")
+    return p
+
+
+def _check_value(value: Any, hint: Any, what: str) -> None:
+    """`convert`'s rules on a value given in Python (types it cannot spell are left alone)."""
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        args = get_args(hint)
+        if value is None and type(None) in args:
+            return
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            _check_value(value, rest[0], what)
+        return
+    if origin is Literal:
+        if value not in get_args(hint) or type(value) is bool:
+            choices = ", ".join(str(a) for a in get_args(hint))
+            raise UsageError(f"{what} must be one of {choices}, got {value!r}")
+    elif hint is bool:
+        if type(value) is not bool:
+            raise UsageError(f"{what} must be True or False, got {value!r}")
+    elif hint is int:
+        if type(value) is not int:
+            raise UsageError(f"{what} must be an integer, got {value!r}")
+        if limits.int_overflow(value):
+            raise UsageError(f"{what} is out of range: integers are 64-bit, at most "
+                             f"{limits.MAX_INT:,}")
+    elif hint is float:
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise UsageError(f"{what} must be a finite number, got {value!r}")
+    elif hint is str and type(value) is not str:
+        raise UsageError(f"{what} must be a string, got {value!r}")
 
 
 def _choices(hint: Any) -> tuple[str, ...] | None:

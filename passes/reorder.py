@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal
 from pipeir._gc import paused_gc  # NOTE: the sweeps allocate many short lists, no cycles
 from pipeir.config import PipelineConfig
 from pipeir.diagnostics import VerifyError
-from pipeir.ops import NO_MB, Kind, Op
+from pipeir.ops import NO_MB, REDUCE, Kind, Op
 from pipeir.passes.base import OptionError, Pass
 from pipeir.passes.context import PassContext, given
 from pipeir.schedule import Schedule
@@ -127,8 +127,8 @@ class SlotSimulator:
                       for op in self.timing.ops]
         # a reduction has no micro-batch; its cost is the same in any slot
         self.slot = [max(op.mb, 0) for op in self.timing.ops]
-        self.table = [[costs.cost(Op(kind, stage, k)) for k in range(m)]
-                      for (kind, stage) in groups]
+        self.table = [[costs.cost(Op(kind, stage, NO_MB if kind == REDUCE else k))
+                       for k in range(m)] for (kind, stage) in groups]
         self.weight = [sum(row[k] for row in self.table) for k in range(m)]
 
     def makespan(self, order: Sequence[int]) -> float:

@@ -8,10 +8,12 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from pipeir import driver
-from pipeir.diagnostics import Source
+from pipeir.diagnostics import Source, UsageError
 from pipeir.driver import read_source
 from pipeir.frontend.elaborate import Elaborated, Value
-from pipeir.schedule import Schedule
+from pipeir.schedule import Schedule, expect_schedule
+from pipeir.sim.costs import expect_costs
+from pipeir.sim.engine import COMM_MODELS
 
 if TYPE_CHECKING:
     from pipeir.passes import Compiled, PassBase, Pipeline
@@ -53,10 +55,22 @@ def compile(schedule: Schedule | Elaborated,
     than one, a schedule without its own gradient reductions gets the `dp-reduce` pass, as
     `pipeirc compile --dp D` does (both go through `pipeir.driver`).
     """
+    target = expect_schedule(schedule.schedule if isinstance(schedule, Elaborated) else schedule,
+                             "pipeir.compile")
+    expect_costs(costs, "pipeir.compile(costs=...)")
+    if comm is not None and comm not in COMM_MODELS:
+        raise UsageError(f"pipeir.compile(comm=...): expected one of {', '.join(COMM_MODELS)}, "
+                         f"got {comm!r}")
+    if comm == "blocking" and overlap:
+        raise UsageError("pipeir.compile(comm='blocking') plans for blocking communication, "
+                         "but overlap=True lowers to asynchronous programs: give overlap=False "
+                         "for blocking programs")
+    if dp is not None and (type(dp) is not int or dp < 1):
+        raise UsageError(f"pipeir.compile(dp=...): expected a whole number of data-parallel "
+                         f"replicas, at least 1, got {dp!r}")
     planned = driver.plan_pipeline(passes, overlap=overlap)
     for d in planned.warnings:
         warnings.warn(d.message, stacklevel=2)
-    target = schedule.schedule if isinstance(schedule, Elaborated) else schedule
     build = driver.compile_schedule(target, planned.pipeline, driver.costs_for(schedule, costs),
                                     dp=dp, comm=comm)
     return build.compiled

@@ -7,6 +7,7 @@ two ops compare equal exactly when they are the same work, and an op can be a gr
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -64,7 +65,35 @@ class Op:
     _hash: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        # (one test on the common path; the checks and their messages are `_checked`'s)
+        if type(self.stage) is not int or type(self.mb) is not int or \
+                self.kind not in OP_ARITY or (self.kind == REDUCE and self.mb != NO_MB):
+            self._checked()
         object.__setattr__(self, "_hash", hash((self.kind, self.stage, self.mb)))
+
+    def _checked(self) -> None:
+        """Refuse an op that is no op here, when it is made: an op kind the language does
+        not have, a stage or micro-batch that is not an integer, or an R with a micro-batch
+        went through `verify` and failed later, far from the mistake (a micro-batch out of
+        range is verify's to report, at its span). Integers of other types (numpy's) become
+        ints."""
+        if self.kind not in OP_ARITY:
+            raise ValueError(f"unknown op kind {self.kind!r}; the kinds are "
+                             f"{', '.join(OP_ARITY)}")
+        for name in ("stage", "mb"):
+            value = getattr(self, name)
+            if type(value) is not int:
+                try:
+                    if isinstance(value, bool):
+                        raise TypeError
+                    object.__setattr__(self, name, operator.index(value))
+                except TypeError:
+                    raise TypeError(f"{self.kind} op: the {'micro-batch' if name == 'mb' else name}"
+                                    f" must be an integer, got {type(value).__name__} "
+                                    f"{value!r}") from None
+        if self.kind == REDUCE and self.mb != NO_MB:
+            raise ValueError(f"R({self.stage}) reduces every micro-batch of its stage: its mb "
+                             f"is NO_MB ({NO_MB}), not {self.mb} (make it with pipeir.R(stage))")
 
     def __hash__(self) -> int:
         return self._hash

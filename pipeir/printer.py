@@ -7,14 +7,14 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from pipeir.schedule import Schedule
+from pipeir.schedule import Schedule, expect_schedule
 
 WIDTH = 96  # wrap op lists at this many columns
 
 
 def print_schedule(schedule: Schedule, costs: Mapping[str, Any] | None = None) -> str:
     """`schedule` as canonical `.sched` text (with a `costs` block when costs are given)."""
-    c = schedule.config
+    c = expect_schedule(schedule, "print_schedule").config
     out = ["# canonical form (pipeirc print)",
            "pipeline {",
            f"    ranks = {c.ranks}",

@@ -21,6 +21,7 @@ rejects duplicates.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from enum import IntFlag
 from itertools import pairwise
@@ -309,6 +310,21 @@ class Schedule:
         c = self.config
         return (f"<Schedule {self.name}: {c.ranks} ranks, {c.stages} stages, "
                 f"{c.microbatches} micro-batches, {len(self)} ops>")
+
+
+def expect_schedule(value: object, where: str) -> Schedule:
+    """`value`, if it is a schedule; else a TypeError that says what it is and how to get a
+    schedule. The API's functions that take one check it first, so that a wrong argument is
+    named where it is given, not met as an AttributeError deep inside."""
+    if isinstance(value, Schedule):
+        return value
+    hint = ""
+    if isinstance(getattr(value, "schedule", None), Schedule):
+        hint = " (what pipeir.load returns): give its .schedule"
+    elif isinstance(value, str | os.PathLike):
+        hint = (": read a .sched file or text with pipeir.parse(...), or take a library "
+                "schedule with pipeir.library.get(name, ranks, microbatches)")
+    raise TypeError(f"{where}: expected a Schedule, got {type(value).__name__}{hint}")
 
 
 def _first(pair: tuple[int, Op]) -> int:

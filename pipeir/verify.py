@@ -19,7 +19,7 @@ from pipeir.diagnostics import Diagnostic, Note, Span, UsageError, VerifyError
 from pipeir.memmodel import WHOLE, StageMemory, live_memory
 from pipeir.memunit import COUNTING
 from pipeir.ops import MEMORY_KINDS, NO_MB, REDUCE, Op
-from pipeir.schedule import Schedule
+from pipeir.schedule import Schedule, expect_schedule
 
 MAX_LISTED = 8  # diagnostics listed per failing check before "... and N more"
 
@@ -69,6 +69,10 @@ def verify(schedule: Schedule, memory_limit: float | None = None,
     split (what W keeps after I), the report has the peak bytes per rank, and
     `memory_limit_bytes` bounds them.
     """
+    expect_schedule(schedule, "verify")
+    if sizes is not None and not callable(getattr(sizes, "counted_memory", None)):
+        raise TypeError(f"verify(sizes=...): expected a CostModel (its activation sizes), got "
+                        f"{type(sizes).__name__}")
     if memory_limit_bytes is not None and (sizes is None or memory_limit_bytes <= 0):
         raise UsageError("memory_limit in bytes needs positive bytes and the activation sizes "
                          "(a cost model with memory_bytes)")

@@ -662,3 +662,21 @@ def test_instruction_spans_find_each_mnemonic_in_any_layout(indent: int | None) 
     for (r, k), span in spans.items():
         line = lines[span.line - 1]
         assert line[span.col - 1:span.end_col - 1] == json.dumps(tables[r][k][0])
+
+
+@pytest.mark.parametrize("peer", [3, 2])
+def test_a_wait_names_the_peer_its_post_names(peer: int) -> None:
+    """A wait's peer is the side the abstract run waits on: one out of range crashed the run
+    (an IndexError from `check --lowered`), and one of another rank was never compared with
+    its post's. Both are a finding at the wait, pointing at the post."""
+    low = Overlap().run(lower(pipeir.library.get("1f1b", 3, 3)))
+    prog = list(low.programs[1])
+    k = next(k for k, i in enumerate(prog) if isinstance(i, WaitRecv) and i.peer == 0)
+    prog[k] = replace(prog[k], peer=peer)  # type: ignore[call-arg]
+    with pytest.raises(VerifyError) as e:
+        check_comm(_with(low, 1, prog))
+    d = e.value.diagnostics[0]
+    assert d.message.startswith(f"rank 1 at #{k} `wait-recv tensor=act stage=0 mb=")
+    assert re.search(f" waits for the activation of stage 0, micro-batch [0-9] from rank {peer}, "
+                     "but its receive was posted from rank 0$", d.message)
+    assert d.notes[0].message.startswith("the receive: rank 1 at #")

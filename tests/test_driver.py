@@ -24,6 +24,11 @@ from pipeir.cli import main
 from pipeir.diagnostics import PipeirError
 from pipeir.driver import ScheduleRef
 from pipeir.frontend.elaborate import Elaborated
+from pipeir.passes import PassContext, PassManager
+from pipeir.passes.memory import Recompute
+from pipeir.passes.overlap import Overlap
+from pipeir.passes.reorder import Reorder
+from pipeir.passes.split_backward import SplitBackward
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel
 
@@ -234,3 +239,85 @@ def test_compile_proves_the_programs_it_returns_once(monkeypatch: pytest.MonkeyP
         proved.clear()
         low = pipeir.compile(s, overlap=overlap).lowered
         assert proved == [low]
+
+
+def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
+    s = pipeir.library.get("1f1b", 2, 4)
+    loaded = pipeir.load("pipeline { ranks = 1  microbatches = 1 }\n"
+                         "schedule s { rank r { F(0, 0) B(0, 0) } }")
+    return [
+        (lambda: pipeir.verify(loaded), TypeError,  # type: ignore[arg-type]
+         "verify: expected a Schedule, got Elaborated (what pipeir.load returns): give its "
+         ".schedule"),
+        (lambda: pipeir.simulate("1f1b"), TypeError,  # type: ignore[arg-type]
+         "simulate: expected a Schedule, got str: read a .sched file or text with "
+         "pipeir.parse(...)"),
+        (lambda: pipeir.print_schedule(None), TypeError,  # type: ignore[arg-type]
+         "print_schedule: expected a Schedule, got NoneType"),
+        (lambda: PassManager([SplitBackward()]).run(loaded), TypeError,  # type: ignore[arg-type]
+         "PassManager: expected a Schedule, got Elaborated"),
+        (lambda: pipeir.simulate(s, {"F": 1}), TypeError,  # type: ignore[arg-type]
+         "simulate(costs=...): expected a CostModel, got dict: make one of settings with "
+         "CostModel.from_settings({...})"),
+        (lambda: pipeir.compile(s, costs="costs.toml"), TypeError,  # type: ignore[arg-type]
+         "pipeir.compile(costs=...): expected a CostModel, got str: read a costs file with "
+         "CostModel.load(path)"),
+        (lambda: pipeir.verify(s, sizes={"F": 1}), TypeError,  # type: ignore[arg-type]
+         "verify(sizes=...): expected a CostModel (its activation sizes), got dict"),
+        (lambda: PassContext(costs={"F": 1}), TypeError,  # type: ignore[arg-type]
+         "PassContext(costs=...): expected a CostModel, got dict"),
+        (lambda: pipeir.compile(s, ["split-backward"]), TypeError,  # type: ignore[list-item]
+         "expected a pass, got str 'split-backward': a pipeline is one string of passes"),
+        (lambda: pipeir.compile(s, [SplitBackward]), TypeError,  # type: ignore[list-item]
+         "give an instance, SplitBackward()"),
+        (lambda: pipeir.compile(s, SplitBackward()), TypeError,  # type: ignore[arg-type]
+         "expected a list of passes, got SplitBackward SplitBackward(mode='h1'): put it in a "
+         "list"),
+        (lambda: PassManager("split-backward"), TypeError,  # type: ignore[arg-type]
+         "PassManager takes passes, not a pipeline string: "
+         "PassManager(parse_pipeline('split-backward'))"),
+        (lambda: PassManager([], context=CostModel()), TypeError,  # type: ignore[arg-type]
+         "PassManager(context=...): expected a PassContext, got CostModel: give costs as "
+         "PassContext(costs=...)"),
+        (lambda: pipeir.compile(s, [Recompute(all="false")]),  # type: ignore[arg-type]
+         pipeir.UsageError, "option 'all' of pass 'recompute' must be True or False, got "
+                            "'false'"),
+        (lambda: pipeir.compile(s, [Reorder(by="time")]),  # type: ignore[arg-type]
+         pipeir.UsageError, "option 'by' of pass 'reorder' must be one of cost, got 'time'"),
+        (lambda: pipeir.compile(s, [Overlap(max_posted=True)]), pipeir.UsageError,
+         "option 'max_posted' of pass 'overlap' must be an integer, got True"),
+        (lambda: pipeir.compile(s, comm="async"),  # type: ignore[arg-type]
+         pipeir.UsageError, "pipeir.compile(comm=...): expected one of overlapped, blocking"),
+        (lambda: pipeir.compile(s, comm="blocking"), pipeir.UsageError,
+         "give overlap=False for blocking programs"),
+        (lambda: pipeir.compile(s, dp=True), pipeir.UsageError,
+         "pipeir.compile(dp=...): expected a whole number of data-parallel replicas, at least "
+         "1, got True"),
+        (lambda: pipeir.F(0, 0.5), TypeError,  # type: ignore[arg-type]
+         "F op: the micro-batch must be an integer, got float 0.5"),
+        (lambda: pipeir.Op("X", 0, 0), ValueError,  # type: ignore[arg-type]
+         "unknown op kind 'X'; the kinds are F, B, I, W, FC, RC, OFF, RELOAD, R"),
+        (lambda: pipeir.Op("R", 0, 3), ValueError,
+         "R(0) reduces every micro-batch of its stage: its mb is NO_MB (-1), not 3"),
+    ]
+
+
+@pytest.mark.parametrize("case", range(len(_api_mistakes())))
+def test_the_api_names_a_mistaken_argument_where_it_is_given(case: int) -> None:
+    """A wrong argument to the Python API fails at the call with what was wrong and how to
+    do it right, not as an AttributeError (or a silently wrong result) deep inside."""
+    call, kind, message = _api_mistakes()[case]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # (passes planned without costs warn)
+        with pytest.raises(kind) as e:
+            call()
+    text = e.value.diagnostics[0].message if isinstance(e.value, pipeir.PipeirError) \
+        else str(e.value)
+    assert text.startswith(message) or message in text, text
+
+
+def test_numpy_integers_make_plain_ops() -> None:
+    np = pytest.importorskip("numpy")
+    op = pipeir.F(np.int64(1), np.int32(2))
+    assert op == pipeir.F(1, 2) and type(op.stage) is int and type(op.mb) is int
+    assert hash(op) == hash(pipeir.F(1, 2))

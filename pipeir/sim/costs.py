@@ -426,6 +426,19 @@ class CostModel:
         return out
 
 
+def expect_costs(value: object, where: str) -> CostModel | None:
+    """`value` if it is a cost model or None; else a TypeError that says how to make one
+    (checked where the API takes costs, as `schedule.expect_schedule` checks schedules)."""
+    if value is None or isinstance(value, CostModel):
+        return value
+    hint = ""
+    if isinstance(value, Mapping):
+        hint = ": make one of settings with CostModel.from_settings({...})"
+    elif isinstance(value, str | os.PathLike):
+        hint = ": read a costs file with CostModel.load(path)"
+    raise TypeError(f"{where}: expected a CostModel, got {type(value).__name__}{hint}")
+
+
 def _defaults(base: Level) -> Level:
     """The one rule for backward costs. Of B, I and W, what is not given follows from what
     is: B = I + W; a B given alone splits evenly; a B with one half gives the other half;

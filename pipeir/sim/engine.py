@@ -36,8 +36,8 @@ from pipeir._gc import paused_gc
 from pipeir.depgraph import kahn_order
 from pipeir.diagnostics import UsageError, VerifyError
 from pipeir.ops import CHANNEL, Op
-from pipeir.schedule import Schedule
-from pipeir.sim.costs import CostModel
+from pipeir.schedule import Schedule, expect_schedule
+from pipeir.sim.costs import CostModel, expect_costs
 from pipeir.sim.result import SimResult, Transfer
 from pipeir.verify import check_deadlock, memory_report, peak_bytes
 
@@ -51,7 +51,8 @@ def simulate(schedule: Schedule, costs: CostModel | None = None,
 
     Raises VerifyError(check="deadlock") when the schedule cannot run to the end.
     """
-    costs = costs if costs is not None else CostModel()
+    expect_schedule(schedule, "simulate")
+    costs = expect_costs(costs, "simulate(costs=...)") or CostModel()
     with paused_gc():
         return _simulate(schedule, costs, comm)
 

@@ -4,6 +4,7 @@ is where its own rank's program allows it."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 from pipeir.backend.commcheck.findings import Finding, Key, Site, what
 from pipeir.backend.commcheck.programs import (
@@ -152,7 +153,8 @@ class Local(Programs):
                     send = t is WaitSend
                     key = (ins.tensor, ins.stage, ins.mb)  # type: ignore[attr-defined]
                     posted = outstanding.get((send, key))
-                    if posted:  # (`_wait`'s way, inline: every wait passes here)
+                    if posted and posted[0][2].peer == ins.peer:  # type: ignore[attr-defined]
+                        # (`_wait`'s way, inline: every wait passes here)
                         if len(posted) == 1:
                             del outstanding[(send, key)]
                         else:
@@ -204,7 +206,12 @@ class Local(Programs):
         send = isinstance(ins, WaitSend)
         posted = outstanding.get((send, ins.key))
         if posted:
-            posted.pop(0)
+            post = Site(*posted.pop(0))
+            if cast(Comm, post.ins).peer != ins.peer:  # (the run waits on the wait's peer)
+                yield Finding(f"waits for {what(ins.key)} {'to' if send else 'from'} rank "
+                              f"{ins.peer}, but its {'send' if send else 'receive'} was posted "
+                              f"{'to' if send else 'from'} rank {cast(Comm, post.ins).peer}",
+                              site, ((f"the {'send' if send else 'receive'}", post),))
         else:
             yield from self._not_posted(site, ins.key, send)
         if not send:
