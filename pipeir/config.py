@@ -7,6 +7,7 @@ so a file, `--set` and the Python API all get the same rules and the same messag
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
@@ -106,6 +107,12 @@ class PipelineConfig:
         _positive("accumulate", self.accumulate)
         if self.memory_limit is not None:
             _positive("memory_limit", self.memory_limit)
+        if isinstance(self.placement, str) or not isinstance(self.placement, Sequence):
+            raise ConfigError("placement", f"placement is each stage's rank, e.g. (0, 1, 0, 1), "
+                                           f"got {self.placement!r} (PipelineConfig.make also "
+                                           f"takes 'loop' or 'vshape')")
+        if type(self.placement) is not tuple:  # (a list would make the config unhashable)
+            object.__setattr__(self, "placement", tuple(self.placement))
         if len(self.placement) != self.stages:
             raise ConfigError("placement", f"placement lists {len(self.placement)} ranks "
                                            f"but there are {self.stages} stages")

@@ -137,6 +137,15 @@ class Schedule:
 
         An item `(a, b)` is an overlapped pair: two ops the rank runs together.
         """
+        if not isinstance(config, PipelineConfig):  # (before its ranks are asked)
+            raise TypeError(f"expected a PipelineConfig (PipelineConfig.make(ranks, "
+                            f"microbatches, ...)), got {type(config).__name__}")
+        if not isinstance(programs, Sequence) or \
+                not all(isinstance(p, Iterable) and not isinstance(p, Op) for p in programs):
+            raise TypeError(f"programs: expected one list of ops per rank, got {programs!r}"[:200])
+        if spans is not None and not isinstance(spans, Mapping):
+            raise TypeError(f"spans: expected a mapping of ops to spans, got "
+                            f"{type(spans).__name__}")
         if len(programs) != config.ranks:
             raise ValueError(f"expected {config.ranks} programs (one per rank), "
                              f"got {len(programs)}")
@@ -343,6 +352,11 @@ class ScheduleBuilder:
 
     def __init__(self, config: PipelineConfig, name: str = "schedule",
                  span: Span | None = None):
+        if not isinstance(config, PipelineConfig):
+            raise TypeError(f"expected a PipelineConfig (PipelineConfig.make(ranks, "
+                            f"microbatches, ...)), got {type(config).__name__}")
+        if not isinstance(name, str):
+            raise TypeError(f"a schedule's name is a string, got {name!r}")
         self.span = span
         self.config = config
         self.name = name
@@ -356,6 +370,10 @@ class ScheduleBuilder:
         if not isinstance(op, Op):  # (else an error far from here, in verify)
             raise TypeError(f"rank {rank}'s program: expected an op (e.g. pipeir.F(0, 0)) or "
                             f"an overlapped pair of two, got {type(op).__name__} {op!r}")
+        if type(rank) is not int:  # (numpy's integers are taken as ints)
+            if isinstance(rank, bool) or not hasattr(rank, "__index__"):
+                raise TypeError(f"{op}: a rank is an integer, got {rank!r}")
+            rank = rank.__index__()
         if not 0 <= rank < self.config.ranks:
             raise VerifyError(Diagnostic(
                 f"{op} is placed on rank {rank}, but ranks are 0 to {self.config.ranks - 1}",

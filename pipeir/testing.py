@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from pipeir.config import PipelineConfig, named_placement
-from pipeir.ops import Op
+from pipeir.ops import REDUCE, Op
 from pipeir.schedule import Schedule, data_predecessors
 from pipeir.verify import VerifyReport, verify
 
@@ -254,7 +254,8 @@ def mutations(draw: st.DrawFn, schedule: Schedule,
               kinds: Sequence[str] = MUTATION_KINDS) -> Mutation:
     """Mutations of a valid `schedule`, one kind each, with their expected check:
 
-    - "drop": one op removed -> "completeness";
+    - "drop": one op removed -> "completeness" (never a gradient reduction R, which
+      verify's reduction check finds first; nor is one moved before its backward);
     - "duplicate": one op run a second time (anywhere) -> "duplicate";
     - "move-rank": one op moved to another rank's program -> "placement";
     - "reorder-cycle": ops reordered so that the waits form a cycle -> "deadlock": either two
@@ -273,8 +274,11 @@ def mutations(draw: st.DrawFn, schedule: Schedule,
     if kind == "reorder-cycle":
         desc = _reorder_cycle(draw, schedule, progs)
     else:
-        r = draw(st.sampled_from([r for r in range(ranks) if progs[r]]))
-        i = draw(st.integers(0, len(progs[r]) - 1))
+        # (a gradient reduction dropped, or moved before its backward, is the reduction
+        # check's to find, which verify runs before completeness and deadlock)
+        spots = [(r, i) for r in range(ranks) for i, op in enumerate(progs[r])
+                 if kind != "drop" or op.kind != REDUCE]
+        r, i = draw(st.sampled_from(spots))
         op = progs[r][i]
         if kind == "drop":
             del progs[r][i]
@@ -295,7 +299,7 @@ def _reorder_cycle(draw: st.DrawFn, schedule: Schedule, progs: list[list[Op]]) -
     """Reorder in place so that program order plus data edges has a cycle; say how."""
     rank_of = schedule.rank_of
     edges = list(schedule.data_edges())
-    local = [(u, v) for u, v in edges if rank_of(u) == rank_of(v)]
+    local = [(u, v) for u, v in edges if rank_of(u) == rank_of(v) and v.kind != REDUCE]
     crossing = [(u, v) for u, v in edges if rank_of(u) != rank_of(v)]
     # NOTE: every schedule has a same-rank edge (F(s,m) -> B/I(s,m)), so `local` is never
     # empty; a crossing pair a->b, b->a exists whenever two consecutive stages differ in rank.

@@ -73,9 +73,15 @@ def verify(schedule: Schedule, memory_limit: float | None = None,
     if sizes is not None and not callable(getattr(sizes, "counted_memory", None)):
         raise TypeError(f"verify(sizes=...): expected a CostModel (its activation sizes), got "
                         f"{type(sizes).__name__}")
-    if memory_limit_bytes is not None and (sizes is None or memory_limit_bytes <= 0):
-        raise UsageError("memory_limit in bytes needs positive bytes and the activation sizes "
-                         "(a cost model with memory_bytes)")
+    if memory_limit_bytes is not None:
+        if type(memory_limit_bytes) not in (int, float) or \
+                not 0 < memory_limit_bytes < math.inf:
+            raise UsageError(f"memory_limit_bytes must be a positive number of bytes, got "
+                             f"{memory_limit_bytes!r}")
+        if sizes is None or getattr(sizes, "knows_memory", True) is False:
+            # (without memory_bytes every peak is 0 bytes: any limit would hold)
+            raise UsageError("memory_limit_bytes needs the activation sizes: a cost model "
+                             "with memory_bytes (sizes=CostModel(memory_bytes=...))")
     if memory_limit is not None and (isinstance(memory_limit, bool) or
                                      not isinstance(memory_limit, int | float) or
                                      not 0 < memory_limit < math.inf):

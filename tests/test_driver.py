@@ -299,6 +299,40 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
          "unknown op kind 'X'; the kinds are F, B, I, W, FC, RC, OFF, RELOAD, R"),
         (lambda: pipeir.Op("R", 0, 3), ValueError,
          "R(0) reduces every micro-batch of its stage: its mb is NO_MB (-1), not 3"),
+        (lambda: CostModel(F=1e308), ValueError,
+         "cost 'F' = 1e+308 is out of range: it must be at most 1e+15"),
+        (lambda: CostModel(bandwidth=1e-300), ValueError,
+         "bandwidth must be a positive number from 1e-15 to 1e+15, got 1e-300"),
+        (lambda: CostModel(stage={0: 5}), ValueError,  # type: ignore[dict-item]
+         "stage[0]: stage maps each stage to {kind: time}, e.g. {0: {'F': 2.0}}"),
+        (lambda: CostModel(stage={"0": {"F": 5}}), ValueError,  # type: ignore[dict-item]
+         "stage['0']: stage maps each stage to {kind: time}"),
+        (lambda: CostModel(stage_mb={0: {"F": 1}}), ValueError,  # type: ignore[dict-item]
+         "stage_mb[0]: stage_mb maps each (stage, micro-batch) to {kind: time}"),
+        (lambda: CostModel(mb=None), ValueError,  # type: ignore[arg-type]
+         "mb must map each micro-batch to {kind: time}, got None"),
+        (lambda: pipeir.verify(s, sizes=CostModel(), memory_limit_bytes=100),
+         pipeir.UsageError, "memory_limit_bytes needs the activation sizes: a cost model with "
+                            "memory_bytes"),
+        (lambda: pipeir.verify(s, sizes=CostModel(memory_bytes=8),
+                               memory_limit_bytes=float("nan")),
+         pipeir.UsageError, "memory_limit_bytes must be a positive number of bytes, got nan"),
+        (lambda: Schedule.from_programs(None, [[]]), TypeError,  # type: ignore[arg-type]
+         "expected a PipelineConfig (PipelineConfig.make(ranks, microbatches, ...)), got "
+         "NoneType"),
+        (lambda: Schedule.from_programs(s.config, [pipeir.F(0, 0)]),  # type: ignore[list-item]
+         TypeError, "programs: expected one list of ops per rank, got [Op(kind='F'"),
+        (lambda: Schedule.from_programs(s.config, s.programs, name=3),  # type: ignore[arg-type]
+         TypeError, "a schedule's name is a string, got 3"),
+        (lambda: pipeir.ScheduleBuilder(s.config).add("0", pipeir.F(0, 0)),  # type: ignore[arg-type]
+         TypeError, "F(0,0): a rank is an integer, got '0'"),
+        (lambda: pipeir.PipelineConfig(2, 2, 2, "loop"),  # type: ignore[arg-type]
+         pipeir.config.ConfigError, "placement is each stage's rank, e.g. (0, 1, 0, 1), got "
+                                    "'loop' (PipelineConfig.make also takes 'loop' or 'vshape')"),
+        (lambda: pipeir.parse(None), TypeError,  # type: ignore[arg-type]
+         "expected a .sched file's path or its text, got NoneType"),
+        (lambda: pipeir.library.get(None, 4, 8), TypeError,  # type: ignore[arg-type]
+         "a library schedule is named by a string, e.g. '1f1b', got None"),
     ]
 
 
@@ -316,8 +350,14 @@ def test_the_api_names_a_mistaken_argument_where_it_is_given(case: int) -> None:
     assert text.startswith(message) or message in text, text
 
 
-def test_numpy_integers_make_plain_ops() -> None:
+def test_numpy_integers_make_plain_ops_ranks_and_configs() -> None:
     np = pytest.importorskip("numpy")
     op = pipeir.F(np.int64(1), np.int32(2))
     assert op == pipeir.F(1, 2) and type(op.stage) is int and type(op.mb) is int
     assert hash(op) == hash(pipeir.F(1, 2))
+    cfg = pipeir.PipelineConfig(2, 2, 2, [0, 1])  # type: ignore[arg-type]
+    assert cfg == pipeir.PipelineConfig.make(2, 2) and hash(cfg) == hash(
+        pipeir.PipelineConfig.make(2, 2))
+    b = pipeir.ScheduleBuilder(cfg)
+    b.add(np.int64(1), pipeir.F(1, 0))  # type: ignore[arg-type]
+    assert b.build().programs == ((), (pipeir.F(1, 0),))

@@ -18,6 +18,7 @@ import pipeir
 from pipeir import PipelineConfig, Schedule, UsageError, VerifyError, library, verify
 from pipeir.cli import main
 from pipeir.ops import Op
+from pipeir.passes.dp_reduce import DpReduce
 from pipeir.printer import print_schedule
 from pipeir.testing import (
     MUTATION_KINDS,
@@ -135,6 +136,17 @@ def test_each_mutation_is_rejected_with_its_check(kind: str, data: st.DataObject
 @given(data=st.data())
 def test_mutations_of_any_kind_are_rejected(data: st.DataObject) -> None:
     s = data.draw(schedules(SMALL))
+    _assert_rejected(data.draw(mutations(s)))
+
+
+@given(data=st.data())
+def test_mutations_of_schedules_with_gradient_reductions_say_the_check_they_cause(
+        data: st.DataObject) -> None:
+    """With R ops (`dp-reduce`), a dropped or early reduction is the reduction check's:
+    the mutations leave those alone, so their expected check is the one verify gives."""
+    cfg = configs(min_ranks=2, max_ranks=4, max_microbatches=4, max_chunks=2)
+    s = DpReduce().run(data.draw(schedules(cfg)))
+    assert any(op.kind == "R" for op in s)
     _assert_rejected(data.draw(mutations(s)))
 
 

@@ -66,6 +66,8 @@ def source_of(src: str | os.PathLike[str] | Source) -> Source:
         return src
     if isinstance(src, os.PathLike):
         return read_source(src)
+    if not isinstance(src, str):
+        raise TypeError(f"expected a .sched file's path or its text, got {type(src).__name__}")
     if "\n" not in src and "{" not in src and (src.endswith(".sched") or os.path.exists(src)):
         return read_source(src)
     return Source("<string>", src)

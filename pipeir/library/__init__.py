@@ -20,6 +20,8 @@ from pipeir.schedule import Schedule
 
 
 def _norm(name: str) -> str:
+    if not isinstance(name, str):
+        raise TypeError(f"a library schedule is named by a string, e.g. '1f1b', got {name!r}")
     return name.replace("-", "_").lower()
 
 

@@ -101,6 +101,11 @@ class ModuleSpec:
 
     def at(self, points: Sequence[str]) -> ModelSpec:
         """The module cut into `len(points) + 1` stages (see `Splittable.at`)."""
+        if isinstance(points, str) or not isinstance(points, Sequence) or \
+                not all(isinstance(p, str) for p in points):
+            # (a string is a sequence of one-letter points: '13' cut at '1' and at '3')
+            raise UsageError(f"split points are a list of module names, e.g. ['layers.2'], "
+                             f"got {points!r}")
         points = list(points)
         candidates = self.split_points()
         at = [candidates.index(p) if p in candidates else -1 for p in points]

@@ -77,7 +77,7 @@ import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Final
 
 from pipeir.diagnostics import Span, UsageError, where_prefix
 from pipeir.memmodel import WHOLE, StageMemory
@@ -86,6 +86,7 @@ from pipeir.sim.cost_files import read_cost_file
 from pipeir.sim.cost_settings import (
     COMPUTE_KINDS,
     MAX_COST,
+    MIN_BANDWIDTH,
     OP_KINDS,
     SIZE_KEYS,
     Level,
@@ -151,12 +152,23 @@ class CostModel:
                 _check_time(k, getattr(self, k))
         for k in ("bandwidth", "dp_bandwidth", "host_bandwidth"):
             v = getattr(self, k)
-            if v is not None and not (is_number(v) and v > 0):
-                raise ValueError(f"{k} must be a positive number, got {v!r}")
+            if v is not None and not (is_number(v) and MIN_BANDWIDTH <= v <= MAX_COST):
+                raise ValueError(f"{k} must be a positive number from {MIN_BANDWIDTH:g} to "
+                                 f"{MAX_COST:g}, got {v!r}")
         object.__setattr__(self, "_base", _defaults(base))
         for where, levels in (("stage", self.stage), ("mb", self.mb),
                               ("stage_mb", self.stage_mb)):
+            if not isinstance(levels, Mapping):
+                raise ValueError(f"{where} must map each {_KEYS[where]} to {{kind: time}}, "
+                                 f"got {levels!r}")
             for key, level in levels.items():
+                # (a key of another type never matches an op: silently no override)
+                pair = where == "stage_mb"
+                ok = (type(key) is tuple and len(key) == 2 and all(_index(x) for x in key)
+                      if pair else _index(key))
+                if not ok or not isinstance(level, Mapping):
+                    raise ValueError(f"{where}[{key!r}]: {where} maps each {_KEYS[where]} "
+                                     f"to {{kind: time}}, e.g. {_EXAMPLE[where]}")
                 for k, v in level.items():
                     if k not in (*OP_KINDS, *SIZE_KEYS):
                         raise ValueError(f"{where}[{key}]: unknown cost '{k}'")
@@ -472,3 +484,16 @@ def _pick(level: Mapping[str, float] | None, kind: str) -> float | None:
 def _check_time(name: str, v: object) -> None:
     if not is_number(v) or v < 0:  # type: ignore[operator]
         raise ValueError(f"cost '{name}' must be a non-negative number, got {v!r}")
+    if v > MAX_COST:  # type: ignore[operator]
+        raise ValueError(f"cost '{name}' = {v:g} is out of range: it must be at most "
+                         f"{MAX_COST:g} (times are summed over every op; choose another unit)")
+
+
+def _index(x: object) -> bool:
+    """A stage or micro-batch number."""
+    return type(x) is int and x >= 0
+
+
+_KEYS: Final = {"stage": "stage", "mb": "micro-batch", "stage_mb": "(stage, micro-batch)"}
+_EXAMPLE: Final = {"stage": "{0: {'F': 2.0}}", "mb": "{3: {'F': 2.0}}",
+                   "stage_mb": "{(0, 3): {'F': 2.0}}"}
