@@ -208,6 +208,11 @@ class PassManager:
                               stacklevel=_callers_level())
         self.verify_each = verify_each
         self.instruments = tuple(instruments)
+        for inst in self.instruments:
+            if not isinstance(inst, Instrument):
+                raise TypeError(f"PassManager(instruments=...): expected Instrument objects "
+                                f"(TimePasses(), PrintAfter(...), or a subclass of "
+                                f"Instrument), got {inst!r}")
 
     def run(self, schedule: Schedule) -> Schedule:
         """The schedule after every pass of the pipeline (all schedule-level)."""

@@ -86,6 +86,13 @@ def options_of(cls: type[PassBase]) -> list[OptionInfo]:
 
 def parse_pipeline(spec: str, extra: Mapping[str, type[PassBase]] | None = None) -> Pipeline:
     """Parse a pipeline string; `extra` adds passes (e.g. from `--pass-plugin`) by name."""
+    if not isinstance(spec, str):
+        raise TypeError(f"parse_pipeline: expected a pipeline string such as "
+                        f"'split-backward,overlap', got {type(spec).__name__}")
+    for name, cls in (extra or {}).items():
+        if not (isinstance(cls, type) and issubclass(cls, PassBase)):
+            raise TypeError(f"parse_pipeline(extra=...): '{name}' must name a pass class "
+                            f"(a subclass of Pass or LoweredPass), got {cls!r}")
     src = Source(SOURCE_NAME, spec)
     if "\n" in spec:
         raise UsageError("a pipeline string is one line", _span(src, spec.index("\n"), 1))

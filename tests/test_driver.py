@@ -24,7 +24,7 @@ from pipeir.cli import main
 from pipeir.diagnostics import PipeirError
 from pipeir.driver import ScheduleRef
 from pipeir.frontend.elaborate import Elaborated
-from pipeir.passes import PassContext, PassManager
+from pipeir.passes import PassContext, PassManager, parse_pipeline
 from pipeir.passes.memory import Recompute
 from pipeir.passes.overlap import Overlap
 from pipeir.passes.reorder import Reorder
@@ -333,6 +333,13 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
          "expected a .sched file's path or its text, got NoneType"),
         (lambda: pipeir.library.get(None, 4, 8), TypeError,  # type: ignore[arg-type]
          "a library schedule is named by a string, e.g. '1f1b', got None"),
+        (lambda: PassManager([], instruments=[print]), TypeError,  # type: ignore[list-item]
+         "PassManager(instruments=...): expected Instrument objects"),
+        (lambda: parse_pipeline(None), TypeError,  # type: ignore[arg-type]
+         "parse_pipeline: expected a pipeline string such as 'split-backward,overlap', got "
+         "NoneType"),
+        (lambda: parse_pipeline("x", extra={"x": SplitBackward()}),  # type: ignore[dict-item]
+         TypeError, "parse_pipeline(extra=...): 'x' must name a pass class"),
     ]
 
 
