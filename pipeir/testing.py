@@ -255,7 +255,7 @@ def mutations(draw: st.DrawFn, schedule: Schedule,
     """Mutations of a valid `schedule`, one kind each, with their expected check:
 
     - "drop": one op removed -> "completeness" (never a gradient reduction R, which
-      verify's reduction check finds first; nor is one moved before its backward);
+      verify's reduction check finds first; nor does a reorder put one before a backward);
     - "duplicate": one op run a second time (anywhere) -> "duplicate";
     - "move-rank": one op moved to another rank's program -> "placement";
     - "reorder-cycle": ops reordered so that the waits form a cycle -> "deadlock": either two
@@ -299,7 +299,13 @@ def _reorder_cycle(draw: st.DrawFn, schedule: Schedule, progs: list[list[Op]]) -
     """Reorder in place so that program order plus data edges has a cycle; say how."""
     rank_of = schedule.rank_of
     edges = list(schedule.data_edges())
-    local = [(u, v) for u, v in edges if rank_of(u) == rank_of(v) and v.kind != REDUCE]
+    def passes_no_reduction(u: Op, v: Op) -> bool:
+        # (u moves to v's place: past its own stage's R, it is the reduction check's fault)
+        prog = progs[rank_of(u)]
+        return not any(o.kind == REDUCE and o.stage == u.stage
+                       for o in prog[prog.index(u) + 1:prog.index(v)])
+    local = [(u, v) for u, v in edges if rank_of(u) == rank_of(v) and v.kind != REDUCE and
+             passes_no_reduction(u, v)]
     crossing = [(u, v) for u, v in edges if rank_of(u) != rank_of(v)]
     # NOTE: every schedule has a same-rank edge (F(s,m) -> B/I(s,m)), so `local` is never
     # empty; a crossing pair a->b, b->a exists whenever two consecutive stages differ in rank.
