@@ -2,7 +2,8 @@
 
 One grammar for every pass: `name{key=value,...}` items separated by commas. Option types come
 from the pass's dataclass field annotations, so a pass never parses its own options and every
-bad name, option or value is a diagnostic that points into the pipeline string.
+bad name, option or value is a diagnostic that points into the pipeline string. Passes made in
+Python are held to the same types when they join a pipeline (`expect_pass`).
 """
 
 from __future__ import annotations
@@ -324,9 +325,14 @@ def expect_pass(p: object) -> PassBase:
             hint = (": a pipeline is one string of passes ('split-backward,overlap'), read by "
                     "parse_pipeline, not a list of names")
         raise TypeError(f"expected a pass, got {type(p).__name__} {p!r}{hint}")
-    hints = typing.get_type_hints(type(p))
+    try:
+        hints = typing.get_type_hints(type(p))
+    except (NameError, TypeError):  # (a user's pass whose annotations do not resolve here)
+        return p
     for f in dataclasses.fields(p):
-        _check_value(getattr(p, f.name), hints[f.name], f"option '{f.name}' of pass '{p.name}'")
+        if f.name in hints:
+            _check_value(getattr(p, f.name), hints[f.name],
+                         f"option '{f.name}' of pass '{p.name}'")
     return p
 
 

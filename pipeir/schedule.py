@@ -22,6 +22,7 @@ rejects duplicates.
 from __future__ import annotations
 
 import os
+import reprlib
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from enum import IntFlag
 from itertools import pairwise
@@ -137,19 +138,17 @@ class Schedule:
 
         An item `(a, b)` is an overlapped pair: two ops the rank runs together.
         """
-        if not isinstance(config, PipelineConfig):  # (before its ranks are asked)
-            raise TypeError(f"expected a PipelineConfig (PipelineConfig.make(ranks, "
-                            f"microbatches, ...)), got {type(config).__name__}")
+        b = ScheduleBuilder(config, name)  # (it checks the config and the name)
         if not isinstance(programs, Sequence) or \
                 not all(isinstance(p, Iterable) and not isinstance(p, Op) for p in programs):
-            raise TypeError(f"programs: expected one list of ops per rank, got {programs!r}"[:200])
+            raise TypeError(f"programs: expected one list of ops per rank, got "
+                            f"{reprlib.repr(programs)}")
         if spans is not None and not isinstance(spans, Mapping):
             raise TypeError(f"spans: expected a mapping of ops to spans, got "
                             f"{type(spans).__name__}")
         if len(programs) != config.ranks:
             raise ValueError(f"expected {config.ranks} programs (one per rank), "
                              f"got {len(programs)}")
-        b = ScheduleBuilder(config, name)
         for r, prog in enumerate(programs):
             for item in prog:
                 if isinstance(item, tuple):
