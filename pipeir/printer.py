@@ -8,13 +8,21 @@ from collections.abc import Mapping
 from typing import Any
 
 from pipeir.schedule import Schedule, expect_schedule
+from pipeir.sim.costs import CostModel
 
 WIDTH = 96  # wrap op lists at this many columns
 
 
 def print_schedule(schedule: Schedule, costs: Mapping[str, Any] | None = None) -> str:
-    """`schedule` as canonical `.sched` text (with a `costs` block when costs are given)."""
+    """`schedule` as canonical `.sched` text (with a `costs` block when costs are given:
+    the block's settings, e.g. {"F": 1, "B": 2}, checked as a costs block is read, so the
+    text parses again)."""
     c = expect_schedule(schedule, "print_schedule").config
+    if costs is not None:
+        if not isinstance(costs, Mapping):
+            raise TypeError(f"print_schedule(costs=...): expected a costs block's settings, "
+                            f"e.g. {{'F': 1, 'B': 2}}, got {type(costs).__name__}")
+        CostModel.from_settings(costs, where="print_schedule(costs=...)")
     out = ["# canonical form (pipeirc print)",
            "pipeline {",
            f"    ranks = {c.ranks}",

@@ -340,6 +340,11 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
          "NoneType"),
         (lambda: parse_pipeline("x", extra={"x": SplitBackward()}),  # type: ignore[dict-item]
          TypeError, "parse_pipeline(extra=...): 'x' must name a pass class"),
+        (lambda: pipeir.print_schedule(s, CostModel()), TypeError,  # type: ignore[arg-type]
+         "print_schedule(costs=...): expected a costs block's settings, e.g. {'F': 1, 'B': 2}, "
+         "got CostModel"),
+        (lambda: pipeir.print_schedule(s, {"bogus": 2}), pipeir.UsageError,
+         "print_schedule(costs=...): unknown cost 'bogus'"),
     ]
 
 
