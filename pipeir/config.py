@@ -47,7 +47,10 @@ def spell(value: object) -> str:
 
 def _positive(key: str, value: int) -> None:
     if type(value) is not int or value < 1:
-        raise ConfigError(key, f"{key} must be a positive integer, got {spell(value)}")
+        # (the string '2' spelt as 2 read "must be a positive integer, got 2")
+        got = spell(value) if type(value) in (int, bool) else \
+            f"{value!r} (a {type(value).__name__})"
+        raise ConfigError(key, f"{key} must be a positive integer, got {got}")
 
 
 def _check_sizes(ranks: int, stages: int, microbatches: int) -> None:

@@ -327,8 +327,8 @@ def expect_schedule(value: object, where: str) -> Schedule:
     if isinstance(value, Schedule):
         return value
     hint = ""
-    if isinstance(getattr(value, "schedule", None), Schedule):
-        hint = " (what pipeir.load returns): give its .schedule"
+    if isinstance(getattr(value, "schedule", None), Schedule):  # (pipeir.load's, compile's)
+        hint = ": give its .schedule"
     elif isinstance(value, str | os.PathLike):
         hint = (": read a .sched file or text with pipeir.parse(...), or take a library "
                 "schedule with pipeir.library.get(name, ranks, microbatches)")

@@ -290,3 +290,24 @@ def test_causal_lm_imports_as_the_function() -> None:
                          timeout=TIMEOUT, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["(2,", "16)"]
+
+
+def test_weights_that_lack_a_parameter_are_refused_not_made_up() -> None:
+    """A parameter missing from the weights (a DDP `module.` prefix, a partial file) was
+    filled from a random build, silently; only non-persistent buffers may be missing."""
+    torch.manual_seed(0)
+    src = BM._seq()
+    prefixed = {"module." + k: v for k, v in src.state_dict().items()}
+    spec = ModuleSpec(module=BM._seq, batch=BM._batch, loss=nn.functional.mse_loss,
+                      points=["2.2"], weights=prefixed)
+    with pytest.raises(UsageError, match=re.escape("it has 'module.0.weight': strip the "
+                                                   "prefix 'module.' from its names")):
+        spec.model_spec().stage(0, 2)
+    partial = {k: v for k, v in src.state_dict().items() if k != "3.bias"}
+    spec = ModuleSpec(module=BM._seq, batch=BM._batch, loss=nn.functional.mse_loss,
+                      points=["2.2"], weights=partial)
+    spec.model_spec().stage(0, 2)  # (stage 0 holds all it needs)
+    with pytest.raises(UsageError, match=re.escape("weights: the file has no '3.bias'; it "
+                                                   "must hold the unsplit module's "
+                                                   "state_dict")):
+        spec.model_spec().stage(1, 2)

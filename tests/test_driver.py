@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+import torch
 
 import pipeir
 from pipeir import driver
@@ -31,8 +32,10 @@ from pipeir.passes.reorder import Reorder
 from pipeir.passes.split_backward import SplitBackward
 from pipeir.schedule import Schedule
 from pipeir.sim import CostModel
+from pipeir.sim.steady import steady, steady_state
 
-EXAMPLES = Path(__file__).parent.parent / "examples"
+REPO = Path(__file__).parent.parent
+EXAMPLES = REPO / "examples"
 FILE = EXAMPLES / "1f1b.sched"
 BLOCK = EXAMPLES / "costs" / "variable-length.sched"  # with a costs block of its own
 
@@ -247,8 +250,11 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
                          "schedule s { rank r { F(0, 0) B(0, 0) } }")
     return [
         (lambda: pipeir.verify(loaded), TypeError,  # type: ignore[arg-type]
-         "verify: expected a Schedule, got Elaborated (what pipeir.load returns): give its "
-         ".schedule"),
+         "verify: expected a Schedule, got Elaborated: give its .schedule"),
+        (lambda: pipeir.simulate(pipeir.compile(s)), TypeError,  # type: ignore[arg-type]
+         "simulate: expected a Schedule, got Compiled: give its .schedule"),
+        (lambda: pipeir.print_schedule(pipeir.simulate(s)), TypeError,  # type: ignore[arg-type]
+         "print_schedule: expected a Schedule, got SimResult"),
         (lambda: pipeir.simulate("1f1b"), TypeError,  # type: ignore[arg-type]
          "simulate: expected a Schedule, got str: read a .sched file or text with "
          "pipeir.parse(...)"),
@@ -345,6 +351,17 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
          "got CostModel"),
         (lambda: pipeir.print_schedule(s, {"bogus": 2}), pipeir.UsageError,
          "print_schedule(costs=...): unknown cost 'bogus'"),
+        (lambda: steady_state(pipeir.parse(str(REPO / "tests/errors/deadlock.sched")),
+                              CostModel()),
+         pipeir.VerifyError, "deadlock: rank 0 waits at B(0,0) (line 6) for B(1,0) on rank 1"),
+        (lambda: pipeir.torch_schedule(pipeir.split(torch.nn.Sequential(
+            torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)), ["1"]), "1f1b", n_microbatches=2),
+         pipeir.UsageError, "torch_schedule: expected torch's PipelineStage objects, got "
+                            "Sequential: wrap each of this rank's chunks as "
+                            "PipelineStage(chunk, stage_index, num_stages, device)"),
+        (lambda: steady(s), TypeError,  # type: ignore[arg-type]
+         "steady: expected what simulate returns (a SimResult), got Schedule; for a schedule: "
+         "steady_state(schedule, costs)"),
     ]
 
 

@@ -3,6 +3,7 @@ instead, or a line saying what was written. Exact messages and exit codes, throu
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections.abc import Callable
@@ -11,6 +12,8 @@ from pathlib import Path
 import pytest
 
 import pipeir
+from pipeir.models.mlp import small
+from pipeir.runtime.preflight import preflight
 
 REPO = Path(__file__).parent.parent
 SCHED = str(REPO / "examples" / "1f1b.sched")
@@ -240,3 +243,23 @@ def test_a_failing_model_under_torchrun_ends_torchruns_report(cli: Cli, tmp_path
     assert lines.count(ours) == 1  # and once as the worker wrote it
     assert "To enable traceback" not in proc.stderr
     assert "pipeir/runtime" not in proc.stderr  # no frame of ours
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"clip_grad_norm": 0}, "clip_grad_norm must be a positive number (or None: no clipping), "
+                            "got 0"),
+    ({"clip_grad_norm": -1.0}, "clip_grad_norm must be a positive number"),
+    ({"seed": "x"}, "the model's seed must be an integer, got 'x'"),
+    ({"optimizer": "sgd"}, "the model's optimizer must be a function, got 'sgd' (give the "
+                           "optimizer's class"),
+    ({"batch": lambda step: (1, 2, 3)}, "batch(step) must return a pair (inputs, targets), "
+                                        "got tuple of 3"),
+])
+def test_a_model_spec_of_the_wrong_kind_stops_before_launch(change: dict[str, object],
+                                                            message: str) -> None:
+    """A clip of 0 stopped training and a negative one reversed it, silently; a seed, an
+    optimizer or a batch of the wrong kind failed only inside the ranks."""
+    spec = dataclasses.replace(small(), **change)  # type: ignore[arg-type]
+    with pytest.raises(pipeir.UsageError) as e:
+        preflight(spec, "m", 2, 2, 1)
+    assert message in e.value.diagnostics[0].message

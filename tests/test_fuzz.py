@@ -114,7 +114,7 @@ def _library_seeds() -> dict[str, str]:
 def _printed_seed() -> str:
     config = pipeir.PipelineConfig.make(2, 2, stages=4, placement="vshape")
     s = random_schedule(config, random.Random(7), split_backward=None, name="printed")
-    return print_schedule(s, costs={"F": 1, "B": 2.0, "stage.1.F": [1, 2]})
+    return print_schedule(s, costs={"F": 1, "B": 2.0, "stage.1.F": 3, "lengths": [100, 200]})
 
 
 def _seeds() -> dict[str, str]:

@@ -23,6 +23,7 @@ from pipeir.interop import (
     loads_csv,
     parse_action,
 )
+from pipeir.interop.check import prove_comms
 from pipeir.passes.dp_reduce import DpReduce
 from pipeir.printer import print_schedule
 from pipeir.sim import CostModel, simulate
@@ -439,3 +440,12 @@ def test_load_csv_reports_unreadable_files(tmp_path: Path) -> None:
         load_csv(tmp_path)
     pair = Action(-1, "OVERLAP_F_B", None, (Action(0, "F", 7), Action(7, "B", 3)))
     assert str(pair) == "(0F7;7B3)OVERLAP_F_B"
+
+
+def test_proving_the_comms_of_a_compute_only_file_says_there_are_none() -> None:
+    """Not a false finding that every receive is missing: torch adds them."""
+    s = pipeir.library.get("1f1b", 2, 4)
+    with pytest.raises(pipeir.UsageError, match="compute_only file: torch adds its sends and "
+                                                "receives itself, so there are none to prove"):
+        prove_comms(loads_csv(dumps_csv(s)))
+    assert prove_comms(loads_csv(dumps_csv(s, "compute_comms"))).total == 8

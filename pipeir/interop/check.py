@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from pipeir.backend.commcheck import CommReport, check_comm, check_schedule
-from pipeir.diagnostics import Diagnostic, Note, VerifyError
+from pipeir.diagnostics import Diagnostic, Note, UsageError, VerifyError
 from pipeir.interop.actions import BOOKKEEPING
 from pipeir.interop.lowering import lower_actions
 from pipeir.interop.reader import Imported, load_csv
@@ -54,7 +54,13 @@ def check_csv(path: str, memory_limit: float | None = None,
 
 def prove_comms(imported: Imported) -> CommReport:
     """Prove that torch's runtime runs the file's sends, receives and REDUCE_GRADs correctly
-    and cannot hang; otherwise a VerifyError(check="comm") naming the offending cells."""
+    and cannot hang; otherwise a VerifyError(check="comm") naming the offending cells. A
+    compute-only file has none to prove (torch adds them): a UsageError, not a false
+    finding that every receive is missing."""
+    if not imported.has_comms:
+        raise UsageError(f"{imported.format} file: torch adds its sends and receives itself, "
+                         "so there are none to prove; check it with check_csv, or write the "
+                         "communication with dumps_csv(schedule, 'compute_comms')")
     lowered, cells = lower_actions(imported)
     try:
         report = check_comm(lowered, cells)

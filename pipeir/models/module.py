@@ -248,7 +248,7 @@ class ModuleSpec:
         if self.weights is None:
             return _deepcopy(self._pieces(points, real=True)[s])
         stage = _skeleton(self._pieces(points, real=False)[s], torch.device("cpu"))
-        missing = load_into(stage, self._weights())
+        missing = load_into(stage, self._weights(), s)
         if missing:  # not in the file (non-persistent buffers): from a real build
             real = dict(tensors(self._pieces(points, real=True)[s]))
             with torch.no_grad():
@@ -303,6 +303,7 @@ def split(module: nn.Module, points: Sequence[str], example: Any = None) -> list
 
 
 # ---- helpers -------------------------------------------------------------------------------
+
 
 def _no_batch(step: int) -> tuple[Any, Any]:
     raise UsageError("pipeir.split builds stages only; it has no data")

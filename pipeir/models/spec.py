@@ -28,6 +28,7 @@ every shape without a handshake.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,8 +170,27 @@ def structure(spec: ModelSpec, stages: int, which: Iterable[int]) -> dict[int, t
 
 
 def check_spec(spec: ModelSpec, stages: int) -> None:
-    """Problems that need no data: unknown autocast, tied groups naming a missing stage or
+    """Problems that need no data: fields of the wrong kind (a clip of 0 stopped training
+    and a negative one reversed it, silently; a seed or an optimizer of the wrong kind failed
+    only inside the ranks), unknown autocast, tied groups naming a missing stage or
     parameter or joining parameters of different shapes (UsageError naming them)."""
+    for name in ("stage", "loss", "batch", "optimizer"):
+        if not callable(getattr(spec, name)):
+            raise UsageError(f"the model's {name} must be a function, got "
+                             f"{getattr(spec, name)!r}" + (
+                                 " (give the optimizer's class or a function of the "
+                                 "parameters, e.g. torch.optim.SGD)" if name == "optimizer"
+                                 else ""))
+    for name in ("scheduler", "tied", "tokens"):
+        if getattr(spec, name) is not None and not callable(getattr(spec, name)):
+            raise UsageError(f"the model's {name} must be a function or None, got "
+                             f"{getattr(spec, name)!r}")
+    if type(spec.seed) is not int:
+        raise UsageError(f"the model's seed must be an integer, got {spec.seed!r}")
+    clip = spec.clip_grad_norm
+    if clip is not None and (type(clip) not in (int, float) or not 0 < clip < math.inf):
+        raise UsageError(f"clip_grad_norm must be a positive number (or None: no clipping), "
+                         f"got {clip!r}")
     if spec.autocast is not None and spec.autocast not in AUTOCAST:
         raise UsageError(f"autocast '{spec.autocast}': expected one of "
                          f"{', '.join(AUTOCAST)} or None")

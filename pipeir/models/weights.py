@@ -42,9 +42,11 @@ def read_weights(source: Weights) -> Mapping[str, torch.Tensor]:
     return got
 
 
-def load_into(stage: nn.Module, weights: Mapping[str, torch.Tensor]) -> list[str]:
-    """Copy the stage's tensors from an unsplit state_dict (shapes must match); returns the
-    names of the stage's tensors the state_dict does not hold."""
+def load_into(stage: nn.Module, weights: Mapping[str, torch.Tensor], s: int) -> list[str]:
+    """Copy stage `s`'s tensors from an unsplit state_dict (shapes must match); returns the
+    names of its non-persistent buffers, which a state_dict never holds. A parameter or
+    persistent buffer it lacks is a UsageError (it was once made up from a random build,
+    silently), naming a prefix all of its names share (DDP's 'module.')."""
     missing = []
     with torch.no_grad():
         for name, t in tensors(stage):
@@ -56,7 +58,24 @@ def load_into(stage: nn.Module, weights: Mapping[str, torch.Tensor]) -> list[str
                 raise UsageError(f"weights: '{name}' has shape {list(w.shape)}, the module "
                                  f"{list(t.shape)}")
             t.copy_(w)
+    lacking = [n for n in missing if not _non_persistent(stage, n)]
+    if lacking:
+        near = next((k for k in weights if k.endswith("." + lacking[0])), None)
+        prefix = near[:-len(lacking[0])] if near is not None else ""
+        raise UsageError(
+            f"weights: the file has no '{lacking[0]}'" +
+            (f" (nor {len(lacking) - 1} more of stage {s}'s tensors)" if len(lacking) > 1
+             else "") +
+            (f"; it has '{near}': strip the prefix '{prefix}' from its names"
+             if near is not None and all(k.startswith(prefix) for k in weights)
+             else "; it must hold the unsplit module's state_dict"))
     return missing
+
+
+def _non_persistent(module: nn.Module, name: str) -> bool:
+    """Whether `name` is a buffer its module keeps out of its state_dict."""
+    owner, _, leaf = name.rpartition(".")
+    return leaf in module.get_submodule(owner)._non_persistent_buffers_set
 
 
 def tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:

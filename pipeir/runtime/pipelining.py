@@ -44,6 +44,11 @@ def torch_schedule(stages: PipelineStage | Sequence[PipelineStage],
     mine = [stages] if isinstance(stages, PipelineStage) else list(stages)
     if not mine:
         raise UsageError("torch_schedule: no stages given")
+    for x in mine:  # (a module, as pipeir.split gives, failed on torch's missing attributes)
+        if not isinstance(x, PipelineStage):
+            raise UsageError(f"torch_schedule: expected torch's PipelineStage objects, got "
+                             f"{type(x).__name__}: wrap each of this rank's chunks as "
+                             f"PipelineStage(chunk, stage_index, num_stages, device)")
     ranks, rank, total = mine[0].group_size, mine[0].group_rank, mine[0].num_stages
     sched = _instantiate(schedule, ranks, n_microbatches, total)
     c = sched.config

@@ -53,6 +53,10 @@ def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps
         raise UsageError(f"--model {model}: {e.message}") from None
     with contained(f"--model {model}", "calling batch(0)"):
         batch = spec.batch(0)
+    if not (isinstance(batch, tuple | list) and len(batch) == 2):
+        raise UsageError(f"--model {model}: batch(step) must return a pair (inputs, targets), "
+                         f"got {type(batch).__name__}" + (
+                             f" of {len(batch)}" if isinstance(batch, tuple | list) else ""))
     try:  # replica 0's share, as its ranks will cut it (`mesh.shard`)
         first = split_batch(shard(batch, dp, 0, microbatches), microbatches)
     except ValueError as e:

@@ -46,10 +46,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from pipeir.schedule import Schedule
-from pipeir.sim.costs import CostModel
+from pipeir.diagnostics import VerifyError
+from pipeir.schedule import Schedule, expect_schedule
+from pipeir.sim.costs import CostModel, expect_costs
 from pipeir.sim.engine import Timing
 from pipeir.sim.result import SimResult
+from pipeir.verify import check_deadlock
 
 NEG = -math.inf
 
@@ -89,9 +91,14 @@ class SteadyState:
 
 def steady_state(schedule: Schedule, costs: CostModel, comm: str = "overlapped"
                  ) -> SteadyState:
-    """The steady state of `schedule` under `costs` and `comm`. The schedule must not
-    deadlock (`simulate` raises first)."""
+    """The steady state of `schedule` under `costs` and `comm`; a VerifyError, as `simulate`
+    gives, when the schedule deadlocks (its sweep would time only the ops that run: a step of
+    0 was returned, silently)."""
+    expect_schedule(schedule, "steady_state")
+    costs = expect_costs(costs, "steady_state(costs=...)") or CostModel()
     timing = Timing(schedule, costs, comm)
+    if not timing.complete:
+        raise VerifyError(check_deadlock(schedule), check="deadlock")
     dur = [costs.cost(op) for op in timing.ops]
     ranks, rank = schedule.config.ranks, timing.rank
     matrix = _matrix(timing, dur, ranks)
@@ -108,6 +115,9 @@ def steady_state(schedule: Schedule, costs: CostModel, comm: str = "overlapped"
 
 def steady(result: SimResult) -> SteadyState:
     """The steady state of a simulated schedule (see `steady_state`)."""
+    if not isinstance(result, SimResult):
+        raise TypeError(f"steady: expected what simulate returns (a SimResult), got "
+                        f"{type(result).__name__}; for a schedule: steady_state(schedule, costs)")
     return steady_state(result.schedule, result.costs, result.comm)
 
 
