@@ -20,17 +20,20 @@ import torch
 
 import pipeir
 from pipeir import driver
-from pipeir.backend.program_io import dumps
+from pipeir.backend.program_io import dumps, format_lowered
 from pipeir.cli import main
 from pipeir.diagnostics import PipeirError
 from pipeir.driver import ScheduleRef
 from pipeir.frontend.elaborate import Elaborated
+from pipeir.interop import loads_csv
+from pipeir.models import causal_lm
 from pipeir.passes import PassContext, PassManager, parse_pipeline
 from pipeir.passes.memory import Recompute
 from pipeir.passes.overlap import Overlap
 from pipeir.passes.reorder import Reorder
 from pipeir.passes.split_backward import SplitBackward
 from pipeir.schedule import Schedule
+from pipeir.search.synth import synth
 from pipeir.sim import CostModel
 from pipeir.sim.steady import steady, steady_state
 
@@ -359,6 +362,19 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
          pipeir.UsageError, "torch_schedule: expected torch's PipelineStage objects, got "
                             "Sequential: wrap each of this rank's chunks as "
                             "PipelineStage(chunk, stage_index, num_stages, device)"),
+        (lambda: synth(CostModel(), 2, 4, objective="speed"),  # type: ignore[arg-type]
+         pipeir.UsageError, "synth: objective must be one of makespan, steady, got 'speed'"),
+        (lambda: synth(CostModel(), 2, 4, v=0), pipeir.UsageError,
+         "synth: v (chunks per rank) must be a positive integer, got 0"),
+        (lambda: format_lowered(pipeir.compile(s)), TypeError,  # type: ignore[arg-type]
+         "format_lowered: expected lowered programs (a Lowered), got Compiled: give its "
+         ".lowered"),
+        (lambda: dumps(s), TypeError,  # type: ignore[arg-type]
+         "dumps: expected lowered programs (a Lowered), got Schedule"),
+        (lambda: loads_csv(Path("a.csv")), TypeError,  # type: ignore[arg-type]
+         "loads_csv reads a CSV's text; for a file, load_csv(path) (got PosixPath('a.csv'))"),
+        (lambda: causal_lm(torch.nn.Identity, vocab=16, microbatches=0), pipeir.UsageError,
+         "causal_lm: microbatches must be a positive integer, got 0"),
         (lambda: steady(s), TypeError,  # type: ignore[arg-type]
          "steady: expected what simulate returns (a SimResult), got Schedule; for a schedule: "
          "steady_state(schedule, costs)"),

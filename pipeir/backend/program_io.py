@@ -18,8 +18,19 @@ from typing import Any, Final, get_args, get_type_hints
 from pipeir.backend.instructions import MNEMONICS, Batch, Instr, Lowered
 
 
+def expect_lowered(value: object, where: str) -> Lowered:
+    """`value` if it is lowered programs; else a TypeError saying how to get them (what
+    `pipeir.compile` returns holds them)."""
+    if isinstance(value, Lowered):
+        return value
+    hint = ": give its .lowered" if isinstance(getattr(value, "lowered", None), Lowered) else ""
+    raise TypeError(f"{where}: expected lowered programs (a Lowered), got "
+                    f"{type(value).__name__}{hint}")
+
+
 def format_lowered(lowered: Lowered) -> str:
     """The readable text form (`pipeirc compile --emit lowered`)."""
+    expect_lowered(lowered, "format_lowered")
     lines = [f"# lowered {lowered.name}: {lowered.ranks} ranks, {lowered.stages} stages, "
              f"{lowered.microbatches} micro-batches, accumulate {lowered.accumulate}"
              f"{', overlap' if lowered.overlap else ''}",
@@ -119,6 +130,7 @@ def _header_json(lowered: Lowered) -> dict[str, Any]:
 
 
 def to_json(lowered: Lowered) -> dict[str, Any]:
+    expect_lowered(lowered, "to_json")
     return {**_header_json(lowered),
             "programs": [_program_json(prog) for prog in lowered.programs],
             "overlap": lowered.overlap}
@@ -207,6 +219,7 @@ def dumps(lowered: Lowered, proof: str | None = None) -> str:
     """`to_json` as text, one instruction per line. With `proof` (the caller proved the
     programs under the rules `proof` names: `pipeirc compile`), the last line records a digest
     of the text under that proof (`is_proved`)."""
+    expect_lowered(lowered, "dumps")
     return "".join(dump_parts(lowered, proof))
 
 

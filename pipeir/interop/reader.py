@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import os
 import re
+import reprlib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,6 +56,11 @@ def load_csv(path: str | os.PathLike[str], microbatches: int | None = None,
 def loads_csv(text: str, name: str = "<csv>", microbatches: int | None = None,
               format: str = "auto") -> Imported:
     """Read CSV text; see `load_csv`."""
+    if not isinstance(text, str) or ("\n" not in text and text.endswith(".csv")):
+        raise TypeError(f"loads_csv reads a CSV's text; for a file, load_csv(path) (got "
+                        f"{reprlib.repr(text)})")
+    if not isinstance(name, str):
+        raise TypeError(f"loads_csv(name=...): the name its errors give, a string, got {name!r}")
     source = Source(name, text)
     rows: list[list[tuple[Action, Span]]] = []
     for lineno, line in enumerate(text.splitlines(), start=1):

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.utils import _pytree as pytree
 
+from pipeir.diagnostics import UsageError
 from pipeir.models.module import ModuleSource, ModuleSpec
 from pipeir.models.transformer import lm_loss
 
@@ -47,6 +48,10 @@ def causal_lm(module: ModuleSource, *, vocab: int, batch: int = 8, seq: int = 16
     `microbatches` micro-batches of batch(0) (a run cutting the batch otherwise is refused
     before it starts, naming the shapes). Other keyword arguments (`points`, `weights`,
     `optimizer`, `clip_grad_norm`, ...) are `ModuleSpec`'s."""
+    for name, value in (("vocab", vocab), ("batch", batch), ("seq", seq),
+                        ("microbatches", microbatches)):
+        if type(value) is not int or value < 1:
+            raise UsageError(f"causal_lm: {name} must be a positive integer, got {value!r}")
     data = functools.partial(random_tokens, vocab=vocab, batch=batch, seq=seq)
     return ModuleSpec(module=module, batch=data, loss=logits_loss,
                       example=data(0)[0][:max(1, batch // microbatches)], tokens=_count,

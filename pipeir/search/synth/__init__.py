@@ -21,7 +21,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Literal, get_args
 
 from pipeir.config import ConfigError, PipelineConfig
 from pipeir.diagnostics import UsageError
@@ -308,6 +308,13 @@ def synth(costs: CostModel, ranks: int, microbatches: int, *, v: int | None = No
     others share the time. The bound reported holds for every shape searched."""
     t0 = time.perf_counter()
     check_settings(seed, workers)
+    for name, value, allowed in (("objective", objective, get_args(Objective)),
+                                 ("comm", comm, get_args(CommModel))):
+        if value not in allowed:  # (an unknown objective was taken as the makespan)
+            raise UsageError(f"synth: {name} must be one of {', '.join(allowed)}, got "
+                             f"{value!r}")
+    if v is not None and (type(v) is not int or v < 1):
+        raise UsageError(f"synth: v (chunks per rank) must be a positive integer, got {v!r}")
     if v is not None and v > MAX_V:
         # NOTE: --v 20000 on two ranks took 17 s and 750 MB before the first solver call
         raise UsageError(f"--v {v}: synth cuts a stage into at most {MAX_V} chunks, as tune "
