@@ -196,6 +196,9 @@ def schedules(draw: st.DrawFn,
     if config is None:
         config = configs()
     cfg = draw(config) if isinstance(config, st.SearchStrategy) else config
+    if not isinstance(cfg, PipelineConfig):  # (configs, not configs())
+        raise InvalidArgument(f"schedules(config=...): a PipelineConfig or a strategy of them "
+                              f"(configs(...), called), got {cfg!r}")
     seed = draw(st.integers(0, 2**32 - 1))
     try:
         return random_schedule(cfg, random.Random(seed), split_backward, name)
@@ -262,6 +265,11 @@ def mutations(draw: st.DrawFn, schedule: Schedule,
       ops on one rank swapped (a consumer now runs before its producer), or one op moved
       earlier on each of two ranks so that each waits for the other.
     """
+    if isinstance(schedule, st.SearchStrategy):
+        raise InvalidArgument("mutations takes a schedule, not a strategy of them: draw one "
+                              "first, data.draw(schedules(...))")
+    if isinstance(kinds, str):
+        raise InvalidArgument(f"mutations(kinds=...): a list of kinds, e.g. ({kinds!r},)")
     for k in kinds:
         expected_check(k)
     usable = applicable_kinds(schedule, kinds)

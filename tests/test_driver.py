@@ -32,6 +32,7 @@ from pipeir.passes.memory import Recompute
 from pipeir.passes.overlap import Overlap
 from pipeir.passes.reorder import Reorder
 from pipeir.passes.split_backward import SplitBackward
+from pipeir.runtime.pipelining import _instantiate
 from pipeir.schedule import Schedule
 from pipeir.search.synth import synth
 from pipeir.sim import CostModel
@@ -375,6 +376,11 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
          "loads_csv reads a CSV's text; for a file, load_csv(path) (got PosixPath('a.csv'))"),
         (lambda: causal_lm(torch.nn.Identity, vocab=16, microbatches=0), pipeir.UsageError,
          "causal_lm: microbatches must be a positive integer, got 0"),
+        (lambda: _instantiate(pipeir.compile(s), 2, 4, 2), TypeError,  # type: ignore[arg-type]
+         "torch_schedule: expected a Schedule, got Compiled: give its .schedule"),
+        (lambda: _instantiate("zbv.csv", 2, 4, 2), pipeir.UsageError,
+         "torch_schedule: 'zbv.csv' is a torch schedule CSV; read it with "
+         "pipeir.interop.load_csv(path) and give its .schedule"),
         (lambda: steady(s), TypeError,  # type: ignore[arg-type]
          "steady: expected what simulate returns (a SimResult), got Schedule; for a schedule: "
          "steady_state(schedule, costs)"),

@@ -9,6 +9,7 @@ import importlib.util
 import itertools
 import json
 import random
+import re
 from pathlib import Path
 from typing import Any
 
@@ -512,3 +513,12 @@ def test_three_chunks_on_two_ranks_beat_every_loop_and_v(tmp_path: Path) -> None
                                                              cand.costs.settings()), "by hand"))
     got = read(str(path))
     assert (got.points, got.ranks) == (("blocks.1", "blocks.3"), 2)
+
+
+@pytest.mark.parametrize("memory", [2.0, "8GB"])
+def test_a_memory_budget_of_another_type_is_named(memory: object) -> None:
+    """It was an AttributeError from inside the search."""
+    with pytest.raises(UsageError, match=re.escape("plan(memory=...): a MemoryLimit "
+                                                   "(pipeir.memunit), e.g. MemoryLimit(40e9, "
+                                                   f"in_bytes=True), got {memory!r}")):
+        plan(heavy_ends(), 2, 4, memory=memory)  # type: ignore[arg-type]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import random
+import re
 import tempfile
 from pathlib import Path
 
@@ -167,6 +168,13 @@ def test_mutation_helpers_reject_bad_arguments() -> None:
         mutations(one_rank, kinds=("move-rank",)).example()
     with pytest.raises(InvalidArgument, match="placements"):
         configs(placements=("zigzag",)).example()
+    with pytest.raises(InvalidArgument, match=re.escape("draw one first, "
+                                                        "data.draw(schedules(...))")):
+        mutations(schedules()).example()  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=re.escape("(configs(...), called)")):
+        schedules(config=configs).example()  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=re.escape("a list of kinds, e.g. ('drop',)")):
+        mutations(one_rank, kinds="drop").example()
 
 
 def test_build_accepts_valid_programs() -> None:

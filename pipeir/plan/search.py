@@ -43,7 +43,7 @@ from dataclasses import dataclass
 
 from pipeir import library
 from pipeir.diagnostics import PipeirError, UsageError
-from pipeir.memunit import COUNTING
+from pipeir.memunit import COUNTING, MemoryLimit
 from pipeir.plan.layers import (
     Cut,
     LayerCost,
@@ -124,6 +124,9 @@ def plan(layers: Sequence[LayerCost], ranks: int, microbatches: int, link: Link 
     faster schedule on the chosen split (`pipeir.plan.refine`)."""
     layers = tuple(layers)
     _check(layers, ranks, microbatches, weight_copies)
+    if memory is not None and not isinstance(memory, MemoryLimit):
+        raise UsageError(f"plan(memory=...): a MemoryLimit (pipeir.memunit), e.g. "
+                         f"MemoryLimit(40e9, in_bytes=True), got {memory!r}")
     n = len(layers)
     fits = _fits_1f1b(layers, ranks, microbatches, memory, weight_copies)
     cuts: dict[tuple[Cut, int], None] = {}

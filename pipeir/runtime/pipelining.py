@@ -25,7 +25,7 @@ from pipeir.api import parse
 from pipeir.diagnostics import UsageError
 from pipeir.interop.writer import dumps_csv
 from pipeir.runtime import wiring
-from pipeir.schedule import Schedule
+from pipeir.schedule import Schedule, expect_schedule
 
 
 def torch_schedule(stages: PipelineStage | Sequence[PipelineStage],
@@ -95,6 +95,11 @@ def _instantiate(schedule: str | os.PathLike[str] | Schedule, ranks: int, microb
                  stages: int) -> Schedule:
     if isinstance(schedule, Schedule):
         return schedule
+    if not isinstance(schedule, str | os.PathLike):
+        expect_schedule(schedule, "torch_schedule")  # (a name, a path or a Schedule)
+    if str(schedule).endswith(".csv"):
+        raise UsageError(f"torch_schedule: '{schedule}' is a torch schedule CSV; read it with "
+                         f"pipeir.interop.load_csv(path) and give its .schedule")
     if isinstance(schedule, str) and library.find(schedule) is not None:
         kw: dict[str, int] = {"stages": stages}
         if "v" in library.params(schedule):
