@@ -304,7 +304,6 @@ def split(module: nn.Module, points: Sequence[str], example: Any = None) -> list
 
 # ---- helpers -------------------------------------------------------------------------------
 
-
 def _no_batch(step: int) -> tuple[Any, Any]:
     raise UsageError("pipeir.split builds stages only; it has no data")
 

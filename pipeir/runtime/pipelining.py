@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from torch import nn
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
@@ -44,8 +45,10 @@ def torch_schedule(stages: PipelineStage | Sequence[PipelineStage],
     mine = [stages] if isinstance(stages, PipelineStage) else list(stages)
     if not mine:
         raise UsageError("torch_schedule: no stages given")
-    for x in mine:  # (a module, as pipeir.split gives, failed on torch's missing attributes)
-        if not isinstance(x, PipelineStage):
+    # (a module, as pipeir.split gives, failed on torch's missing attributes; torch's
+    # pipeline() makes stages of a private class: anything with a stage index is a stage)
+    for x in mine:
+        if isinstance(x, nn.Module) or not hasattr(x, "stage_index"):
             raise UsageError(f"torch_schedule: expected torch's PipelineStage objects, got "
                              f"{type(x).__name__}: wrap each of this rank's chunks as "
                              f"PipelineStage(chunk, stage_index, num_stages, device)")
