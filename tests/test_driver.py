@@ -35,6 +35,7 @@ from pipeir.passes.split_backward import SplitBackward
 from pipeir.runtime.pipelining import _instantiate
 from pipeir.schedule import Schedule
 from pipeir.search.synth import synth
+from pipeir.search.tune import search as tune_search
 from pipeir.sim import CostModel
 from pipeir.sim.steady import steady, steady_state
 
@@ -381,6 +382,10 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
         (lambda: _instantiate("zbv.csv", 2, 4, 2), pipeir.UsageError,
          "torch_schedule: 'zbv.csv' is a torch schedule CSV; read it with "
          "pipeir.interop.load_csv(path) and give its .schedule"),
+        (lambda: tune_search(CostModel(), 2, 4), pipeir.UsageError,  # type: ignore[arg-type]
+         "tune's search(microbatches=...): a list of micro-batch counts, got 4"),
+        (lambda: tune_search(CostModel(), 2, [4], splits="whole"), pipeir.UsageError,
+         "tune's search(splits=...): a list of None, h1, h2, got 'whole'"),
         (lambda: steady(s), TypeError,  # type: ignore[arg-type]
          "steady: expected what simulate returns (a SimResult), got Schedule; for a schedule: "
          "steady_state(schedule, costs)"),

@@ -44,8 +44,9 @@ from pipeir.passes.base import Pass
 from pipeir.passes.reorder import Reorder
 from pipeir.passes.split_backward import SplitBackward
 from pipeir.schedule import Schedule
-from pipeir.sim import CostModel, simulate
+from pipeir.sim import COMM_MODELS, CostModel, simulate
 from pipeir.sim.chunks import rescale
+from pipeir.sim.costs import expect_costs
 from pipeir.verify import fits_in, show_bytes
 
 SPLITS = (None, "h1", "h2")
@@ -123,9 +124,20 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
     the budget and starts before the deadline, always at least one candidate: the plan runs
     from 1F1B and the zero-bubble V schedules to GPipe and the interleaved ones
     (`_families`)."""
+    costs = expect_costs(costs, "tune's search(costs=...)") or CostModel()
+    choices: tuple[tuple[str, object, tuple[str | None, ...] | None], ...] = (
+        ("microbatches", microbatches, None), ("comms", comms, COMM_MODELS),
+        ("splits", splits, SPLITS))
+    for name, given, allowed in choices:
+        # (a string or an int here was read letter by letter, or failed deep inside)
+        if isinstance(given, str | int) or not isinstance(given, Sequence) or (
+                allowed is not None and any(x not in allowed for x in given)):
+            raise UsageError(f"tune's search({name}=...): a list" + (
+                f" of {', '.join(map(str, allowed))}" if allowed is not None else
+                " of micro-batch counts") + f", got {given!r}")
     if dp is not None:
-        if dp < 1:
-            raise UsageError(f"--dp {dp}: need at least 1 replica")
+        if type(dp) is not int or dp < 1:
+            raise UsageError(f"--dp {dp!r}: need at least 1 replica")
         costs = replace(costs, dp=dp)
     if ranks < 1:
         raise UsageError(f"--ranks {ranks}: need at least 1 rank")
