@@ -375,6 +375,9 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
          "dumps: expected lowered programs (a Lowered), got Schedule"),
         (lambda: loads_csv(Path("a.csv")), TypeError,  # type: ignore[arg-type]
          "loads_csv reads a CSV's text; for a file, load_csv(path) (got PosixPath('a.csv'))"),
+        (lambda: loads_csv("zbv.csv"), pipeir.UsageError,
+         "loads_csv reads a CSV's text, and 'zbv.csv' looks like a file's name: "
+         "load_csv(path) reads a file"),
         (lambda: causal_lm(torch.nn.Identity, vocab=16, microbatches=0), pipeir.UsageError,
          "causal_lm: microbatches must be a positive integer, got 0"),
         (lambda: _instantiate(pipeir.compile(s), 2, 4, 2), TypeError,  # type: ignore[arg-type]

@@ -449,3 +449,13 @@ def test_proving_the_comms_of_a_compute_only_file_says_there_are_none() -> None:
                                                 "receives itself, so there are none to prove"):
         prove_comms(loads_csv(dumps_csv(s)))
     assert prove_comms(loads_csv(dumps_csv(s, "compute_comms"))).total == 8
+
+
+def test_a_one_row_file_whose_last_cell_ends_in_csv_is_a_bad_cell(cli, tmp_path: Path) -> None:
+    """Read from a file, a row is never taken for a path (the API's hint for loads_csv("x.csv")
+    once made this a traceback)."""
+    f = tmp_path / "one.csv"
+    f.write_text("0F0,x.csv")
+    code, _, err = cli("import-torch", f)
+    assert code == 2 and "Traceback" not in err
+    assert f"{f}:1:5: error: row 1, cell 2: 'x.csv' is not a torch action" in err

@@ -56,9 +56,12 @@ def load_csv(path: str | os.PathLike[str], microbatches: int | None = None,
 def loads_csv(text: str, name: str = "<csv>", microbatches: int | None = None,
               format: str = "auto") -> Imported:
     """Read CSV text; see `load_csv`."""
-    if not isinstance(text, str) or ("\n" not in text and text.endswith(".csv")):
+    if not isinstance(text, str):
         raise TypeError(f"loads_csv reads a CSV's text; for a file, load_csv(path) (got "
                         f"{reprlib.repr(text)})")
+    if text.endswith(".csv") and not any(c in text for c in ",\n"):  # (a path, not a row)
+        raise UsageError(f"loads_csv reads a CSV's text, and {text!r} looks like a file's "
+                         f"name: load_csv(path) reads a file")
     if not isinstance(name, str):
         raise TypeError(f"loads_csv(name=...): the name its errors give, a string, got {name!r}")
     source = Source(name, text)
