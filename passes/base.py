@@ -19,7 +19,7 @@ from pipeir.diagnostics import UsageError
 from pipeir.passes.context import DEFAULT_CONTEXT, CommModel, PassContext
 
 if TYPE_CHECKING:
-    from pipeir.backend.instructions import Lowered
+    from pipeir.backend.instructions import Instr, Lowered
     from pipeir.schedule import Schedule
 
 
@@ -76,10 +76,19 @@ class LoweredPass(PassBase):
 
     #: The communication model the programs run under after this pass (None: unchanged).
     comm: ClassVar[CommModel | None] = None
+    #: Whether the pass rewrites each rank's program on its own (`run_rank`), whatever the
+    #: other ranks' say: then, as the first lowered pass, it runs on each program as
+    #: lowering makes it, and the whole input is never held beside the whole output.
+    rank_local: ClassVar[bool] = False
 
     def run(self, lowered: Lowered, ctx: PassContext = DEFAULT_CONTEXT) -> Lowered:
         """Transform `lowered` into new programs."""
         raise NotImplementedError(f"pass '{self.name}' does not define run()")
+
+    def run_rank(self, program: tuple[Instr, ...]) -> tuple[Instr, ...]:
+        """A rank-local pass's rewrite of one rank's program: `run` must give exactly these
+        programs (under the communication model `comm`)."""
+        raise NotImplementedError(f"pass '{self.name}' is not rank-local")
 
 
 def format_value(value: object) -> str:

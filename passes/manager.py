@@ -11,6 +11,7 @@ the manager, never through a global.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import sys
 import time
@@ -24,7 +25,7 @@ from typing import TYPE_CHECKING, TextIO
 import pipeir
 from pipeir._gc import paused_gc
 from pipeir.backend.commcheck import check_comm
-from pipeir.backend.lower import lower, lower_verified
+from pipeir.backend.lower import lower_verified
 from pipeir.diagnostics import Diagnostic, Note, PipeirError, UsageError, VerifyError
 from pipeir.files import make_dir, write_atomic
 from pipeir.passes.base import LoweredPass, Pass, PassBase
@@ -44,7 +45,7 @@ from pipeir.usercode import UserCodeError, contained
 from pipeir.verify import verify
 
 if TYPE_CHECKING:
-    from pipeir.backend.instructions import Lowered
+    from pipeir.backend.instructions import Instr, Lowered
 
 
 class Instrument:
@@ -241,8 +242,17 @@ class PassManager:
         done = self._run_schedule(schedule, n)
         schedule, context = done.schedule, done.context
         self._phase(f"lowering {len(schedule):,} ops")
+        if not self.verify_each:
+            verify(schedule)  # (as `lower` would)
         # (with verify_each, `_run_schedule` verified it: as the input or a pass's output)
-        lowered = (lower_verified if self.verify_each else lower)(schedule, context.costs)
+        first = passes[n] if n < len(passes) else None
+        if isinstance(first, LoweredPass) and first.rank_local:
+            lowered = self._lower_then(schedule, context, n)
+            n += 1
+            if self.verify_each:
+                self._prove(lowered, n - 1)
+        else:
+            lowered = lower_verified(schedule, context.costs)
         # NOTE (memory): nothing reads a lowered pass's input once it has run (holding it
         # while a large program is proved raised compile's peak; `lower` drops the
         # schedule's numbered index likewise)
@@ -256,17 +266,44 @@ class PassManager:
             except PipeirError as e:
                 raise self._blame(e, i, during=True) from None
             if self.verify_each:
-                self._phase(f"proving {sum(map(len, lowered.programs)):,} instructions "
-                            "deadlock-free")
-                try:
-                    check_comm(lowered)
-                except PipeirError as e:
-                    raise self._blame(e, i, during=False) from None
-        if not (self.verify_each and n < len(passes)):  # (else proved after the last pass)
+                self._prove(lowered, i)
+        if not (self.verify_each and first is not None):  # (else proved after the last pass)
             self._phase(f"proving {sum(map(len, lowered.programs)):,} instructions "
                         "deadlock-free")
             check_comm(lowered)
         return Compiled(schedule, lowered, context)
+
+    def _lower_then(self, schedule: Schedule, context: PassContext, i: int) -> Lowered:
+        """Lowering with the rank-local pass number `i` run on each program as it is made
+        (`lower_verified`'s `then`): what lowering and then the pass's `run` would give."""
+        p = self.pipeline.passes[i]
+        assert isinstance(p, LoweredPass)
+        started = False
+
+        def then(program: tuple[Instr, ...]) -> tuple[Instr, ...]:
+            nonlocal started
+            if not started:
+                started = True
+                self._phase(self._where(i))
+            try:
+                with _user_code(p, self._where(i)):
+                    return p.run_rank(program)
+            except PipeirError as e:
+                raise self._blame(e, i, during=True) from None
+
+        lowered = lower_verified(schedule, context.costs, then)
+        if not started:  # (no ranks: the pass ran on nothing)
+            self._phase(self._where(i))
+        return lowered if p.comm is None else \
+            dataclasses.replace(lowered, overlap=p.comm == "overlapped")
+
+    def _prove(self, lowered: Lowered, i: int) -> None:
+        """The proof after pass number `i`, a lowered pass; its findings blame the pass."""
+        self._phase(f"proving {sum(map(len, lowered.programs)):,} instructions deadlock-free")
+        try:
+            check_comm(lowered)
+        except PipeirError as e:
+            raise self._blame(e, i, during=False) from None
 
     def _phase(self, text: str) -> None:
         for inst in self.instruments:

@@ -53,6 +53,7 @@ class Overlap(LoweredPass):
     summary: ClassVar[str] = ("post receives early and send asynchronously, batching "
                               "same-peer posts; max_posted bounds receives posted ahead")
     comm: ClassVar[CommModel | None] = "overlapped"
+    rank_local: ClassVar[bool] = True
 
     max_posted: int = 0
 
@@ -65,14 +66,16 @@ class Overlap(LoweredPass):
         """The same programs with asynchronous, early-posted communication."""
         if lowered.overlap:
             return lowered
-        return lowered.with_programs([self._rank(p) for p in lowered.programs], overlap=True)
+        return lowered.with_programs([self.run_rank(p) for p in lowered.programs], overlap=True)
 
-    def _rank(self, prog: Sequence[Instr]) -> list[Instr]:
-        """NOTE (linear): every look-up here is by index or key, never a scan of the
-        program: finding each receive's consumer by scanning (and its own place by
-        `tuple.index`, which compares instructions field by field) made the pass quadratic:
-        43 s of a 65k-op compile, against 0.3 s now. The receives are known by their number
-        in program order (`recvs`), not by their key: a key is a tuple made per look-up."""
+    def run_rank(self, prog: Sequence[Instr]) -> tuple[Instr, ...]:
+        """One rank's program with its communication overlapped (the module docstring)."""
+        # NOTE (linear): every look-up here is by index or key, never a scan of the
+        # program: finding each receive's consumer by scanning (and its own place by
+        # `tuple.index`, which compares instructions field by field) made the pass
+        # quadratic: 43 s of a 65k-op compile, against 0.3 s now. The receives are known by
+        # their number in program order (`recvs`), not by their key: a key is a tuple made
+        # per look-up.
         found = [(i, ins) for i, ins in enumerate(prog) if type(ins) is Recv or type(ins) is IRecv]
         recvs = [r for _, r in found]
         consumers = _consumers(prog)
@@ -148,7 +151,9 @@ class Overlap(LoweredPass):
                 out.extend(WaitSend(s.tensor, s.stage, s.mb, s.peer, s.tag, op=s.op, at=s.at)
                            for s in sends)
             out.append(ins)
-        return _batch(out)
+        # (a tuple here, which `with_programs` keeps: all ranks' lists, then their tuples,
+        # were a tenth of a large program's overlap peak)
+        return tuple(_batch(out))
 
 
 def _consumers(prog: Sequence[Instr]) -> dict[tuple[str, int, int], list[int]]:

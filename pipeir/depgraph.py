@@ -17,6 +17,7 @@ and reachability, which no valid order changes).
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
@@ -57,7 +58,8 @@ class DepGraph:
            pairs: Iterable[tuple[Op, Op]]) -> DepGraph:
         """Number `graph` (whose nodes are exactly the ops of `programs`) and index it."""
         ops = tuple(op for prog in programs for op in prog)
-        index = {op: i for i, op in enumerate(ops)}
+        num = _numbers(len(ops))
+        index = dict(zip(ops, num))
         # one pass over the edges (each node's in-edges in adjacency order), not a view per
         # op: networkx's per-node views were most of the cost of building the index
         pred_lists: list[list[int]] = [[] for _ in ops]
@@ -68,7 +70,7 @@ class DepGraph:
             pred_lists[j].append(i)
             if kind & _DATA:
                 data_lists[j].append(i)
-        for j, ps in enumerate(pred_lists):
+        for j, ps in zip(num, pred_lists):
             for i in ps:
                 succs[i].append(j)
         preds = [tuple(ps) for ps in pred_lists]
@@ -90,12 +92,9 @@ class DepGraph:
         stage and micro-batch). The result equals `of` on the graph the schedule would build:
         each op's program-order predecessor first, then its data inputs in `inputs` order."""
         ops = tuple(op for prog in programs for op in prog)
-        index = {op: i for i, op in enumerate(ops)}
-        keys: dict[tuple[str, int, int], Op] = {(op.kind, op.stage, op.mb): op for op in ops}
-        by_key = keys.get
-
-        def lookup(kind: str, s: int, m: int) -> Op | None:
-            return by_key((kind, s, m))
+        num = _numbers(len(ops))
+        index = dict(zip(ops, num))
+        lookup = _finder(ops)
         preds: list[tuple[int, ...]] = []
         data_preds: list[tuple[int, ...]] = []
         j = 0
@@ -104,15 +103,17 @@ class DepGraph:
                 data = [index[p] for p in inputs(op, lookup)]
                 if not k:
                     ps = ds = tuple(data)
-                elif j - 1 in data:
-                    ps = ds = (j - 1, *[d for d in data if d != j - 1])
                 else:
-                    ps, ds = (j - 1, *data), tuple(data)
+                    before = num[j - 1]
+                    if before in data:
+                        ps = ds = (before, *[d for d in data if d != before])
+                    else:
+                        ps, ds = (before, *data), tuple(data)
                 preds.append(ps)
                 data_preds.append(ds)
                 j += 1
         succs: list[list[int]] = [[] for _ in ops]
-        for j, ps in enumerate(preds):
+        for j, ps in zip(num, preds):
             for i in ps:
                 succs[i].append(j)
         waits = tuple((p, index[first], index[second]) for first, second in pairs
@@ -136,19 +137,63 @@ class DepGraph:
             reached[i] = 1
         return [i for i, r in enumerate(reached) if not r]
 
-    def joins(self) -> list[list[tuple[int, int]]]:
-        """Per op, the pair waits it has as a pair's first op: (input p, the partner)."""
-        out: list[list[tuple[int, int]]] = [[] for _ in self.ops]
+    def joins(self) -> list[Sequence[tuple[int, int]]]:
+        """Per op, the pair waits it has as a pair's first op: (input p, the partner). (Ops
+        without any share one empty tuple: a list per op was 64 bytes of it.)"""
+        out: list[Sequence[tuple[int, int]]] = [()] * len(self.ops)
         for p, first, second in self.pair_waits:
-            out[first].append((p, second))
+            out[first] = (*out[first], (p, second))
         return out
 
-    def place(self) -> list[int]:
-        """Each op's position in `order`, by number."""
-        out = [0] * len(self.ops)
+    def place(self) -> Sequence[int]:
+        """Each op's position in `order`, by number (machine integers: an int object per op
+        was 40 bytes of a large lowering's peak)."""
+        out = array("q", bytes(8 * len(self.ops)))
         for k, i in enumerate(self.order):
             out[i] = k
         return out
+
+
+def _finder(ops: Sequence[Op]) -> Callable[[str, int, int], Op | None]:
+    """`lookup(kind, stage, mb)`: the op of `ops` with that kind, stage and micro-batch.
+
+    NOTE (memory): per kind, a list by stage and micro-batch, not a dict keyed by
+    (kind, stage, mb): those keys (64-byte tuples, made while the index's own tuples of that
+    size are and then freed) left a large schedule's pools of that size a quarter empty for
+    the rest of its compile. Ops outside the grid (a reduction's micro-batch, or stages a
+    schedule that verify will reject names) are looked up in a dict."""
+    stages = 1 + max((op.stage for op in ops), default=0)
+    mbs = 1 + max((op.mb for op in ops), default=0)
+    if stages * mbs > 4 * len(ops) + 1024:  # (sparse: a dict is smaller)
+        stages = mbs = 0
+    grid: dict[str, list[Op | None]] = {}
+    odd: dict[tuple[str, int, int], Op] = {}
+    for op in ops:
+        s, m = op.stage, op.mb
+        if 0 <= s < stages and 0 <= m < mbs:
+            row = grid.get(op.kind)
+            if row is None:
+                row = grid[op.kind] = [None] * (stages * mbs)
+            row[s * mbs + m] = op
+        else:
+            odd[op.kind, s, m] = op
+
+    def lookup(kind: str, s: int, m: int) -> Op | None:
+        if 0 <= s < stages and 0 <= m < mbs:
+            row = grid.get(kind)
+            return None if row is None else row[s * mbs + m]
+        return odd.get((kind, s, m))
+    return lookup
+
+
+def _numbers(n: int) -> list[int]:
+    """0..n-1 as one list of int objects, which every number in the index then shares.
+
+    NOTE (memory): an int above 256 is an object of 32 bytes, and `enumerate`, `j - 1` and
+    the like make a new one each time: the index of a large schedule held three or four
+    objects per op for the same number (a fifth of its memory) until its tuples shared
+    these."""
+    return list(range(n))
 
 
 def kahn_order(succs: Sequence[Iterable[int]], indeg: list[int],

@@ -69,7 +69,9 @@ class Op:
         if type(self.stage) is not int or type(self.mb) is not int or \
                 self.kind not in OP_ARITY or (self.kind == REDUCE and self.mb != NO_MB):
             self._checked()
-        object.__setattr__(self, "_hash", hash((self.kind, self.stage, self.mb)))
+        # (the low 30 bits: an int object of 28 bytes, not 36, which the allocator rounds
+        # to 48; a large schedule keeps one per op)
+        object.__setattr__(self, "_hash", hash((self.kind, self.stage, self.mb)) & 0x3FFFFFFF)
 
     def _checked(self) -> None:
         """Refuse an op that is no op here, when it is made: an op kind the language does

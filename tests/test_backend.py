@@ -4,8 +4,9 @@ processes start here; tests/test_runtime.py runs the programs)."""
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from hypothesis import given, settings
@@ -30,7 +31,10 @@ from pipeir.backend.lower import lower
 from pipeir.backend.program_io import format_lowered, to_json
 from pipeir.backend.program_read import from_json
 from pipeir.backend.table import rank_table
-from pipeir.diagnostics import VerifyError
+from pipeir.diagnostics import PipeirError, VerifyError
+from pipeir.passes import LoweredPass
+from pipeir.passes.base import OptionError
+from pipeir.passes.manager import Phases
 from pipeir.passes.overlap import Overlap
 from pipeir.sim import CostModel
 from pipeir.testing import configs, schedules
@@ -355,6 +359,64 @@ def test_overlap_waits_right_before_the_consumer_and_batches_posts() -> None:
                            or x.mnemonic == "load")
                 assert getattr(nxt, "mb", None) == ins.mb
     assert any(isinstance(i, Batch) for i in low.program(0))
+
+
+@pytest.mark.parametrize("pipeline", ["overlap", "overlap{max_posted=1}",
+                                      "split-backward,overlap{max_posted=2}",
+                                      "recompute{all=true},overlap"])
+@pytest.mark.parametrize("name,extra", [("1f1b", {}), ("interleaved-1f1b", {"v": 2}),
+                                        ("zb-v", {}), ("1f1b", {"accumulate": 2})])
+def test_a_rank_local_pass_run_as_lowering_makes_each_program_gives_what_it_gives_after(
+        pipeline: str, name: str, extra: dict[str, int]) -> None:
+    # The pass manager runs a rank-local first lowered pass inside lowering, rank by rank
+    # (memory); the oracle is lowering, then the pass's own `run` on all programs.
+    schedule = pipeir.library.get(name, 3, 6, **extra)
+    costs = CostModel(F=1.0, B=2.0, W=1.0, latency=0.3)
+    ctx = pipeir.passes.PassContext(costs)
+    fused = pipeir.passes.PassManager(pipeir.passes.parse_pipeline(pipeline), context=ctx) \
+        .compile(schedule).lowered
+    before, _, last = pipeline.rpartition(",")
+    s = pipeir.passes.PassManager(pipeir.passes.parse_pipeline(before), context=ctx) \
+        .run(schedule) if before else schedule
+    overlap = pipeir.passes.parse_pipeline(last).passes[0]
+    assert isinstance(overlap, Overlap)
+    after = overlap.run(lower(s, costs))
+    assert fused == after and fused.overlap and format_lowered(fused) == format_lowered(after)
+
+
+@dataclass(frozen=True)
+class DropStep(LoweredPass):
+    """A rank-local pass a user might write: each rank's last instruction goes."""
+
+    name: ClassVar[str] = "drop-step"
+    summary: ClassVar[str] = "test pass: each rank's last instruction goes (or it raises)"
+    rank_local: ClassVar[bool] = True
+    fail: bool = False
+
+    def run(self, lowered: Lowered, ctx: object = None) -> Lowered:
+        return lowered.with_programs([self.run_rank(p) for p in lowered.programs], False)
+
+    def run_rank(self, program: tuple[Instr, ...]) -> tuple[Instr, ...]:
+        if self.fail:
+            raise OptionError("fail", "drop-step was told to fail")
+        return program[:-1]
+
+
+@pytest.mark.parametrize("fail,says,note", [
+    (False, "after drop-step: rank 0's program has no `step`",
+     "pass 1 of 1, 'drop-step', produced invalid programs from valid ones"),
+    (True, "in drop-step{fail=true}: drop-step was told to fail",
+     "pass 1 of 1, 'drop-step{fail=true}', rejected its input")])
+def test_a_rank_local_pass_is_proved_and_blamed(fail: bool, says: str, note: str) -> None:
+    # (run inside lowering: its findings and failures still name the pass, as `run`'s do)
+    seen: list[str] = []
+    manager = pipeir.passes.PassManager(pipeir.passes.Pipeline((DropStep(fail),), (None,)),
+                                        instruments=[Phases(seen.append)])
+    with pytest.raises(PipeirError) as e:
+        manager.compile(pipeir.library.get("1f1b", 2, 4))
+    first = e.value.diagnostics[0]
+    assert first.message.startswith(says) and [n.message for n in first.notes] == [note]
+    assert seen[:3] == ["verifying 16 ops", "lowering 16 ops", f"pass 1 of 1, '{DropStep(fail)}'"]
 
 
 @pytest.mark.parametrize("name", ["1f1b", "interleaved-1f1b"])

@@ -29,7 +29,9 @@ the pair's first carry `paired` so that later passes put nothing in between.
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -74,10 +76,17 @@ def lower(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
 
 
 @paused_gc()  # (pipeir._gc: ~10 objects per op, no cycles)
-def lower_verified(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
+def lower_verified(schedule: Schedule, costs: CostModel | None = None,
+                   then: Callable[[tuple[Instr, ...]], tuple[Instr, ...]] | None = None
+                   ) -> Lowered:
     """`lower` of a schedule its caller has just verified: the pass manager verifies every
     pass's output (under the costs' activation sizes, as `check` counts), and verifying a
-    262k-op schedule again was 0.4 to 0.6 s of its compile."""
+    262k-op schedule again was 0.4 to 0.6 s of its compile.
+
+    `then` rewrites each rank's program as it is made (a rank-local lowered pass, which the
+    pass manager hands over): the programs it returns are `then` applied to each of
+    `lower`'s. NOTE (memory): every rank's lowered program beside every rewritten one was a
+    large compile's peak; here each is let go as its rewrite is made."""
     cfg = schedule.config
     limits.check_lowering(f"lowering '{schedule.name}'" + (
         f" ({cfg.accumulate} rounds: accumulate)" if cfg.accumulate > 1 else ""),
@@ -90,15 +99,19 @@ def lower_verified(schedule: Schedule, costs: CostModel | None = None) -> Lowere
     schedule.drop_index()
     ops = _Ops(schedule, times.pairs)
     rounds = [_lower_round(schedule, times, r, ops) for r in range(cfg.accumulate)]
+    del times, ops
     programs = []
     for rank in range(cfg.ranks):
         prog: list[Instr] = [ZeroGrad()]
         for rnd in rounds:
             prog.extend(rnd[rank])
+            rnd[rank] = []  # (let go as the programs are made: they hold it all)
         prog.extend(WaitReduce(i.stage, op=i.op, at=i.at) for i in prog
                     if isinstance(i, ReduceGrad))
         prog.append(OptimizerStep())
-        programs.append(tuple(_post_early(prog)))
+        done = tuple(_post_early(prog))
+        del prog
+        programs.append(done if then is None else then(done))
     return Lowered(schedule.name, cfg.ranks, cfg.stages, cfg.microbatches, cfg.accumulate,
                    cfg.placement, tuple(programs))
 
@@ -139,12 +152,12 @@ class _Times:
 
     #: the overlapped pairs, by number
     pairs: list[tuple[int, int]]
-    start: list[float]
-    end: list[float]
+    start: Sequence[float]
+    end: Sequence[float]
     #: each op's place in the topological order (`_times`)
-    place: list[int]
-    busy_starts: list[list[float]]
-    busy_ends: list[list[float]]
+    place: Sequence[int]
+    busy_starts: list[Sequence[float]]
+    busy_ends: list[Sequence[float]]
 
 
 def _times(schedule: Schedule, costs: CostModel) -> _Times:
@@ -159,7 +172,10 @@ def _times(schedule: Schedule, costs: CostModel) -> _Times:
         raise AssertionError("schedule deadlocks after verification")
     t = timing.sweep([costs.cost(op) for op in timing.ops])
     deps = schedule.deps
-    start, end = t.start, t.end  # (the sweep's own lists, numbered as deps)
+    # (as machine floats, numbered as deps: a float object per time was 64 bytes per op of
+    # a large lowering's peak)
+    start, end = array("d", t.start), array("d", t.end)
+    del t
     # a reduction is issued when its rank reaches it (its channel may start it later)
     computes: list[list[int]] = []
     i = 0  # (deps numbers ops in program order, rank by rank)
@@ -177,15 +193,16 @@ def _times(schedule: Schedule, costs: CostModel) -> _Times:
     pairs = [(deps.index[first], deps.index[second]) for first, second in schedule.pairs]
     for i, j in pairs:
         start[i], end[i], start[j], end[j] = start[i], end[j], start[i], end[j]
-    starts, ends = [], []
+    starts: list[Sequence[float]] = []
+    ends: list[Sequence[float]] = []
     for mine in computes:
         mine.sort(key=lambda i: (start[i], end[i]))
-        starts.append([start[i] for i in mine])
-        ends.append([end[i] for i in mine])
+        starts.append(array("d", [start[i] for i in mine]))
+        ends.append(array("d", [end[i] for i in mine]))
     return _Times(pairs, start, end, deps.place(), starts, ends)
 
 
-def _in_progress(starts: list[float], ends: list[float], t: float) -> float:
+def _in_progress(starts: Sequence[float], ends: Sequence[float], t: float) -> float:
     """The start of the op running at time `t` among spans (`starts`, `ends`: sorted by start,
     then end), or `t` when none is."""
     k = bisect_right(starts, t) - 1
@@ -226,6 +243,11 @@ class _Ops:
             self.opens[first] = self.closes[second] = 1
         self._mbs = cfg.microbatches
         self._stages = cfg.stages
+        #: every tag of the step (`tag_of` numbers them 0, 1, ...), made together: a send and
+        #: its receive share one int. NOTE (memory): an int above 256 is an object, and
+        #: made one by one among the lowering's passing objects of its size they left the
+        #: allocator's pools of them a third full for the rest of the compile.
+        self.tags = list(range(2 * cfg.stages * cfg.microbatches * cfg.accumulate))
         self._consumers = [-1] * (4 * cfg.stages * cfg.microbatches)
         for i, op in enumerate(self.ops):
             k = _CONSUMING.get(op.kind)
@@ -289,7 +311,7 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
     opens, closes = ops.opens, ops.closes
     busy_starts, busy_ends = times.busy_starts, times.busy_ends
     final = rnd == cfg.accumulate - 1  # reductions run once per step, after the last round
-    origin, placement, stages = ops.origin, cfg.placement, cfg.stages
+    origin, placement, stages, tags = ops.origin, cfg.placement, cfg.stages, ops.tags
 
     # NOTE (one rank at a time): a rank's instructions are its events in sorted order, and
     # sorting every rank's events together, as this once did, orders each rank's alike (the
@@ -320,7 +342,7 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
                         continue
                     consumer = ops.consumer(tensor, dst, o.mb)
                     mb = o.mb + offset if offset else o.mb  # (the op's own int where it can)
-                    recv = (tensor, o.stage, mb, rank, tag_of(tensor, o.stage, mb, stages),
+                    recv = (tensor, o.stage, mb, rank, tags[tag_of(tensor, o.stage, mb, stages)],
                             *origin(consumer))
                     post = _in_progress(busy_starts[peer], busy_ends[peer], end)
                     incoming[peer].append((post, -1, end, rank, pos, k, dst, None, recv))
@@ -364,7 +386,7 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
                         after.append(Handoff(tensor, s, mb, op=oo[0], at=oo[1]))
                         continue
                     events.append((end, 0, at_place, 1, rank, pos, k, dst, None,
-                                   Send(tensor, s, mb, peer, tag_of(tensor, s, mb, stages),
+                                   Send(tensor, s, mb, peer, tags[tag_of(tensor, s, mb, stages)],
                                         op=oo[0], at=oo[1])))
             if pair:  # nothing may come between a pair's instructions
                 body = body[:1] + [replace(b, paired=True) for b in body[1:]]

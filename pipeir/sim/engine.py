@@ -89,11 +89,15 @@ class Timing:
         n = len(ops)
         self.rank = rank = [r for r, prog in enumerate(schedule.programs) for _ in prog]
         stage = [op.stage for op in ops]
-        preds = [list(ps) for ps in deps.preds]
         #: per op, the side channel it runs on (None: the rank's compute)
         self.channel: list[str | None] = [CHANNEL.get(op.kind) for op in ops]
+        # (the index's own tuples unless side channels rewire them: a copy per op was a
+        # fifth of a large lowering's peak memory)
+        preds: Sequence[Sequence[int]] = deps.preds
         if any(self.channel):
-            _side_channels(preds, [set(ps) for ps in deps.data_preds], rank, self.channel)
+            rewired = [list(ps) for ps in deps.preds]
+            _side_channels(rewired, [set(ps) for ps in deps.data_preds], rank, self.channel)
+            preds = rewired
         # An overlapped pair starts once both its ops' inputs are there: the first op also
         # waits for the arrival of what the second consumes (the transfer is the second's).
         joins = deps.joins()
@@ -107,9 +111,9 @@ class Timing:
         self.npred = [len(ps) for ps in preds]
         self.hop = hop
         self.stage = stage
-        self.inputs: list[list[tuple[int, float]]] = []
+        self.inputs: list[Sequence[tuple[int, float]]] = []
         self.waits: list[list[tuple[int, int]]] = []
-        self.sends: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+        self.sends: list[list[tuple[int, float]]] = [[] for _ in range(n)] if blocking else []
         self.edges = 0
         if blocking:
             edge: dict[tuple[int, int], int] = {}  # (producer, consumer) -> edge, for pairs
@@ -143,7 +147,7 @@ class Timing:
                     sj, sk = stage[j], stage[k]
                     inp.append((j, 0.0 if sj == sk or rank[j] == ri
                                 else hop[sj if sj < sk else sk]))
-                self.inputs.append(inp)
+                self.inputs.append(tuple(inp))  # (a list is two objects, a tuple one)
         # NOTE: the rewired side-channel waits are ancestors in the schedule's own graph, so
         # its cached order serves the sweep whenever the schedule is acyclic. Only a schedule
         # whose cycle runs through a channel op (verify rejects it) needs its own order.
@@ -252,7 +256,8 @@ def _side_channels(preds: list[list[int]], data: list[set[int]], rank: list[int]
         preds[i] = fixed
 
 
-def _reachable(preds: list[list[int]], joins: list[list[tuple[int, int]]]) -> list[int]:
+def _reachable(preds: Sequence[Sequence[int]], joins: Sequence[Sequence[tuple[int, int]]]
+               ) -> list[int]:
     """The ops that can run, in an order where each comes after its predecessors (`preds`,
     and a pair's first after its partner's inputs: `joins`)."""
     succs: list[list[int]] = [[] for _ in preds]

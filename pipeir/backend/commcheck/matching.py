@@ -5,11 +5,12 @@ one tag), *computing* (every stage's forward, loss and backward per micro-batch,
 from __future__ import annotations
 
 import itertools
+from array import array
 from collections.abc import Iterable, Iterator, Sequence
 from typing import cast
 
 from pipeir.backend.commcheck.findings import Channel, Finding, Key, Site, what
-from pipeir.backend.commcheck.programs import COMPUTE_TYPES, Programs
+from pipeir.backend.commcheck.programs import COMPUTE_TYPES, Programs, Side
 from pipeir.backend.instructions import (
     Backward,
     BackwardInput,
@@ -54,19 +55,18 @@ _NOUNS = {"F": "forward", "FC": "checkpointed forward", "RC": "recompute", "OFF"
 
 
 
-def _paired(sent: dict[Channel, list[Site]], recvd: dict[Channel, list[Site]]) -> bool:
+def _paired(sent: dict[Channel, Side], recvd: dict[Channel, Side]) -> bool:
     """Whether every channel's sends and receives name the same transfers, each once, in the
     same order, with the same tags: then `rule_matching` finds nothing (each expected
     transfer is sent once and received once or neither, and its two sides are a pair at one
     index, so their tags agree). Checked first, without the per-key index the findings need
     (a large program's proof peaked there)."""
     for ch in sent.keys() | recvd.keys():
-        a, b = sent.get(ch, ()), recvd.get(ch, ())
-        if len(a) != len(b):
+        a, b = sent.get(ch), recvd.get(ch)
+        if a is None or b is None or len(a) != len(b):
             return False
         keys = set()
-        for sx, ry in zip(a, b):
-            tx, rx = cast(Comm, sx.ins), cast(Comm, ry.ins)
+        for tx, rx in zip(a.posts, b.posts):
             if tx.tensor != rx.tensor or tx.stage != rx.stage or tx.mb != rx.mb \
                     or tx.tag != rx.tag:
                 return False
@@ -126,19 +126,34 @@ class Matching(Programs):
         # program order; their sites are made only where that op is checked (`_sites`): a
         # large program's proof peaked at a dict of site lists per op. Computes of a stage or
         # micro-batch out of range are never looked at (other rules name them).
+        # NOTE (memory): the packed ints of every op lie in one array, each op's together
+        # (`start` says where: counted first, then placed in a second pass), not in a list
+        # per op of int objects, which was the largest part of a large program's proof.
         stages, mbs = self.last + 1, self.mbs
-        runs: dict[int, list[int]] = {}
+        progs = self.low.programs
+        start = array("q", bytes(8 * (stages * mbs + 1)))
         loads: dict[tuple[str, int], list[Site]] = {}
-        for rank, prog in enumerate(self.low.programs):
+        for rank, prog in enumerate(progs):
             for pc, ins in enumerate(prog):
-                kind = _COMPUTE_CODE.get(type(ins))
-                if kind is not None:  # (each of those types has a stage and a micro-batch)
+                if type(ins) in _COMPUTE_CODE:  # (each has a stage and a micro-batch)
                     s, mb = ins.stage, ins.mb  # type: ignore[attr-defined]
                     if 0 <= s < stages and 0 <= mb < mbs:
-                        runs.setdefault(s * mbs + mb, []).append(
-                            ((rank << 32 | pc) << 4) | kind)
+                        start[s * mbs + mb + 1] += 1
                 elif type(ins) is Load:
                     loads.setdefault((ins.part, ins.mb), []).append(Site(rank, pc, ins))
+        start = array("q", itertools.accumulate(start))
+        runs = array("q", bytes(8 * start[-1]))
+        put = array("q", start)  # where each op's next compute goes
+        for rank, prog in enumerate(progs):
+            for pc, ins in enumerate(prog):
+                kind = _COMPUTE_CODE.get(type(ins))
+                if kind is not None:
+                    s, mb = ins.stage, ins.mb  # type: ignore[attr-defined]
+                    if 0 <= s < stages and 0 <= mb < mbs:
+                        at = s * mbs + mb
+                        runs[put[at]] = ((rank << 32 | pc) << 4) | kind
+                        put[at] += 1
+        del put
         for s in range(self.last + 1):
             rank = self.low.placement[s]
             if not self.low.programs[rank]:
@@ -147,7 +162,8 @@ class Matching(Programs):
                 continue
             normal = _NORMAL_LAST if s == self.last else _NORMAL
             for mb in range(self.mbs):
-                packed = runs.get(s * mbs + mb, ())
+                at = s * mbs + mb
+                packed = runs[start[at]:start[at + 1]]
                 if self._normal(s, mb, packed, normal, loads):
                     continue
                 got = self._sites(packed)

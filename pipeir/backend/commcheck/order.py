@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import cast
 
 from pipeir.backend.commcheck.findings import Finding, Key, Site, what
-from pipeir.backend.commcheck.programs import Programs
+from pipeir.backend.commcheck.programs import Programs, Side
 from pipeir.backend.instructions import Comm
 
 
@@ -17,11 +17,12 @@ class Order(Programs):
     def rule_order(self) -> Iterator[Finding]:
         sent, recvd = self.sides()
         for ch in sorted(set(sent) | set(recvd)):
-            a, b = sent.get(ch, []), recvd.get(ch, [])
-            for k, (sx, ry) in enumerate(zip(a, b)):
-                x, y = _key_of(sx), _key_of(ry)
-                if x == y:
+            a, b = sent.get(ch, ()), recvd.get(ch, ())
+            for k, (out, into) in enumerate(zip(_posts(a), _posts(b))):
+                if out.mb == into.mb and out.stage == into.stage and out.tensor == into.tensor:
                     continue
+                sx, ry = a[k], b[k]
+                x, y = _key_of(sx), _key_of(ry)
                 sy = next(s for s in a if _key_of(s) == y)
                 rx = next(s for s in b if _key_of(s) == x)
                 yield Finding(
@@ -35,6 +36,10 @@ class Order(Programs):
                      (f"then {what(y)}", sy),
                      (f"rank {ch[1]} receives {what(x)} only later", rx)))
                 break
+
+
+def _posts(side: Side | tuple[()]) -> list[Comm] | tuple[()]:
+    return side.posts if isinstance(side, Side) else side
 
 
 def _key_of(site: Site) -> Key:

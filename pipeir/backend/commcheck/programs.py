@@ -4,7 +4,10 @@ implies."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from itertools import repeat
+from typing import overload
 
 from pipeir.backend.commcheck.findings import Channel, Key, Site
 from pipeir.backend.instructions import (
@@ -46,6 +49,40 @@ def posts(ins: Instr) -> tuple[Comm, ...]:
     return ()
 
 
+class Side(Sequence[Site]):
+    """One side of a channel: the transfers one rank posts to it (its sends, or its
+    receives), in posting order, each a `Site` when asked for.
+
+    NOTE (memory): the posts and their places, not a site per post: the rank is the side's
+    own, and a site (a tuple and its pc, an int object) per post was the largest part of a
+    large program's proof. The common paths (`_paired`, the order rule) read `posts` alone;
+    sites are made for findings."""
+
+    __slots__ = ("pcs", "posts", "rank")
+
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+        #: each post's place in the rank's program (a batch's place, for a post in it)
+        self.pcs = array("q")
+        #: the posts (`Comm`s: their `key` names the transfer)
+        self.posts: list[Comm] = []
+
+    def __len__(self) -> int:
+        return len(self.posts)
+
+    @overload
+    def __getitem__(self, k: int) -> Site: ...
+    @overload
+    def __getitem__(self, k: slice) -> Sequence[Site]: ...
+    def __getitem__(self, k: int | slice) -> Site | Sequence[Site]:
+        if isinstance(k, slice):
+            return [self[j] for j in range(len(self))[k]]
+        return Site(self.rank, self.pcs[k], self.posts[k])
+
+    def __iter__(self) -> Iterator[Site]:
+        return map(Site, repeat(self.rank), self.pcs, self.posts)
+
+
 class Programs:
     """One set of programs under check, with what several rules look up in them; each rule
     module subclasses it and adds its `rule_*` methods, which yield findings."""
@@ -57,7 +94,7 @@ class Programs:
         self.last = lowered.stages - 1
         self.mbs = lowered.microbatches * lowered.accumulate
         self._shared = shared
-        self._sides: tuple[dict[Channel, list[Site]], dict[Channel, list[Site]]] | None = None
+        self._sides: tuple[dict[Channel, Side], dict[Channel, Side]] | None = None
 
     def find(self, rank: int, pred: Callable[[Instr], bool], start: int = 0) -> Site | None:
         """The first instruction of `rank` from `start` on (a batch's posts included) that
@@ -68,7 +105,7 @@ class Programs:
                     return Site(rank, pc, ins)
         return None
 
-    def sides(self) -> tuple[dict[Channel, list[Site]], dict[Channel, list[Site]]]:
+    def sides(self) -> tuple[dict[Channel, Side], dict[Channel, Side]]:
         """Per channel, the sends and the receives in posting order (computed once); each
         site's `ins` is the post (a `Comm`: its `key` names the transfer). NOTE: sites only,
         not (key, site) pairs: a large program's proof holds two of these per transfer, and
@@ -79,15 +116,26 @@ class Programs:
             self._sides = self._find_sides()
         return self._sides
 
-    def _find_sides(self) -> tuple[dict[Channel, list[Site]], dict[Channel, list[Site]]]:
-        sent: dict[Channel, list[Site]] = {}
-        recvd: dict[Channel, list[Site]] = {}
+    def _find_sides(self) -> tuple[dict[Channel, Side], dict[Channel, Side]]:
+        sent: dict[Channel, Side] = {}
+        recvd: dict[Channel, Side] = {}
         for rank, prog in enumerate(self.low.programs):
+            mine: dict[tuple[bool, int], Side] = {}  # (sending, peer) -> its side
             for pc, ins in enumerate(prog):
+                t = type(ins)
+                if t not in SINGLE_POSTS and t is not Batch:
+                    continue
                 for c in posts(ins):
-                    send = is_send(c)
-                    ch = (rank, c.peer) if send else (c.peer, rank)
-                    (sent if send else recvd).setdefault(ch, []).append(Site(rank, pc, c))
+                    send = type(c) in SENDS
+                    side = mine.get((send, c.peer))
+                    if side is None:
+                        side = mine[send, c.peer] = Side(rank)
+                        if send:
+                            sent[rank, c.peer] = side
+                        else:
+                            recvd[c.peer, rank] = side
+                    side.pcs.append(pc)
+                    side.posts.append(c)
         return sent, recvd
 
     def expected(self) -> Iterator[tuple[Channel, Key]]:

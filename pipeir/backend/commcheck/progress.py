@@ -3,6 +3,7 @@ chain of ranks waiting on each other is named."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 
 from pipeir.backend.commcheck.findings import Channel, Key, Locator, Site, describe
@@ -44,15 +45,20 @@ def run(lowered: Lowered) -> tuple[list[int], Callable[[int], Comm | None]]:
     while moved:
         moved = False
         for r in range(n):
-            mine, i, end = steps[r], pc[r], len(steps[r])
+            needs, indices, posts, batches = steps[r]
+            i, end = pc[r], len(needs)
             while i < end:
-                need, k, posted = mine[i]
                 if not reached[r]:
-                    for c in posted:
-                        counts[c] += 1
-                    if posted:
+                    p = posts[i]
+                    if p >= 0:
+                        counts[p] += 1
                         moved = True
-                if need >= 0 and counts[need] <= k:
+                    elif p < -1:
+                        for c in batches[-2 - p]:
+                            counts[c] += 1
+                        moved = True
+                need = needs[i]
+                if need >= 0 and counts[need] <= indices[i]:
                     reached[r] = True
                     break
                 reached[r] = False
@@ -71,68 +77,86 @@ def run(lowered: Lowered) -> tuple[list[int], Callable[[int], Comm | None]]:
 
 #: What a rank can wait at (by exact type: `programs.py`'s NOTE).
 _WAITING = frozenset({Send, Recv, WaitSend, WaitRecv})
-#: One instruction's step: the channel side it waits on (-1: none), the index there that
-#: must be posted, and the sides it posts to.
-Step = tuple[int, int, tuple[int, ...]]
-_NOTHING: Step = (-1, 0, ())
+#: A rank's steps, one per instruction, as three columns: the channel side it waits on (-1:
+#: none), the index there that must be posted, and what it posts (a channel side; -1:
+#: nothing; -2 - j: the sides of `batches[j]`, a batch's posts), then `batches`.
+#: NOTE (memory): columns of 32-bit integers, not a tuple per instruction: a wait's tuple
+#: and its index (an int object) were the largest part of a large program's proof.
+#: the index a wait without a post waits for (rule 1 reports such a wait first)
+_NEVER = 2**31 - 1
+Steps = tuple["array[int]", "array[int]", "array[int]", list[tuple[int, ...]]]
 
 
 def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channel], int]
-           ) -> list[Step]:
+           ) -> Steps:
     """Per instruction of `rank`: the channel side it waits on (-1: none) and the index there
     that must be posted, and the channel sides it posts to (numbered in `channels`)."""
-    # (a few peers per rank) -> its side, the other side, what a blocking send or receive
-    # posts there, and the step of a post there alone: made once per side, shared by every
-    # transfer (a large program has hundreds of thousands)
-    sides: dict[tuple[bool, int], tuple[int, int, tuple[int], Step]] = {}
+    # (a few peers per rank) -> its side and the other side: made once per side, shared by
+    # every transfer (a large program has hundreds of thousands)
+    sides: dict[tuple[bool, int], tuple[int, int]] = {}
 
-    def side(send: bool, peer: int) -> tuple[int, int, tuple[int], Step]:
+    def side(send: bool, peer: int) -> tuple[int, int]:
         found = sides.get((send, peer))
         if found is None:
             ch = (rank, peer) if send else (peer, rank)
             mine = channels.setdefault((send, ch), len(channels))
             theirs = channels.setdefault((not send, ch), len(channels))
-            found = sides[send, peer] = (mine, theirs, (mine,), (-1, 0, (mine,)))
+            found = sides[send, peer] = (mine, theirs)
         return found
 
     own: dict[int, int] = {}  # channel side -> posts so far
     handle: dict[tuple[bool, Key], int] = {}  # a post's index, for its wait
-    out: list[Step] = []
+    needs, indices, posts = array("i"), array("i"), array("i")
+    batches: list[tuple[int, ...]] = []
+    need, index, post = needs.append, indices.append, posts.append
     # (a side's look-up is inline, `side` only makes it: this visits every instruction)
     for ins in prog:
         t = type(ins)
         if t is Send or t is Recv:
             send, peer = t is Send, ins.peer  # type: ignore[attr-defined]
-            mine, theirs, posts_mine, _ = sides.get((send, peer)) or side(send, peer)
+            mine, theirs = sides.get((send, peer)) or side(send, peer)
             k = own.get(mine, 0)
             own[mine] = k + 1
-            out.append((theirs, k, posts_mine))
+            need(theirs)
+            index(k)
+            post(mine)
         elif t is WaitSend or t is WaitRecv:
             send, peer = t is WaitSend, ins.peer  # type: ignore[attr-defined]
             theirs = (sides.get((send, peer)) or side(send, peer))[1]
             # (rule 1 proved every wait follows its post; none would wait forever)
-            out.append((theirs, handle.get(
-                (send, (ins.tensor, ins.stage, ins.mb)), 1 << 62), ()))  # type: ignore[attr-defined]
+            need(theirs)
+            index(handle.get((send, (ins.tensor, ins.stage, ins.mb)), _NEVER))  # type: ignore[attr-defined]
+            post(-1)
         elif t is ISend or t is IRecv:
             send, peer = t is ISend, ins.peer  # type: ignore[attr-defined]
-            mine, _, _, alone = sides.get((send, peer)) or side(send, peer)
+            mine = (sides.get((send, peer)) or side(send, peer))[0]
             k = own.get(mine, 0)
             own[mine] = k + 1
             handle[(send, (ins.tensor, ins.stage, ins.mb))] = k  # type: ignore[attr-defined]
-            out.append(alone)
+            need(-1)
+            index(0)
+            post(mine)
         elif t is not Batch:
-            out.append(_NOTHING)  # (one shared step for every compute)
+            need(-1)  # (a compute)
+            index(0)
+            post(-1)
         else:
             posted = []
             for c in ins.posts:  # type: ignore[attr-defined]
                 send = is_send(c)
-                mine, _, _, alone = sides.get((send, c.peer)) or side(send, c.peer)
+                mine = (sides.get((send, c.peer)) or side(send, c.peer))[0]
                 k = own.get(mine, 0)
                 own[mine] = k + 1
                 handle[(send, c.key)] = k
                 posted.append(mine)
-            out.append(alone if len(posted) == 1 else (-1, 0, tuple(posted)))
-    return out
+            need(-1)
+            index(0)
+            if len(posted) == 1:
+                post(posted[0])
+            else:
+                post(-2 - len(batches))
+                batches.append(tuple(posted))
+    return needs, indices, posts, batches
 
 
 def explain(lowered: Lowered, pc: list[int], stuck: list[int],
