@@ -38,6 +38,9 @@ from pipeir.search.synth import synth
 from pipeir.search.tune import search as tune_search
 from pipeir.sim import CostModel
 from pipeir.sim.steady import steady, steady_state
+from pipeir.views.plot import render_gantt
+from pipeir.views.timeline import render_timeline
+from pipeir.views.trace import chrome_trace
 
 REPO = Path(__file__).parent.parent
 EXAMPLES = REPO / "examples"
@@ -392,6 +395,15 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
         (lambda: steady(s), TypeError,  # type: ignore[arg-type]
          "steady: expected what simulate returns (a SimResult), got Schedule; for a schedule: "
          "steady_state(schedule, costs)"),
+        (lambda: steady(pipeir.compile(s)), TypeError,  # type: ignore[arg-type]
+         "steady: expected what simulate returns (a SimResult), got Compiled"),
+        (lambda: render_timeline(s), TypeError,  # type: ignore[arg-type]
+         "render_timeline: expected what simulate returns (a SimResult), got Schedule (simulate "
+         "it first: pipeir.simulate(schedule, costs))"),
+        (lambda: chrome_trace(s), TypeError,  # type: ignore[arg-type]
+         "chrome_trace: expected what simulate returns (a SimResult), got Schedule"),
+        (lambda: render_gantt("r.png"), TypeError,  # type: ignore[arg-type]
+         "render_gantt: expected what simulate returns (a SimResult), got str"),
     ]
 
 

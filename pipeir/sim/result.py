@@ -164,3 +164,14 @@ def _num(x: float) -> float | int:
     """Round away float noise (0.30000000000000004) so JSON output is stable and readable."""
     r = round(x, 9)
     return int(r) if r == int(r) and abs(r) < 2**53 else r
+
+
+def expect_result(value: object, where: str) -> SimResult:
+    """`value`, when it is what `simulate` returns; else a TypeError naming `where` and how
+    to get one (a schedule given to a view of its simulation read as an AttributeError)."""
+    if not isinstance(value, SimResult):
+        hint = " (simulate it first: pipeir.simulate(schedule, costs))" \
+            if isinstance(value, Schedule) else ""
+        raise TypeError(f"{where}: expected what simulate returns (a SimResult), got "
+                        f"{type(value).__name__}{hint}")
+    return value

@@ -50,7 +50,7 @@ from pipeir.diagnostics import VerifyError
 from pipeir.schedule import Schedule, expect_schedule
 from pipeir.sim.costs import CostModel, expect_costs
 from pipeir.sim.engine import Timing
-from pipeir.sim.result import SimResult
+from pipeir.sim.result import SimResult, expect_result
 from pipeir.verify import check_deadlock
 
 NEG = -math.inf
@@ -115,9 +115,10 @@ def steady_state(schedule: Schedule, costs: CostModel, comm: str = "overlapped"
 
 def steady(result: SimResult) -> SteadyState:
     """The steady state of a simulated schedule (see `steady_state`)."""
-    if not isinstance(result, SimResult):
-        raise TypeError(f"steady: expected what simulate returns (a SimResult), got "
-                        f"{type(result).__name__}; for a schedule: steady_state(schedule, costs)")
+    if isinstance(result, Schedule):
+        raise TypeError("steady: expected what simulate returns (a SimResult), got Schedule; "
+                        "for a schedule: steady_state(schedule, costs)")
+    expect_result(result, "steady")
     return steady_state(result.schedule, result.costs, result.comm)
 
 

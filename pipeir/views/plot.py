@@ -15,7 +15,7 @@ from pipeir import limits
 from pipeir.diagnostics import UsageError
 from pipeir.memmodel import live_memory
 from pipeir.ops import CHANNEL, KIND_NAMES
-from pipeir.sim.result import SimResult
+from pipeir.sim.result import SimResult, expect_result
 
 #: Colours per op kind (colour-blind-safe Okabe-Ito palette), and for blocking sends.
 COLOURS = {"F": "#0072B2", "B": "#009E73", "I": "#E69F00", "W": "#CC79A7", "send": "#D55E00",
@@ -38,6 +38,7 @@ def _pyplot() -> Any:
 def render_gantt(result: SimResult, fmt: str = "png", arrows: bool = False,
                  title: str | None = None) -> bytes:
     """The chart as image bytes in `fmt` (png, svg or pdf)."""
+    expect_result(result, "render_gantt")
     if fmt not in FORMATS:
         raise UsageError(f"cannot draw a '{fmt}' file; use one of {', '.join(FORMATS)}")
     plt = _pyplot()

@@ -11,7 +11,7 @@ colour, each kind gets its own background as well.
 from __future__ import annotations
 
 from pipeir.ops import CHANNEL, KIND_NAMES, REDUCE, Op
-from pipeir.sim.result import SimResult
+from pipeir.sim.result import SimResult, expect_result
 
 IDLE = "."
 SEND = ">"
@@ -28,6 +28,7 @@ RESET = "\x1b[0m"
 
 def render_timeline(result: SimResult, width: int = 80, color: bool = False) -> str:
     """The timeline as text, `width` columns of time (plus labels), ending with a newline."""
+    expect_result(result, "render_timeline")
     width = max(10, width)
     span = result.makespan
     scale = span / width if span > 0 else 1.0

@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipeir.ops import CHANNEL, FORWARDS
-from pipeir.sim.result import SimResult, Transfer
+from pipeir.sim.result import SimResult, Transfer, expect_result
 
 #: Trace timestamps are microseconds; one time unit of the cost model is drawn as this many.
 US_PER_UNIT = {"s": 1e6, "ms": 1e3, "us": 1.0, "µs": 1.0, "ns": 1e-3}
@@ -25,6 +25,7 @@ COPY_TID = 1001  # offloads and reloads: the rank's copy channel to host memory
 
 def chrome_trace(result: SimResult) -> dict[str, Any]:
     """The trace as a JSON-ready dict with a `traceEvents` list."""
+    expect_result(result, "chrome_trace")
     scale = US_PER_UNIT.get(result.costs.unit or "", DEFAULT_US_PER_UNIT)
     events: list[dict[str, Any]] = []
     for r, prog in enumerate(result.schedule.programs):
