@@ -292,8 +292,6 @@ class PassManager:
                 raise self._blame(e, i, during=True) from None
 
         lowered = lower_verified(schedule, context.costs, then)
-        if not started:  # (no ranks: the pass ran on nothing)
-            self._phase(self._where(i))
         return lowered if p.comm is None else \
             dataclasses.replace(lowered, overlap=p.comm == "overlapped")
 

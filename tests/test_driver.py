@@ -398,8 +398,8 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
         (lambda: steady(pipeir.compile(s)), TypeError,  # type: ignore[arg-type]
          "steady: expected what simulate returns (a SimResult), got Compiled"),
         (lambda: render_timeline(s), TypeError,  # type: ignore[arg-type]
-         "render_timeline: expected what simulate returns (a SimResult), got Schedule (simulate "
-         "it first: pipeir.simulate(schedule, costs))"),
+         "render_timeline: expected what simulate returns (a SimResult), got Schedule; "
+         "simulate it first: pipeir.simulate(schedule, costs)"),
         (lambda: chrome_trace(s), TypeError,  # type: ignore[arg-type]
          "chrome_trace: expected what simulate returns (a SimResult), got Schedule"),
         (lambda: render_gantt("r.png"), TypeError,  # type: ignore[arg-type]

@@ -110,7 +110,6 @@ def lower_verified(schedule: Schedule, costs: CostModel | None = None,
                     if isinstance(i, ReduceGrad))
         prog.append(OptimizerStep())
         done = tuple(_post_early(prog))
-        del prog
         programs.append(done if then is None else then(done))
     return Lowered(schedule.name, cfg.ranks, cfg.stages, cfg.microbatches, cfg.accumulate,
                    cfg.placement, tuple(programs))

@@ -166,12 +166,14 @@ def _num(x: float) -> float | int:
     return int(r) if r == int(r) and abs(r) < 2**53 else r
 
 
-def expect_result(value: object, where: str) -> SimResult:
-    """`value`, when it is what `simulate` returns; else a TypeError naming `where` and how
-    to get one (a schedule given to a view of its simulation read as an AttributeError)."""
+def expect_result(value: object, where: str,
+                  for_schedule: str = "simulate it first: pipeir.simulate(schedule, costs)"
+                  ) -> SimResult:
+    """`value`, when it is what `simulate` returns; else a TypeError naming `where` and, for
+    a schedule, `for_schedule` (what to do with one instead): a schedule given to a view of
+    its simulation read as an AttributeError."""
     if not isinstance(value, SimResult):
-        hint = " (simulate it first: pipeir.simulate(schedule, costs))" \
-            if isinstance(value, Schedule) else ""
+        hint = f"; {for_schedule}" if isinstance(value, Schedule) else ""
         raise TypeError(f"{where}: expected what simulate returns (a SimResult), got "
                         f"{type(value).__name__}{hint}")
     return value

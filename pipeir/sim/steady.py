@@ -115,10 +115,7 @@ def steady_state(schedule: Schedule, costs: CostModel, comm: str = "overlapped"
 
 def steady(result: SimResult) -> SteadyState:
     """The steady state of a simulated schedule (see `steady_state`)."""
-    if isinstance(result, Schedule):
-        raise TypeError("steady: expected what simulate returns (a SimResult), got Schedule; "
-                        "for a schedule: steady_state(schedule, costs)")
-    expect_result(result, "steady")
+    expect_result(result, "steady", "for a schedule: steady_state(schedule, costs)")
     return steady_state(result.schedule, result.costs, result.comm)
 
 

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from typing import cast
 
 from pipeir.backend.commcheck.findings import Finding, Key, Site, what
-from pipeir.backend.commcheck.programs import Programs, Side
+from pipeir.backend.commcheck.programs import Programs
 from pipeir.backend.instructions import Comm
 
 
@@ -17,8 +17,10 @@ class Order(Programs):
     def rule_order(self) -> Iterator[Finding]:
         sent, recvd = self.sides()
         for ch in sorted(set(sent) | set(recvd)):
-            a, b = sent.get(ch, ()), recvd.get(ch, ())
-            for k, (out, into) in enumerate(zip(_posts(a), _posts(b))):
+            a, b = sent.get(ch), recvd.get(ch)
+            if a is None or b is None:
+                continue  # (nothing to cross: matching names what is missing)
+            for k, (out, into) in enumerate(zip(a.posts, b.posts)):
                 if out.mb == into.mb and out.stage == into.stage and out.tensor == into.tensor:
                     continue
                 sx, ry = a[k], b[k]
@@ -36,10 +38,6 @@ class Order(Programs):
                      (f"then {what(y)}", sy),
                      (f"rank {ch[1]} receives {what(x)} only later", rx)))
                 break
-
-
-def _posts(side: Side | tuple[()]) -> list[Comm] | tuple[()]:
-    return side.posts if isinstance(side, Side) else side
 
 
 def _key_of(site: Site) -> Key:

@@ -77,13 +77,13 @@ def run(lowered: Lowered) -> tuple[list[int], Callable[[int], Comm | None]]:
 
 #: What a rank can wait at (by exact type: `programs.py`'s NOTE).
 _WAITING = frozenset({Send, Recv, WaitSend, WaitRecv})
+#: The index a wait without a post waits for (rule 1 reports such a wait first).
+_NEVER = 2**31 - 1
 #: A rank's steps, one per instruction, as three columns: the channel side it waits on (-1:
 #: none), the index there that must be posted, and what it posts (a channel side; -1:
 #: nothing; -2 - j: the sides of `batches[j]`, a batch's posts), then `batches`.
 #: NOTE (memory): columns of 32-bit integers, not a tuple per instruction: a wait's tuple
 #: and its index (an int object) were the largest part of a large program's proof.
-#: the index a wait without a post waits for (rule 1 reports such a wait first)
-_NEVER = 2**31 - 1
 Steps = tuple["array[int]", "array[int]", "array[int]", list[tuple[int, ...]]]
 
 
