@@ -13,13 +13,13 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from pipeir import library
-    from pipeir.api import compile, load, parse
+    from pipeir.api import compile, load, parse, simulate
     from pipeir.config import PipelineConfig
     from pipeir.diagnostics import Diagnostic, PipeirError, UsageError, VerifyError
     from pipeir.ops import B, F, I, Op, R, W
     from pipeir.printer import print_schedule
     from pipeir.schedule import EdgeKind, Schedule, ScheduleBuilder
-    from pipeir.sim import CostModel, SimResult, simulate
+    from pipeir.sim import CostModel, SimResult
     from pipeir.verify import VerifyReport, verify
 
 #: NOTE (start-up): the public names load on first use (PEP 562), so that importing any
@@ -28,14 +28,14 @@ if TYPE_CHECKING:
 #: (`pipeir.runtime.worker`), not the frontend, networkx and the library. name -> its module.
 _LAZY = {
     "library": "pipeir.library",
-    **dict.fromkeys(("compile", "load", "parse"), "pipeir.api"),
+    **dict.fromkeys(("compile", "load", "parse", "simulate"), "pipeir.api"),
     "PipelineConfig": "pipeir.config",
     **dict.fromkeys(("Diagnostic", "PipeirError", "UsageError", "VerifyError"),
                     "pipeir.diagnostics"),
     **dict.fromkeys(("B", "F", "I", "Op", "R", "W"), "pipeir.ops"),
     "print_schedule": "pipeir.printer",
     **dict.fromkeys(("EdgeKind", "Schedule", "ScheduleBuilder"), "pipeir.schedule"),
-    **dict.fromkeys(("CostModel", "SimResult", "simulate"), "pipeir.sim"),
+    **dict.fromkeys(("CostModel", "SimResult"), "pipeir.sim"),
     **dict.fromkeys(("VerifyReport", "verify"), "pipeir.verify"),
 }
 

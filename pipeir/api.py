@@ -12,6 +12,7 @@ from pipeir.diagnostics import Source, UsageError
 from pipeir.driver import read_source
 from pipeir.frontend.elaborate import Elaborated, Value
 from pipeir.schedule import Schedule, expect_schedule
+from pipeir.sim import engine
 from pipeir.sim.costs import expect_costs
 from pipeir.sim.engine import COMM_MODELS
 
@@ -19,8 +20,9 @@ if TYPE_CHECKING:
     from pipeir.passes import Compiled, PassBase, Pipeline
     from pipeir.passes.context import CommModel
     from pipeir.sim.costs import CostModel
+    from pipeir.sim.result import SimResult
 
-__all__ = ["compile", "load", "parse", "read_source"]
+__all__ = ["compile", "load", "parse", "read_source", "simulate"]
 
 
 def load(src: str | os.PathLike[str] | Source, *, overrides: Mapping[str, Value] | None = None,
@@ -71,6 +73,23 @@ def compile(schedule: Schedule | Elaborated,
     planned = driver.plan_pipeline(passes, overlap=overlap)
     for d in planned.warnings:
         warnings.warn(d.message, stacklevel=2)
-    build = driver.compile_schedule(target, planned.pipeline, driver.costs_for(schedule, costs),
-                                    dp=dp, comm=comm)
+    chosen = driver.costs_for(schedule, costs)
+    _warn_unused(target, chosen)
+    build = driver.compile_schedule(target, planned.pipeline, chosen, dp=dp, comm=comm)
     return build.compiled
+
+
+def simulate(schedule: Schedule, costs: CostModel | None = None,
+             comm: str = "overlapped") -> SimResult:
+    """`pipeir.sim.simulate` (its docstring says what it computes), warning as the command
+    line does of costs for stages or micro-batches the pipeline does not have: they change
+    nothing, and are usually a typo (`stage={4: ...}` for a stage numbered from 0)."""
+    result = engine.simulate(schedule, costs, comm)
+    if costs is not None:
+        _warn_unused(schedule, costs)
+    return result
+
+
+def _warn_unused(schedule: Schedule, costs: CostModel) -> None:
+    for d in driver.unused_costs(schedule.config, costs):
+        warnings.warn(d.message, stacklevel=3)

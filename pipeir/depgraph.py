@@ -22,14 +22,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
-import networkx as nx
-
 from pipeir.ops import Op
 
 T = TypeVar("T")
-
-#: edge-kind bits, as `pipeir.schedule.EdgeKind` stores them on the graph's edges
-_DATA = 1
 
 
 @dataclass(frozen=True, slots=True, eq=False)
@@ -52,35 +47,6 @@ class DepGraph:
     pair_waits: tuple[tuple[int, int, int], ...]
     #: a topological order of `preds` plus the pair waits (see the module NOTE)
     order: tuple[int, ...]
-
-    @classmethod
-    def of(cls, programs: Sequence[Sequence[Op]], graph: nx.DiGraph,
-           pairs: Iterable[tuple[Op, Op]]) -> DepGraph:
-        """Number `graph` (whose nodes are exactly the ops of `programs`) and index it."""
-        ops = tuple(op for prog in programs for op in prog)
-        num = _numbers(len(ops))
-        index = dict(zip(ops, num))
-        # one pass over the edges (each node's in-edges in adjacency order), not a view per
-        # op: networkx's per-node views were most of the cost of building the index
-        pred_lists: list[list[int]] = [[] for _ in ops]
-        data_lists: list[list[int]] = [[] for _ in ops]
-        succs: list[list[int]] = [[] for _ in ops]
-        for u, v, kind in graph.in_edges(data="kind"):
-            i, j = index[u], index[v]
-            pred_lists[j].append(i)
-            if kind & _DATA:
-                data_lists[j].append(i)
-        for j, ps in zip(num, pred_lists):
-            for i in ps:
-                succs[i].append(j)
-        preds = [tuple(ps) for ps in pred_lists]
-        data_preds = [tuple(ps) for ps in data_lists]
-        waits = tuple((p, index[first], index[second]) for first, second in pairs
-                      for p in data_preds[index[second]] if p != index[first])
-        node_order = [index[op] for op in graph]
-        return cls(ops, index, tuple(preds), tuple(data_preds),
-                   tuple(tuple(s) for s in succs), waits,
-                   _static_order(node_order, preds, waits))
 
     @classmethod
     def number(cls, programs: Sequence[Sequence[Op]], where: Iterable[Op],

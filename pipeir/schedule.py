@@ -15,7 +15,9 @@ Schedule as immutable: passes build new schedules): the numbered dependency inde
 `Schedule.deps` (`pipeir.depgraph`), which the verifier, the simulator, lowering and synth
 read, and the networkx graph, `Schedule.graph`, which compiling never builds (it is most of a
 large schedule's memory). A schedule made from a graph (`Schedule(config, graph)`) reads its
-programs from the graph instead. A Schedule can never hold the same op twice: the builder
+programs, spans and pairs from the graph's nodes, and its edges must be the ones the rules
+derive from those programs (`_read_graph`): an edge missing or added by hand is an error, not a
+silently different simulation. A Schedule can never hold the same op twice: the builder
 rejects duplicates.
 """
 
@@ -111,6 +113,10 @@ class Schedule:
         self._next: dict[Op, Op] | None = None
         self._prev: dict[Op, Op] | None = None
         self._deps: DepGraph | None = None
+        if graph is not None:
+            made = _read_graph(config, graph, name)
+            self._where, self._programs = made._where, made._programs
+            self._next, self._deps = made._next, made._deps
 
     @classmethod
     def _compact(cls, config: PipelineConfig, where: dict[Op, Span | None],
@@ -120,8 +126,8 @@ class Schedule:
 
         NOTE: at scale the graph is most of a schedule's memory (about 1.6 KB per op of
         node, adjacency and edge dicts) and a fifth of building it, while compiling reads
-        only the programs and `deps`; `deps` is numbered here straight from the programs,
-        as `DepGraph.of` would number the graph (tests/test_depgraph.py checks they agree).
+        only the programs and `deps`; `deps` is numbered straight from the programs, in the
+        graph's own order (tests/test_depgraph.py holds it to the graph).
         """
         made = cls(config, None, name, span)  # type: ignore[arg-type]
         made._where, made._programs = where, programs
@@ -248,13 +254,10 @@ class Schedule:
         """The dependency graph numbered once (`pipeir.depgraph`): what verify, timing,
         lowering and synth read, built on first use and cached with this schedule."""
         if self._deps is None:
-            if self._graph is None:
-                self._deps = DepGraph.number(
-                    self.programs, self._spans(), self.pairs,
-                    lambda op, lookup: _predecessors(op, lookup, self.config.stages,
-                                                     self.config.microbatches))
-            else:
-                self._deps = DepGraph.of(self.programs, self._graph, self.pairs)
+            self._deps = DepGraph.number(
+                self.programs, self._spans(), self.pairs,
+                lambda op, lookup: _predecessors(op, lookup, self.config.stages,
+                                                 self.config.microbatches))
         return self._deps
 
     def drop_index(self) -> None:
@@ -436,6 +439,78 @@ def _edges(deps: DepGraph, where: Iterable[Op], programs: Sequence[Sequence[Op]]
             key = (ops[i], op)
             edges[key] = get(key, 0) | data
     return edges
+
+
+def _read_graph(config: PipelineConfig, graph: object, name: str) -> Schedule:
+    """The schedule a graph describes (`Schedule(config, graph)`), built from its nodes'
+    `rank`, `pos`, `span` and `pair_next` as `from_programs` builds one (so with its checks),
+    and held to the graph's edges: they must be exactly the edges its programs imply."""
+    if not isinstance(graph, nx.DiGraph):
+        raise TypeError(f"Schedule(config, graph): expected a networkx DiGraph of ops, got "
+                        f"{type(graph).__name__}; build a schedule from its programs with "
+                        f"Schedule.from_programs(config, programs)")
+    placed: dict[int, list[tuple[int, Op]]] = {}
+    spans: dict[Op, Span | None] = {}
+    for op, a in graph.nodes(data=True):
+        rank, pos = a.get("rank"), a.get("pos")
+        if type(rank) is not int or type(pos) is not int:
+            raise ValueError(f"graph node {_node(op)}: expected integer 'rank' and 'pos' "
+                             f"attributes (its rank and its place in that rank's program), got "
+                             f"rank={rank!r}, pos={pos!r}")
+        if not 0 <= rank < config.ranks:
+            raise ValueError(f"graph node {_node(op)} is on rank {rank}, but ranks are 0 to "
+                             f"{config.ranks - 1}")
+        placed.setdefault(rank, []).append((pos, op))
+        spans[op] = a.get("span")
+    programs: list[list[Op | tuple[Op, Op]]] = []
+    for r in range(config.ranks):
+        prog = sorted(placed.get(r, ()), key=_first)
+        for i, (p, op) in enumerate(prog):
+            if p != i:
+                why = (f"two ops have pos {p}" if i and p == prog[i - 1][0] else
+                       f"{_node(op)} has pos {p}" if p < i else f"no op has pos {i}")
+                raise ValueError(f"graph: rank {r}'s 'pos' attributes must number its ops 0 to "
+                                 f"{len(prog) - 1}, each once, but {why}")
+        items: list[Op | tuple[Op, Op]] = []
+        ops = [op for _, op in prog]
+        k = 0
+        while k < len(ops):
+            nxt = graph.nodes[ops[k]].get("pair_next")
+            if nxt is None:
+                items.append(ops[k])
+                k += 1
+                continue
+            if k + 1 >= len(ops) or ops[k + 1] != nxt:
+                raise ValueError(f"graph node {_node(ops[k])}: its pair_next {_node(nxt)} is "
+                                 f"not the next op of rank {r}'s program")
+            items.append((ops[k], nxt))
+            k += 2
+        programs.append(items)
+    made = Schedule.from_programs(config, programs, name, spans)
+    want = _edges(made.deps, made._spans(), made.programs)
+    for u, v, kind in graph.edges(data="kind"):
+        implied = want.pop((u, v), None)
+        if implied != kind:
+            given = _kind_text(kind) if isinstance(kind, int) else f"kind {kind!r}"
+            raise ValueError(f"graph edge {u} -> {v} is {given}, but its programs imply "
+                             f"{_kind_text(implied)}: a schedule's edges follow from "
+                             f"its programs (program order and the data rules)")
+    if want:
+        (u, v), kind = next(iter(want.items()))
+        raise ValueError(f"graph lacks the edge {u} -> {v} ({_kind_text(kind)}) that its "
+                         f"programs imply: a schedule's edges follow from its programs "
+                         f"(program order and the data rules)")
+    return made
+
+
+def _node(op: object) -> str:
+    return str(op) if isinstance(op, Op) else repr(op)
+
+
+def _kind_text(kind: int | None) -> str:
+    if not kind:
+        return "no edge"
+    return " | ".join(f"EdgeKind.{k.name}" for k in EdgeKind if k & kind)
 
 
 def _digraph(where: dict[Op, Span | None], places: dict[Op, tuple[int, int]],

@@ -25,7 +25,7 @@ from pipeir.cli import main
 from pipeir.diagnostics import PipeirError
 from pipeir.driver import ScheduleRef
 from pipeir.frontend.elaborate import Elaborated
-from pipeir.interop import loads_csv
+from pipeir.interop import from_torch_actions, loads_csv
 from pipeir.models import causal_lm
 from pipeir.passes import PassContext, PassManager, parse_pipeline
 from pipeir.passes.memory import Recompute
@@ -155,6 +155,31 @@ def test_load_with_costs_returns_warnings_and_prints_nothing(
                     "it is ignored")]
     assert loaded.costs.F == 1.5
     assert loaded.elaborated.costs["F"] == (1.5, None)
+
+
+def test_the_front_door_warns_of_costs_the_pipeline_does_not_have() -> None:
+    """`pipeir.compile` and `pipeir.simulate` warn as the command line does (the test above):
+    a cost given for stage 5 of a two-stage pipeline, or micro-batch 9 of four, is ignored."""
+    s = pipeir.library.get("1f1b", 2, 4)
+    costs = CostModel(stage={5: {"F": 2.0}, 1: {"F": 3.0}}, mb={9: {"B": 1.0}})
+    want = ["cost 'stage.5.F' names stage 5, but the pipeline has 2 (stage 0 to 1); it is "
+            "ignored",
+            "cost 'mb.9.B' names mb 9, but the pipeline has 4 (mb 0 to 3); it is ignored"]
+    for call in (lambda: pipeir.simulate(s, costs), lambda: pipeir.compile(s, costs=costs)):
+        with warnings.catch_warnings(record=True) as got:
+            warnings.simplefilter("always")
+            call()
+        assert [str(w.message) for w in got] == want
+        assert all(w.filename == __file__ for w in got)  # (at the caller's line)
+    in_file = pipeir.load("pipeline { ranks = 1  microbatches = 1 }\ncosts { stage.3.F = 2 }\n"
+                          "schedule s { rank r { F(0, 0) B(0, 0) } }")
+    with pytest.warns(UserWarning, match=r"cost 'stage\.3\.F' names stage 3, but the pipeline "
+                                         r"has 1 \(stage 0 to 0\)"):
+        pipeir.compile(in_file)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # costs it all uses: nothing to say
+        pipeir.simulate(s, CostModel(stage={1: {"F": 3.0}}, mb={3: {"B": 1.0}}))
+        pipeir.compile(s, costs=CostModel(stage={1: {"F": 3.0}}))
 
 
 def test_load_schedules_refuses_a_cost_where_none_is_used() -> None:
@@ -404,6 +429,21 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
          "chrome_trace: expected what simulate returns (a SimResult), got Schedule"),
         (lambda: render_gantt("r.png"), TypeError,  # type: ignore[arg-type]
          "render_gantt: expected what simulate returns (a SimResult), got str"),
+        (lambda: from_torch_actions("0F0,0B0"), TypeError,  # type: ignore[arg-type]
+         "from_torch_actions takes each rank's actions (a dict rank -> actions, or a list per "
+         "rank), got str; for a CSV's text, loads_csv(text); for a file, load_csv(path)"),
+        (lambda: from_torch_actions(["0F0,0B0", "1F0"]), TypeError,
+         "from_torch_actions: rank 0's actions must be a list of torch actions (or their "
+         "strings), got str '0F0,0B0'"),
+        (lambda: from_torch_actions({0: None}), TypeError,  # type: ignore[dict-item]
+         "from_torch_actions: rank 0's actions must be a list of torch actions (or their "
+         "strings), got NoneType None"),
+        (lambda: driver.load_schedules("a.sched"), TypeError,  # type: ignore[arg-type]
+         "load_schedules: expected a ScheduleRef, got str: ScheduleRef(files=('a.sched',)) "
+         "names a file"),
+        (lambda: ScheduleRef(files="a.sched"), TypeError,  # type: ignore[arg-type]
+         "ScheduleRef(files=...): expected a tuple of files, got str: "
+         "ScheduleRef(files=('a.sched',))"),
     ]
 
 

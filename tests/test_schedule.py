@@ -4,6 +4,7 @@ by hand here (not through `data_predecessors`, which the builder uses)."""
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from itertools import pairwise
 from pathlib import Path
 
@@ -56,6 +57,55 @@ def test_graph_is_the_dependency_rules_plus_program_order(s: pipeir.Schedule) ->
         ref.nodes[a]["pair_next"], ref.nodes[b]["pair_prev"] = b, a
     assert nx.utils.graphs_equal(ref, s.graph)
     assert nx.is_directed_acyclic_graph(s.graph)
+    built = pipeir.Schedule(s.config, ref)  # a schedule made from a hand-built graph
+    assert built == s and built.pairs == s.pairs and built.spans() == s.spans()
+    assert built.deps.order == s.deps.order and built.deps.pair_waits == s.deps.pair_waits
+
+
+def _bent(edit: Callable[[nx.DiGraph], object]) -> nx.DiGraph:
+    g = nx.DiGraph(pipeir.library.get("dualpipe-v", 2, 4).graph)
+    edit(g)
+    return g
+
+
+@pytest.mark.parametrize(("graph", "kind", "message"), [
+    (_bent(lambda g: g.remove_edge(F(0, 0), F(1, 0))), ValueError,
+     "graph lacks the edge F(0,0) -> F(1,0) (EdgeKind.DATA) that its programs imply: a "
+     "schedule's edges follow from its programs (program order and the data rules)"),
+    (_bent(lambda g: g.add_edge(F(0, 3), F(1, 0), kind=EdgeKind.DATA)), ValueError,
+     "graph edge F(0,3) -> F(1,0) is EdgeKind.DATA, but its programs imply no edge"),
+    (_bent(lambda g: g.edges[F(0, 0), F(1, 0)].update(kind=EdgeKind.ORDER)), ValueError,
+     "graph edge F(0,0) -> F(1,0) is EdgeKind.ORDER, but its programs imply EdgeKind.DATA"),
+    (_bent(lambda g: g.edges[F(0, 0), F(1, 0)].pop("kind")), ValueError,
+     "graph edge F(0,0) -> F(1,0) is kind None, but its programs imply EdgeKind.DATA"),
+    (_bent(lambda g: g.nodes[F(0, 0)].update(pos=5)), ValueError,
+     "graph: rank 0's 'pos' attributes must number its ops 0 to 18, each once, but no op "
+     "has pos 0"),
+    (_bent(lambda g: g.nodes[F(0, 0)].update(pos=-1)), ValueError,
+     "graph: rank 0's 'pos' attributes must number its ops 0 to 18, each once, but F(0,0) "
+     "has pos -1"),
+    (_bent(lambda g: g.nodes[F(0, 1)].update(pos=0)), ValueError,
+     "graph: rank 0's 'pos' attributes must number its ops 0 to 18, each once, but two ops "
+     "have pos 0"),
+    (_bent(lambda g: g.nodes[F(0, 0)].update(rank=2)), ValueError,
+     "graph node F(0,0) is on rank 2, but ranks are 0 to 1"),
+    (_bent(lambda g: g.add_node("x")), ValueError,
+     "graph node 'x': expected integer 'rank' and 'pos' attributes"),
+    (_bent(lambda g: g.nodes[F(0, 3)].update(pair_next=F(0, 0))), ValueError,
+     "graph node F(0,3): its pair_next F(0,0) is not the next op of rank 0's program"),
+    ({}, TypeError, "Schedule(config, graph): expected a networkx DiGraph of ops, got dict"),
+], ids=["missing-edge", "extra-edge", "wrong-kind", "no-kind", "pos", "pos-negative",
+                       "pos-twice", "rank", "not-an-op",
+        "pair", "not-a-graph"])
+def test_a_graph_is_held_to_the_edges_its_programs_imply(graph: object, kind: type,
+                                                          message: str) -> None:
+    """A schedule made from a graph does not trust its edges: the verifier, simulator and
+    lowering read edges derived from the programs, so a graph whose edges differ would be
+    checked and timed as another schedule than it shows."""
+    config = pipeir.library.get("dualpipe-v", 2, 4).config
+    with pytest.raises(kind) as e:
+        pipeir.Schedule(config, graph)  # type: ignore[arg-type]
+    assert str(e.value).startswith(message), str(e.value)
 
 
 def test_w_without_i_still_depends_on_f() -> None:

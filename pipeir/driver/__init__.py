@@ -26,6 +26,7 @@ from pipeir.driver.load import (
     read_source,
     source_of,
     split_costs,
+    unused_costs,
     with_cost_names,
 )
 from pipeir.driver.plan import (
@@ -73,5 +74,6 @@ __all__ = [
     "simulate",
     "source_of",
     "split_costs",
+    "unused_costs",
     "with_cost_names",
 ]

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeir import library, limits
+from pipeir.config import PipelineConfig
 from pipeir.diagnostics import Diagnostic, Note, Source, Span, UsageError, did_you_mean
 from pipeir.frontend.elaborate import Elaborated, Value, elaborate
 from pipeir.frontend.parser import parse_source
@@ -37,6 +38,12 @@ class ScheduleRef:
     ranks: int | None = None
     microbatches: int | None = None
     v: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.files, str | os.PathLike):
+            raise TypeError(f"ScheduleRef(files=...): expected a tuple of files, got "
+                            f"{type(self.files).__name__}: ScheduleRef(files=({self.files!r},))")
+        object.__setattr__(self, "files", tuple(self.files))
 
 
 @dataclass(frozen=True)
@@ -98,6 +105,11 @@ def load_schedules(ref: ScheduleRef, overrides: Mapping[str, Value] | None = Non
                    ) -> list[Elaborated]:
     """Every schedule `ref` names, elaborated (files in order). A cost among `overrides`
     is refused: the caller has no use for costs (`load_with_costs` takes them)."""
+    if not isinstance(ref, ScheduleRef):
+        hint = (f": ScheduleRef(files=({ref!r},)) names a file" if isinstance(ref, str)
+                else "")
+        raise TypeError(f"load_schedules: expected a ScheduleRef, got "
+                        f"{type(ref).__name__}{hint}")
     overrides = dict(overrides or {})
     try:
         return _load_schedules(ref, overrides)
@@ -178,7 +190,7 @@ def load_with_costs(ref: ScheduleRef, overrides: Mapping[str, Value] | None = No
     if spec is not None:
         check_count(spec, elab.schedule.config.microbatches, merged["lengths"][1],
                     "--set" if "lengths" in cost_sets else costs_file)
-    warnings += _unused(elab.schedule.config.stages, elab.schedule.config.microbatches, merged)
+    warnings += unused_costs(elab.schedule.config, merged)
     written = {k: v for k, v in merged.items() if k != "meta" and not k.startswith("meta.")}
     return Loaded(replace(elab, costs=written), costs, tuple(warnings))
 
@@ -238,9 +250,13 @@ def _replaced(path: str, elab: Elaborated, costs: CostModel) -> Diagnostic:
                       f"({n} setting{'s' if n != 1 else ''}){why}", severity="warning")
 
 
-def _unused(stages: int, microbatches: int, settings: Settings) -> list[Diagnostic]:
+def unused_costs(config: PipelineConfig, costs: Settings | CostModel) -> list[Diagnostic]:
     """A cost for a stage or micro-batch the pipeline does not have changes nothing: usually a
-    typo, sometimes a sweep (`--set microbatches=4` on a file with per-micro-batch costs)."""
+    typo, sometimes a sweep (`--set microbatches=4` on a file with per-micro-batch costs).
+    The command line and the front door (`pipeir.compile`, `pipeir.simulate`) warn of it."""
+    settings: Settings = costs if not isinstance(costs, CostModel) else {
+        k: (v, None) for k, v in costs.settings().items()}
+    stages, microbatches = config.stages, config.microbatches
     out = []
     for name, (_, span) in settings.items():
         parts = name.split(".")

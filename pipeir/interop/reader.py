@@ -89,6 +89,11 @@ def from_torch_actions(actions_by_rank: Sequence[Iterable[object]] | dict[int, I
     """Import torch's in-memory order: `schedule.pipeline_order` (a dict rank -> actions),
     `pipeline_order_with_comms`, or `get_schedule_ops(...)` (a list per rank). Items are
     torch `_Action`s (or their strings); None is an idle step."""
+    if isinstance(actions_by_rank, str | bytes | os.PathLike) or \
+            not isinstance(actions_by_rank, Iterable):
+        raise TypeError(f"from_torch_actions takes each rank's actions (a dict rank -> "
+                        f"actions, or a list per rank), got {type(actions_by_rank).__name__}; "
+                        f"for a CSV's text, loads_csv(text); for a file, load_csv(path)")
     if isinstance(actions_by_rank, dict):
         ranks = sorted(actions_by_rank)
         if ranks != list(range(len(ranks))):
@@ -96,6 +101,11 @@ def from_torch_actions(actions_by_rank: Sequence[Iterable[object]] | dict[int, I
         seq: list[Iterable[object]] = [actions_by_rank[r] for r in ranks]
     else:
         seq = list(actions_by_rank)
+    for r, rank in enumerate(seq):
+        if isinstance(rank, str | bytes) or not isinstance(rank, Iterable):
+            raise TypeError(f"from_torch_actions: rank {r}'s actions must be a list of torch "
+                            f"actions (or their strings), got {type(rank).__name__} "
+                            f"{reprlib.repr(rank)}")
     lines = [",".join("" if a is None else str(a) for a in rank) for rank in seq]
     return loads_csv("\n".join(lines) + "\n", "<torch actions>", microbatches, format)
 
