@@ -12,15 +12,22 @@ that says what would work when its input is outside what it accepts.
 
 from __future__ import annotations
 
+import functools
+import math
+import types
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, fields
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union, get_args, get_origin
 
+from pipeir import limits
+from pipeir.backend.program_io import expect_lowered
 from pipeir.diagnostics import UsageError
 from pipeir.passes.context import DEFAULT_CONTEXT, CommModel, PassContext
+from pipeir.schedule import Schedule, expect_schedule
 
 if TYPE_CHECKING:
     from pipeir.backend.instructions import Instr, Lowered
-    from pipeir.schedule import Schedule
 
 
 class OptionError(UsageError):
@@ -42,6 +49,25 @@ class PassBase:
     #: runs it with no costs at all warns, since it then plans for the default unit costs.
     costed: ClassVar[bool] = False
 
+    def __post_init__(self) -> None:
+        check_options(self)
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A pass's own `__post_init__` (its range checks) runs after the type checks, so
+        it compares numbers, not a string given for one (`Reorder(budget_ms="5")`), even
+        when it does not call the base's."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("__post_init__")
+        if own is None or getattr(own, "checks_options", False):
+            return
+
+        @functools.wraps(own)
+        def post_init(self: PassBase) -> None:
+            check_options(self)
+            own(self)
+        post_init.checks_options = True  # type: ignore[attr-defined]
+        cls.__post_init__ = post_init  # type: ignore[method-assign]
+
     def options(self) -> dict[str, Any]:
         """The option values of this instance, by field name."""
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -60,9 +86,34 @@ class PassBase:
         return self.spec()
 
 
+def _checked_run(cls: type[PassBase], expect: Callable[[object, str], object]) -> None:
+    """Wrap `cls`'s own `run` so that a wrong argument fails at the call, named, not as an
+    AttributeError inside the pass (`Interleave(v=2).run("1f1b")`, `Reorder().run(s,
+    CostModel())`): passes are public and run on their own, not only by the pass manager."""
+    own = cls.__dict__.get("run")
+    if own is None or getattr(own, "checks_arguments", False):
+        return
+
+    @functools.wraps(own)
+    def run(self: PassBase, target: object, *args: Any, **kwargs: Any) -> Any:
+        expect(target, f"{self.name}.run")
+        ctx = args[0] if args else kwargs.get("ctx")
+        if ctx is not None and not isinstance(ctx, PassContext):
+            hint = ": give PassContext(costs=...)" if type(ctx).__name__ == "CostModel" else ""
+            raise TypeError(f"{self.name}.run(ctx=...): expected a PassContext, got "
+                            f"{type(ctx).__name__}{hint}")
+        return own(self, target, *args, **kwargs)
+    run.checks_arguments = True  # type: ignore[attr-defined]
+    cls.run = run  # type: ignore[attr-defined]
+
+
 @dataclass(frozen=True)
 class Pass(PassBase):
     """A pass over the schedule IR: `run(schedule, ctx) -> Schedule`."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _checked_run(cls, expect_schedule)
 
     def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
         """Transform `schedule` into a new one (`ctx`: the costs to plan against)."""
@@ -73,6 +124,10 @@ class Pass(PassBase):
 class LoweredPass(PassBase):
     """A pass over lowered per-rank instruction programs (the backend's level), such as
     `overlap`: it runs after lowering, and `pipeir.backend.commcheck` proves its output."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _checked_run(cls, expect_lowered)
 
     #: The communication model the programs run under after this pass (None: unchanged).
     comm: ClassVar[CommModel | None] = None
@@ -89,6 +144,65 @@ class LoweredPass(PassBase):
         """A rank-local pass's rewrite of one rank's program: `run` must give exactly these
         programs (under the communication model `comm`)."""
         raise NotImplementedError(f"pass '{self.name}' is not rank-local")
+
+
+def check_options(p: PassBase) -> None:
+    """Every option of `p` has its annotated type, by `convert`'s rules for a pipeline string
+    (`pipeir.passes.pipeline`): `recompute{all=false}` is False, and `Recompute(all="false")`
+    in Python, a true string, once recomputed every forward. Checked as a pass is made, so
+    a pass run on its own (`Recompute(...).run(schedule)`) is held to it too."""
+    hints = _hints(type(p))
+    for f in fields(p):
+        if f.name in hints:
+            check_value(getattr(p, f.name), hints[f.name],
+                        f"option '{f.name}' of pass '{getattr(p, 'name', type(p).__name__)}'")
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    found = _HINTS.get(cls)
+    if found is None:
+        try:
+            found = typing.get_type_hints(cls)
+        except (NameError, TypeError):  # (a user's pass whose annotations do not resolve here)
+            found = {}
+        _HINTS[cls] = found
+    return found
+
+
+#: each pass class's resolved annotations, once (passes are made in tune's and synth's loops)
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def check_value(value: Any, hint: Any, what: str) -> None:
+    """`convert`'s rules on a value given in Python (types it cannot spell are left alone)."""
+    origin = get_origin(hint)
+    if origin in (Union, types.UnionType):
+        args = get_args(hint)
+        if value is None and type(None) in args:
+            return
+        rest = [a for a in args if a is not type(None)]
+        if len(rest) == 1:
+            check_value(value, rest[0], what)
+        return
+    if origin is Literal:
+        if value not in get_args(hint) or type(value) is bool:
+            choices = ", ".join(str(a) for a in get_args(hint))
+            raise UsageError(f"{what} must be one of {choices}, got {value!r}")
+    elif hint is bool:
+        if type(value) is not bool:
+            raise UsageError(f"{what} must be True or False, got {value!r}")
+    elif hint is int:
+        if type(value) is not int:
+            raise UsageError(f"{what} must be an integer, got {value!r}")
+        if limits.int_overflow(value):
+            raise UsageError(f"{what} is out of range: integers are 64-bit, at most "
+                             f"{limits.MAX_INT:,}")
+    elif hint is float:
+        if type(value) not in (int, float) or not math.isfinite(value):
+            raise UsageError(f"{what} must be a finite number, got {value!r}")
+    elif hint is str and type(value) is not str:
+        raise UsageError(f"{what} must be a string, got {value!r}")
+
 
 
 def format_value(value: object) -> str:

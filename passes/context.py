@@ -85,5 +85,6 @@ def given(ctx: PassContext | None, name: str) -> PassContext:
     if ctx is not None:
         return ctx
     warnings.warn(costless_message(name, "give run() a PassContext with costs, or "
-                                         "pipeir.compile costs=..."), stacklevel=3)
+                                         "pipeir.compile costs=..."),
+                  stacklevel=4)  # (given, run, the argument check around run: the caller)
     return DEFAULT_CONTEXT

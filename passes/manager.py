@@ -339,6 +339,13 @@ class PassManager:
                 raise VerifyError(Diagnostic(
                     f"pass '{p.name}' returned {type(out).__name__}, not a Schedule", spans[i]),
                     check="pass")
+            changed = _reshaped(schedule, out)
+            if changed is not None:
+                raise VerifyError(Diagnostic(
+                    f"pass '{p.name}' changed {changed}: a pass reorders or splits the work of "
+                    f"the pipeline it is given, which runs on the same ranks, micro-batches and "
+                    f"accumulation rounds (only its stages may change, as interleave's do)",
+                    spans[i]), check="pass")
             context = context.for_stages(schedule.config.stages, out.config.stages)
             if self.verify_each and not isinstance(p, Verify):
                 try:
@@ -408,3 +415,15 @@ def _user_code(p: PassBase, where: str) -> contextlib.AbstractContextManager[Non
         # thirds of `overlap` on a 65k-op program, pipeir._gc)
         return paused_gc()
     return contained(f"pass '{p.name}'", f"running {where}")
+
+
+def _reshaped(before: Schedule, after: Schedule) -> str | None:
+    """What a pass changed of the pipeline's shape, which the command that runs it (ranks,
+    the batch's micro-batches, the step's rounds) and the costs it planned under fix."""
+    a, b = before.config, after.config
+    for what, old, new in (("the ranks", a.ranks, b.ranks),
+                           ("the micro-batches", a.microbatches, b.microbatches),
+                           ("the accumulation rounds", a.accumulate, b.accumulate)):
+        if old != new:
+            return f"{what} from {old} to {new}"
+    return None

@@ -19,7 +19,7 @@ from typing import Any, Literal, Union, get_args, get_origin
 from pipeir import limits
 from pipeir.diagnostics import Note, PipeirError, Source, Span, UsageError, did_you_mean
 from pipeir.passes import registry
-from pipeir.passes.base import LoweredPass, PassBase
+from pipeir.passes.base import LoweredPass, PassBase, check_options
 from pipeir.passes.context import CommModel
 
 SOURCE_NAME = "<passes>"
@@ -290,7 +290,9 @@ def convert(text: str, hint: Any, what: str, span: Span | None) -> Any:
     # NOTE: integers are 64-bit and numbers finite, as in `.sched` files (`pipeir.limits`):
     # recompute{budget=1e400} was inf and reorder{budget_ms=10**23} a Python big integer,
     # both accepted and both meaningless
-    if hint is int:
+    # (a whole number written for a float stays an int, as Python's `budget=2` would: the
+    # pass reads it as a number, and messages and `spec` show what was written, not 2.0)
+    if hint is int or (hint is float and text.strip().lstrip("+-").isdigit()):
         try:
             value = int(text, 10)
         except ValueError:
@@ -325,46 +327,11 @@ def expect_pass(p: object) -> PassBase:
             hint = (": a pipeline is one string of passes ('split-backward,overlap'), read by "
                     "parse_pipeline, not a list of names")
         raise TypeError(f"expected a pass, got {type(p).__name__} {p!r}{hint}")
-    try:
-        hints = typing.get_type_hints(type(p))
-    except (NameError, TypeError):  # (a user's pass whose annotations do not resolve here)
-        return p
-    for f in dataclasses.fields(p):
-        if f.name in hints:
-            _check_value(getattr(p, f.name), hints[f.name],
-                         f"option '{f.name}' of pass '{p.name}'")
+    if not isinstance(getattr(type(p), "name", None), str):
+        raise TypeError(f"pass class {type(p).__name__} has no name: give it one, e.g. "
+                        f"name: ClassVar[str] = \"my-pass\"")
+    check_options(p)  # (made passes were checked; one whose class skipped it is caught here)
     return p
-
-
-def _check_value(value: Any, hint: Any, what: str) -> None:
-    """`convert`'s rules on a value given in Python (types it cannot spell are left alone)."""
-    origin = get_origin(hint)
-    if origin in (Union, types.UnionType):
-        args = get_args(hint)
-        if value is None and type(None) in args:
-            return
-        rest = [a for a in args if a is not type(None)]
-        if len(rest) == 1:
-            _check_value(value, rest[0], what)
-        return
-    if origin is Literal:
-        if value not in get_args(hint) or type(value) is bool:
-            choices = ", ".join(str(a) for a in get_args(hint))
-            raise UsageError(f"{what} must be one of {choices}, got {value!r}")
-    elif hint is bool:
-        if type(value) is not bool:
-            raise UsageError(f"{what} must be True or False, got {value!r}")
-    elif hint is int:
-        if type(value) is not int:
-            raise UsageError(f"{what} must be an integer, got {value!r}")
-        if limits.int_overflow(value):
-            raise UsageError(f"{what} is out of range: integers are 64-bit, at most "
-                             f"{limits.MAX_INT:,}")
-    elif hint is float:
-        if type(value) not in (int, float) or not math.isfinite(value):
-            raise UsageError(f"{what} must be a finite number, got {value!r}")
-    elif hint is str and type(value) is not str:
-        raise UsageError(f"{what} must be a string, got {value!r}")
 
 
 def _choices(hint: Any) -> tuple[str, ...] | None:

@@ -20,14 +20,15 @@ class Verify(Pass):
     summary: ClassVar[str] = ("check completeness, placement, deadlock freedom and memory "
                               "(memory_limit overrides the pipeline's)")
 
-    memory_limit: int | None = None
+    #: in activations (`pipeir.memunit`), which may be fractional (an activation waiting
+    #: only for its W), as `pipeir.verify(memory_limit=...)` and `check` take it
+    memory_limit: float | None = None
 
     def __post_init__(self) -> None:
         limit = self.memory_limit
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int)
-                                  or limit < 1):
+        if limit is not None and limit <= 0:
             raise OptionError("memory_limit", f"verify: memory_limit must be a positive "
-                                              f"integer, got {limit!r}")
+                                              f"number, got {limit!r}")
 
     def run(self, schedule: Schedule, ctx: PassContext = DEFAULT_CONTEXT) -> Schedule:
         verify(schedule, memory_limit=self.memory_limit, sizes=ctx.costs)

@@ -15,6 +15,7 @@ from pipeir.schedule import Schedule, expect_schedule
 from pipeir.sim import engine
 from pipeir.sim.costs import expect_costs
 from pipeir.sim.engine import COMM_MODELS
+from pipeir.verify import verify
 
 if TYPE_CHECKING:
     from pipeir.passes import Compiled, PassBase, Pipeline
@@ -63,6 +64,12 @@ def compile(schedule: Schedule | Elaborated,
     if comm is not None and comm not in COMM_MODELS:
         raise UsageError(f"pipeir.compile(comm=...): expected one of {', '.join(COMM_MODELS)}, "
                          f"got {comm!r}")
+    if type(overlap) is not bool:
+        raise TypeError(f"pipeir.compile(overlap=...): expected True or False, got {overlap!r}")
+    if comm == "overlapped" and not overlap:
+        raise UsageError("pipeir.compile(comm='overlapped') plans for asynchronous "
+                         "communication, but overlap=False lowers to blocking programs: give "
+                         "comm='blocking', or leave comm out")
     if comm == "blocking" and overlap:
         raise UsageError("pipeir.compile(comm='blocking') plans for blocking communication, "
                          "but overlap=True lowers to asynchronous programs: give overlap=False "
@@ -81,9 +88,13 @@ def compile(schedule: Schedule | Elaborated,
 
 def simulate(schedule: Schedule, costs: CostModel | None = None,
              comm: str = "overlapped") -> SimResult:
-    """`pipeir.sim.simulate` (its docstring says what it computes), warning as the command
-    line does of costs for stages or micro-batches the pipeline does not have: they change
-    nothing, and are usually a typo (`stage={4: ...}` for a stage numbered from 0)."""
+    """`pipeir.sim.simulate` (its docstring says what it computes) of a schedule verified
+    first, as `pipeirc simulate` does: timing a schedule that lacks ops, or holds ops of
+    micro-batches it does not have, would report the bubble of some other work. Raises
+    VerifyError (or warns, as the command line does, of costs for stages or micro-batches
+    the pipeline does not have: they change nothing, and are usually a typo)."""
+    expect_schedule(schedule, "simulate")
+    verify(schedule, sizes=expect_costs(costs, "simulate(costs=...)"))  # (as `check` counts)
     result = engine.simulate(schedule, costs, comm)
     if costs is not None:
         _warn_unused(schedule, costs)

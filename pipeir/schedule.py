@@ -225,14 +225,22 @@ class Schedule:
 
     def program(self, rank: int) -> tuple[Op, ...]:
         """The ops rank `rank` runs, in order."""
+        if type(rank) is not int or not 0 <= rank < self.config.ranks:  # (-1 was the last)
+            raise IndexError(f"no rank {rank!r}: ranks are 0 to {self.config.ranks - 1}")
         return self.programs[rank]
 
     def rank_of(self, op: Op) -> int:
-        return self._places()[op][0]
+        return self._place(op)[0]
 
     def position_of(self, op: Op) -> int:
         """`op`'s index in its rank's program."""
-        return self._places()[op][1]
+        return self._place(op)[1]
+
+    def _place(self, op: Op) -> tuple[int, int]:
+        found = self._places().get(op)
+        if found is None:
+            raise KeyError(f"{op!s} is not an op of schedule '{self.name}'")
+        return found
 
     def _pair_next(self) -> dict[Op, Op]:
         if self._next is None:
@@ -338,6 +346,14 @@ def expect_schedule(value: object, where: str) -> Schedule:
     raise TypeError(f"{where}: expected a Schedule, got {type(value).__name__}{hint}")
 
 
+def _expect_span(span: object, what: str) -> None:
+    """Spans are where errors point (a line of a file): anything else fails there, far from
+    the call that gave it."""
+    if span is not None and not isinstance(span, Span):
+        raise TypeError(f"{what}: expected a pipeir.diagnostics.Span or None, got "
+                        f"{type(span).__name__} {span!r}")
+
+
 def _first(pair: tuple[int, Op]) -> int:
     return pair[0]
 
@@ -359,6 +375,7 @@ class ScheduleBuilder:
                             f"microbatches, ...)), got {type(config).__name__}")
         if not isinstance(name, str):
             raise TypeError(f"a schedule's name is a string, got {name!r}")
+        _expect_span(span, "the schedule's span")
         self.span = span
         self.config = config
         self.name = name
@@ -376,6 +393,8 @@ class ScheduleBuilder:
             if isinstance(rank, bool) or not hasattr(rank, "__index__"):
                 raise TypeError(f"{op}: a rank is an integer, got {rank!r}")
             rank = rank.__index__()
+        if span is not None and type(span) is not Span:
+            _expect_span(span, f"{op}'s span")
         if not 0 <= rank < self.config.ranks:
             raise VerifyError(Diagnostic(
                 f"{op} is placed on rank {rank}, but ranks are 0 to {self.config.ranks - 1}",

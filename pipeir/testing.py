@@ -35,6 +35,7 @@ from hypothesis import strategies as st
 from hypothesis.errors import InvalidArgument
 
 from pipeir.config import PipelineConfig, named_placement
+from pipeir.diagnostics import VerifyError
 from pipeir.ops import REDUCE, Op
 from pipeir.schedule import Schedule, data_predecessors
 from pipeir.verify import VerifyReport, verify
@@ -82,6 +83,11 @@ def configs(draw: st.DrawFn, max_ranks: int = 8, max_microbatches: int = 16,
     `placements` picks from "loop", "vshape" and "random". No memory limit is set: a random
     schedule may hold every micro-batch at once.
     """
+    for what, n in (("max_ranks", max_ranks), ("max_microbatches", max_microbatches),
+                    ("max_chunks", max_chunks), ("min_ranks", min_ranks),
+                    ("min_microbatches", min_microbatches)):
+        if type(n) is not int:
+            raise InvalidArgument(f"configs({what}=...): an integer, got {n!r}")
     unknown = [p for p in placements if p not in PLACEMENT_KINDS]
     if unknown or not placements:
         raise InvalidArgument(f"placements must be a non-empty subset of {PLACEMENT_KINDS}, "
@@ -114,6 +120,15 @@ def random_schedule(config: PipelineConfig, rnd: random.Random,
     If the config has a `memory_limit`, forwards that would exceed it wait while other ops are
     ready; ValueError if the generator gets stuck (a limit below what the placement needs).
     """
+    if not isinstance(config, PipelineConfig):
+        raise TypeError(f"random_schedule: expected a PipelineConfig, got "
+                        f"{type(config).__name__}")
+    if not isinstance(rnd, random.Random):
+        raise TypeError(f"random_schedule: expected a random.Random (random.Random(seed)), got "
+                        f"{type(rnd).__name__} {rnd!r}")
+    if split_backward is not None and type(split_backward) is not bool:
+        raise TypeError(f"random_schedule(split_backward=...): True, False or None, got "
+                        f"{split_backward!r}")
     split = _split_table(config, rnd, split_backward)
     ops: list[Op] = []
     for s in range(config.stages):
@@ -199,6 +214,9 @@ def schedules(draw: st.DrawFn,
     if not isinstance(cfg, PipelineConfig):  # (configs, not configs())
         raise InvalidArgument(f"schedules(config=...): a PipelineConfig or a strategy of them "
                               f"(configs(...), called), got {cfg!r}")
+    if split_backward is not None and type(split_backward) is not bool:  # ("no" is true)
+        raise InvalidArgument(f"schedules(split_backward=...): True, False or None, got "
+                              f"{split_backward!r}")
     seed = draw(st.integers(0, 2**32 - 1))
     try:
         return random_schedule(cfg, random.Random(seed), split_backward, name)
@@ -268,8 +286,18 @@ def mutations(draw: st.DrawFn, schedule: Schedule,
     if isinstance(schedule, st.SearchStrategy):
         raise InvalidArgument("mutations takes a schedule, not a strategy of them: draw one "
                               "first, data.draw(schedules(...))")
+    if not isinstance(schedule, Schedule):
+        hint = ": give its .schedule" if isinstance(getattr(schedule, "schedule", None),
+                                                    Schedule) else ""
+        raise InvalidArgument(f"mutations: expected a Schedule, got "
+                              f"{type(schedule).__name__}{hint}")
     if isinstance(kinds, str):
         raise InvalidArgument(f"mutations(kinds=...): a list of kinds, e.g. ({kinds!r},)")
+    try:
+        verify(schedule)
+    except VerifyError as e:
+        raise InvalidArgument(f"mutations breaks a valid schedule, and this one is not: "
+                              f"{e.diagnostics[0].message}") from None
     for k in kinds:
         expected_check(k)
     usable = applicable_kinds(schedule, kinds)

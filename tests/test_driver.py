@@ -28,10 +28,12 @@ from pipeir.frontend.elaborate import Elaborated
 from pipeir.interop import from_torch_actions, loads_csv
 from pipeir.models import causal_lm
 from pipeir.passes import PassContext, PassManager, parse_pipeline
+from pipeir.passes.interleave import Interleave
 from pipeir.passes.memory import Recompute
 from pipeir.passes.overlap import Overlap
 from pipeir.passes.reorder import Reorder
 from pipeir.passes.split_backward import SplitBackward
+from pipeir.plan import LayerCost, plan
 from pipeir.runtime.pipelining import _instantiate
 from pipeir.schedule import Schedule
 from pipeir.search.synth import synth
@@ -182,6 +184,20 @@ def test_the_front_door_warns_of_costs_the_pipeline_does_not_have() -> None:
         pipeir.compile(s, costs=CostModel(stage={1: {"F": 3.0}}))
 
 
+def test_the_front_door_simulates_only_what_verifies() -> None:
+    """`pipeir.simulate` verifies first, as `pipeirc simulate` does: a schedule without its
+    backwards was timed (a makespan of 3, a bubble of a third) as if it were a step."""
+    cfg = pipeir.PipelineConfig.make(ranks=2, microbatches=2)
+    forwards = Schedule.from_programs(cfg, [[pipeir.F(0, 0), pipeir.F(0, 1)],
+                                            [pipeir.F(1, 0), pipeir.F(1, 1)]])
+    with pytest.raises(pipeir.VerifyError) as e:
+        pipeir.simulate(forwards)
+    assert e.value.check == "completeness"
+    assert e.value.diagnostics[0].message == ("missing B(0,0): the schedule never runs it "
+                                              "(stage 0 lives on rank 0)")
+    assert pipeir.sim.simulate(forwards).makespan == 3.0  # (the engine times what it is given)
+
+
 def test_load_schedules_refuses_a_cost_where_none_is_used() -> None:
     with pytest.raises(PipeirError) as e:
         driver.load_schedules(ScheduleRef(library="1f1b", ranks=2, microbatches=4),
@@ -277,6 +293,9 @@ def test_compile_proves_the_programs_it_returns_once(monkeypatch: pytest.MonkeyP
         assert proved == [low]
 
 
+_LAYERS = [LayerCost("" if i == 0 else f"l{i}", F=1.0, B=2.0, I=1.0, W=1.0) for i in range(4)]
+
+
 def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
     s = pipeir.library.get("1f1b", 2, 4)
     loaded = pipeir.load("pipeline { ranks = 1  microbatches = 1 }\n"
@@ -329,6 +348,14 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
          pipeir.UsageError, "pipeir.compile(comm=...): expected one of overlapped, blocking"),
         (lambda: pipeir.compile(s, comm="blocking"), pipeir.UsageError,
          "give overlap=False for blocking programs"),
+        (lambda: pipeir.compile(s, comm="overlapped", overlap=False), pipeir.UsageError,
+         "pipeir.compile(comm='overlapped') plans for asynchronous communication, but "
+         "overlap=False lowers to blocking programs: give comm='blocking', or leave comm out"),
+        (lambda: pipeir.compile(s, overlap="no"), TypeError,  # type: ignore[arg-type]
+         "pipeir.compile(overlap=...): expected True or False, got 'no'"),
+        (lambda: s.program(-1), IndexError, "no rank -1: ranks are 0 to 1"),
+        (lambda: s.rank_of(pipeir.F(5, 0)), KeyError,
+         "F(5,0) is not an op of schedule 'one_f_one_b'"),
         (lambda: pipeir.compile(s, dp=True), pipeir.UsageError,
          "pipeir.compile(dp=...): expected a whole number of data-parallel replicas, at least "
          "1, got True"),
@@ -350,6 +377,12 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
          "stage_mb[0]: stage_mb maps each (stage, micro-batch) to {kind: time}"),
         (lambda: CostModel(mb=None), ValueError,  # type: ignore[arg-type]
          "mb must map each micro-batch to {kind: time}, got None"),
+        (lambda: CostModel(mb={0: {"memory_bytes": 2}}), ValueError,
+         "mb[0]: 'memory_bytes' is a size per stage, the same for every micro-batch: give it "
+         "in stage={S: {'memory_bytes': ...}}"),
+        (lambda: CostModel(unit=5), ValueError,  # type: ignore[arg-type]
+         'unit must be a name like "ms" (at most 16 characters, no quotes, spaces or '
+         'backslashes), got 5'),
         (lambda: pipeir.verify(s, sizes=CostModel(), memory_limit_bytes=100),
          pipeir.UsageError, "memory_limit_bytes needs the activation sizes: a cost model with "
                             "memory_bytes"),
@@ -372,6 +405,35 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
          "expected a .sched file's path or its text, got NoneType"),
         (lambda: pipeir.library.get(None, 4, 8), TypeError,  # type: ignore[arg-type]
          "a library schedule is named by a string, e.g. '1f1b', got None"),
+        (lambda: Interleave(v=2).run("1f1b"), TypeError,  # type: ignore[arg-type]
+         "interleave.run: expected a Schedule, got str: read a .sched file or text with "
+         "pipeir.parse(...)"),
+        (lambda: Reorder().run(s, CostModel()), TypeError,  # type: ignore[arg-type]
+         "reorder.run(ctx=...): expected a PassContext, got CostModel: give "
+         "PassContext(costs=...)"),
+        (lambda: SplitBackward().run(pipeir.compile(s)), TypeError,  # type: ignore[arg-type]
+         "split-backward.run: expected a Schedule, got Compiled: give its .schedule"),
+        (lambda: Overlap().run(s), TypeError,  # type: ignore[arg-type]
+         "overlap.run: expected lowered programs (a Lowered), got Schedule"),
+        (lambda: Schedule.from_programs(s.config, s.programs,
+                                        spans={pipeir.F(0, 0): 5}),  # type: ignore[dict-item]
+         TypeError, "F(0,0)'s span: expected a pipeir.diagnostics.Span or None, got int 5"),
+        (lambda: pipeir.parse("examples/1f1b.shed"), pipeir.UsageError,
+         "examples/1f1b.shed: no such .sched file"),
+        (lambda: pipeir.parse("1f1b"), pipeir.UsageError,
+         "'1f1b' is a library schedule, not a file or text: pipeir.library.get('1f1b', ranks, "
+         "microbatches)"),
+        (lambda: plan(_LAYERS, True, 4), TypeError,
+         "plan: ranks must be an integer, got bool True"),
+        (lambda: plan(_LAYERS, 2, 4, splits="h1"), TypeError,  # type: ignore[arg-type]
+         "plan(splits=...): expected a non-empty list of None, h1, h2, got 'h1'"),
+        (lambda: plan(_LAYERS, 2, 4, comms=("async",)), pipeir.UsageError,
+         "plan(comms=...): 'async' is not one of overlapped, blocking"),
+        (lambda: plan(_LAYERS, 2, 4, link=(0, 1)), TypeError,  # type: ignore[arg-type]
+         "plan(link=...): expected a Link (pipeir.plan.Link(latency, bandwidth)), got tuple"),
+        (lambda: plan([{"F": 1}] * 4, 2, 4), TypeError,  # type: ignore[list-item]
+         "plan: layers are LayerCost objects (pipeir.plan.LayerCost, or what profile "
+         "measures), got dict"),
         (lambda: PassManager([], instruments=[print]), TypeError,  # type: ignore[list-item]
          "PassManager(instruments=...): expected Instrument objects"),
         (lambda: parse_pipeline(None), TypeError,  # type: ignore[arg-type]
@@ -459,6 +521,20 @@ def test_the_api_names_a_mistaken_argument_where_it_is_given(case: int) -> None:
     text = e.value.diagnostics[0].message if isinstance(e.value, pipeir.PipeirError) \
         else str(e.value)
     assert text.startswith(message) or message in text, text
+
+
+def test_a_cost_model_holds_its_own_checked_copy_of_plain_numbers() -> None:
+    """Edited after it is made, a caller's dict once gave a checked model a negative cost;
+    numpy's int64 was refused where its float64 was taken; and the model had no hash."""
+    np = pytest.importorskip("numpy")
+    levels = {0: {"F": 5.0}}
+    costs = CostModel(stage=levels, F=np.int64(2), mb={1: {"B": np.int64(3)}})
+    levels[0]["F"] = -7.0
+    assert costs.cost(pipeir.F(0, 0)) == 5.0 and costs.stage == {0: {"F": 5.0}}
+    assert type(costs.F) is int and type(costs.mb[1]["B"]) is int
+    assert costs == CostModel(stage={0: {"F": 5.0}}, F=2, mb={1: {"B": 3}})
+    assert hash(costs) == hash(CostModel(stage={0: {"F": 5.0}}, F=2, mb={1: {"B": 3}}))
+    assert costs != CostModel(stage={0: {"F": 6.0}}, F=2, mb={1: {"B": 3}})
 
 
 def test_numpy_integers_make_plain_ops_ranks_and_configs() -> None:

@@ -4,12 +4,14 @@ instruments, and the `opt` / `passes` commands, including every kind of bad inpu
 from __future__ import annotations
 
 import importlib.metadata
+from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 
 import pipeir
-from pipeir.passes import PassManager, Pipeline, TimePasses, load_plugin, parse_pipeline
+from pipeir.passes import Pass, PassManager, Pipeline, TimePasses, load_plugin, parse_pipeline
 from pipeir.passes.interleave import Interleave
 from pipeir.passes.split_backward import SplitBackward
 from pipeir.passes.verify import Verify
@@ -59,6 +61,88 @@ def broken(tmp_path: Path) -> Path:
     return path
 
 
+# ---- options given in Python ----------------------------------------------------------------
+@dataclass(frozen=True)
+class _Checked(Pass):
+    """A user's pass with its own range check, which does not call the base's."""
+
+    name: ClassVar[str] = "checked"
+    summary: ClassVar[str] = "a range check of its own"
+    depth: int = 1
+
+    def __post_init__(self) -> None:
+        if self.depth < 1:
+            raise ValueError("depth must be at least 1")
+
+
+def _made(kind: str, **options: object) -> object:
+    from pipeir.passes.memory import Recompute
+    from pipeir.passes.merge_backward import MergeBackward
+    from pipeir.passes.reorder import Reorder
+    cls = {"recompute": Recompute, "merge-backward": MergeBackward, "reorder": Reorder,
+           "checked": _Checked}[kind]
+    return cls(**options)
+
+
+@pytest.mark.parametrize(("kind", "options", "message"), [
+    ("recompute", {"budget": 4, "all": "false"},
+     "option 'all' of pass 'recompute' must be True or False, got 'false'"),
+    ("merge-backward", {"adjacent_only": "no"},
+     "option 'adjacent_only' of pass 'merge-backward' must be True or False, got 'no'"),
+    ("reorder", {"by": "x"}, "option 'by' of pass 'reorder' must be one of cost, got 'x'"),
+    ("reorder", {"seed": None}, "option 'seed' of pass 'reorder' must be an integer, got None"),
+    ("reorder", {"budget_ms": "5"},
+     "option 'budget_ms' of pass 'reorder' must be an integer, got '5'"),
+    ("recompute", {"budget": "2"},
+     "option 'budget' of pass 'recompute' must be a finite number, got '2'"),
+    ("checked", {"depth": "2"}, "option 'depth' of pass 'checked' must be an integer, got '2'"),
+])
+def test_a_pass_made_in_python_is_held_to_its_option_types_as_it_is_made(
+        kind: str, options: dict[str, object], message: str) -> None:
+    """Not only when it joins a pipeline: `Recompute(all="false").run(schedule)` recomputed
+    every forward (a true string), and `Reorder(budget_ms="5")` failed comparing a string in
+    its own range check. A pass's own `__post_init__` runs after the type checks even when it
+    does not call the base's."""
+    with pytest.raises(pipeir.UsageError) as e:
+        _made(kind, **options)
+    assert e.value.diagnostics[0].message == message
+    assert _Checked(depth=2).depth == 2
+    with pytest.raises(ValueError, match="depth must be at least 1"):
+        _Checked(depth=0)
+
+
+def test_a_pass_class_without_a_name_is_named_when_it_joins_a_pipeline() -> None:
+    @dataclass(frozen=True)
+    class NoName(Pass):
+        summary: ClassVar[str] = "nameless"
+
+    with pytest.raises(TypeError, match=r"pass class NoName has no name: give it one, e\.g\. "
+                                        r"name: ClassVar\[str\] = \"my-pass\""):
+        PassManager([NoName()])
+
+
+@pytest.mark.parametrize(("ranks", "mbs", "accumulate", "changed"), [
+    (2, 8, 1, "the ranks from 4 to 2"),
+    (4, 4, 1, "the micro-batches from 8 to 4"),
+    (4, 8, 3, "the accumulation rounds from 1 to 3"),
+])
+def test_a_pass_that_changes_the_pipelines_shape_is_refused(ranks: int, mbs: int,
+                                                             accumulate: int, changed: str) -> None:
+    """A user's pass that returns a schedule of other ranks, micro-batches or rounds compiled
+    to programs doing other work than the command asked for (2 programs for 4 ranks)."""
+    @dataclass(frozen=True)
+    class Reshape(Pass):
+        name: ClassVar[str] = "reshape"
+        summary: ClassVar[str] = "returns another pipeline's schedule"
+
+        def run(self, schedule: pipeir.Schedule, ctx: object = None) -> pipeir.Schedule:
+            return pipeir.library.get("1f1b", ranks, mbs, accumulate=accumulate)
+
+    with pytest.raises(pipeir.VerifyError) as e:
+        pipeir.compile(pipeir.library.get("1f1b", 4, 8), [Reshape()])
+    assert e.value.diagnostics[0].message.startswith(f"pass 'reshape' changed {changed}: ")
+
+
 # ---- pipeline strings ------------------------------------------------------------------------
 def test_pipeline_string_gives_typed_instances() -> None:
     pipe = parse_pipeline(" interleave{v=3, placement=vshape} , split-backward{mode=h2},verify")
@@ -68,6 +152,10 @@ def test_pipeline_string_gives_typed_instances() -> None:
     assert parse_pipeline(str(pipe)).passes == pipe.passes
     assert pipe.spans[1] is not None and pipe.spans[1].col == 38
     assert parse_pipeline("verify{memory_limit=none}").passes == (Verify(None),)
+    # (counts may be fractional, as `check` takes them; a whole number stays as written)
+    assert parse_pipeline("verify{memory_limit=3.5}").passes == (Verify(3.5),)
+    assert str(parse_pipeline("verify{memory_limit=3},recompute{budget=2}")) == \
+        "verify{memory_limit=3},recompute{budget=2}"
     assert parse_pipeline("merge-backward{adjacent_only=true}").passes[0].options() == {
         "adjacent_only": True}
 
@@ -89,7 +177,7 @@ BAD_PIPELINES = [
     ("recompute{budget=nan}", 18, "must be a finite number, got 'nan'", ""),
     ("reorder{budget_ms=99999999999999999999999}", 19,
      "option 'budget_ms' of pass 'reorder' is out of range: integers are 64-bit", ""),
-    ("verify{memory_limit=0}", 21, "memory_limit must be a positive integer, got 0", ""),
+    ("verify{memory_limit=0}", 21, "memory_limit must be a positive number, got 0", ""),
     ("verify,", 7, "expected a pass name after ','", ""),
     ("verify;interleave", 7, "expected ',' between passes, found ';'", ""),
     ("interleave{v}", 12, "expected '=' and a value after option 'v'", ""),
@@ -388,7 +476,7 @@ def test_passes_command_lists_options_and_summaries(cli) -> None:
     assert "interleave{v: int = 2, placement: loop|vshape = loop}" in lines
     assert "split-backward{mode: h1|h2 = h1}" in lines
     assert "merge-backward{adjacent_only: bool = false}" in lines
-    assert "verify{memory_limit: int | none = none}" in lines
+    assert "verify{memory_limit: float | none = none}" in lines
     assert all(line.startswith("    ") for line in lines[1::2])  # a summary under each
     code, out, _ = cli("passes", "--pass-plugin", f"{PLUGIN}:DelayW")
     assert code == 0 and "delay-w{max_pending: int = 0} (from " in out

@@ -175,6 +175,22 @@ def test_mutation_helpers_reject_bad_arguments() -> None:
         schedules(config=configs).example()  # type: ignore[arg-type]
     with pytest.raises(InvalidArgument, match=re.escape("a list of kinds, e.g. ('drop',)")):
         mutations(one_rank, kinds="drop").example()
+    with pytest.raises(InvalidArgument, match=re.escape("mutations: expected a Schedule, got "
+                                                        "Compiled: give its .schedule")):
+        mutations(pipeir.compile(one_rank)).example()  # type: ignore[arg-type]
+    forwards = pipeir.Schedule.from_programs(one_rank.config, [[pipeir.F(0, 0), pipeir.F(0, 1)]])
+    with pytest.raises(InvalidArgument, match=re.escape(
+            "mutations breaks a valid schedule, and this one is not: missing B(0,0)")):
+        mutations(forwards).example()
+    with pytest.raises(InvalidArgument, match=re.escape(
+            "schedules(split_backward=...): True, False or None, got 'no'")):
+        schedules(one_rank.config, split_backward="no").example()  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match=re.escape("configs(max_ranks=...): an integer, "
+                                                        "got '4'")):
+        configs(max_ranks="4").example()  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=re.escape("random_schedule: expected a random.Random "
+                                                  "(random.Random(seed)), got int 3")):
+        random_schedule(one_rank.config, 3)  # type: ignore[arg-type]
 
 
 def test_build_accepts_valid_programs() -> None:

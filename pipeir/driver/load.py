@@ -5,6 +5,7 @@ comes back as warnings."""
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -75,8 +76,13 @@ def source_of(src: str | os.PathLike[str] | Source) -> Source:
         return read_source(src)
     if not isinstance(src, str):
         raise TypeError(f"expected a .sched file's path or its text, got {type(src).__name__}")
-    if "\n" not in src and "{" not in src and (src.endswith(".sched") or os.path.exists(src)):
-        return read_source(src)
+    if "{" not in src and src.isprintable():  # (every schedule's text has a block)
+        if src.strip() in library.names():
+            raise UsageError(f"'{src.strip()}' is a library schedule, not a file or text: "
+                             f"pipeir.library.get({src.strip()!r}, ranks, microbatches)")
+        if src.endswith(".sched") or os.path.exists(src) or "/" in src or os.sep in src or \
+                re.fullmatch(r"\S+\.\w{1,8}", src):  # a path, mistyped or not
+            return read_source(src)
     return Source("<string>", src)
 
 

@@ -64,6 +64,8 @@ from pipeir.plan.partition import (
 from pipeir.plan.refine import Budget, fresh, shape_bound, shapes, static_bytes, synthesized
 from pipeir.search.tune import PRESPLIT, SPLITS, Candidate, evaluate, search, variants
 from pipeir.sim import CostModel, simulate
+from pipeir.sim.cost_settings import is_number
+from pipeir.sim.engine import COMM_MODELS
 
 #: Transfers that cost nothing.
 NO_LINK = Link()
@@ -123,7 +125,20 @@ def plan(layers: Sequence[LayerCost], ranks: int, microbatches: int, link: Link 
     cannot be split: (None,)). With `synth_time` > 0, synth then looks that long for a
     faster schedule on the chosen split (`pipeir.plan.refine`)."""
     layers = tuple(layers)
+    ranks, microbatches, keep, max_v = (_whole(name, v) for name, v in (
+        ("ranks", ranks), ("microbatches", microbatches), ("keep", keep), ("max_v", max_v)))
+    splits = _choices("splits", splits, SPLITS)
+    comms = tuple(str(c) for c in _choices("comms", comms, COMM_MODELS))
     _check(layers, ranks, microbatches, weight_copies)
+    if keep < 1 or max_v < 1:
+        raise UsageError(f"plan: keep and max_v must be at least 1, got keep={keep}, "
+                         f"max_v={max_v}")
+    if not isinstance(link, Link):
+        raise TypeError(f"plan(link=...): expected a Link (pipeir.plan.Link(latency, "
+                        f"bandwidth)), got {type(link).__name__}")
+    if not is_number(synth_time) or synth_time < 0:
+        raise UsageError(f"plan: synth_time must be a non-negative number of seconds, got "
+                         f"{synth_time!r}")
     if memory is not None and not isinstance(memory, MemoryLimit):
         raise UsageError(f"plan(memory=...): a MemoryLimit (pipeir.memunit), e.g. "
                          f"MemoryLimit(40e9, in_bytes=True), got {memory!r}")
@@ -217,8 +232,36 @@ def _other_shapes(layers: Sequence[LayerCost], planned: Choice, ranks: int, micr
     return planned
 
 
+def _whole(name: str, value: object) -> int:
+    """An integer argument (numpy's too), not a bool: `plan(L, True, 4)` once planned for
+    one rank and reported that no schedule was found."""
+    if isinstance(value, bool) or not hasattr(value, "__index__"):
+        raise TypeError(f"plan: {name} must be an integer, got {type(value).__name__} "
+                        f"{value!r}")
+    return int(value.__index__())
+
+
+def _choices(name: str, given: object, known: Sequence[str | None]) -> tuple[str | None, ...]:
+    """`splits` or `comms`: a list of known choices. A string alone was read letter by
+    letter, matched nothing, and the plan reported that no schedule was found."""
+    if isinstance(given, str) or not isinstance(given, Sequence) or not given:
+        raise TypeError(f"plan({name}=...): expected a non-empty list of "
+                        f"{', '.join(map(str, known))}, got {given!r}")
+    for g in given:
+        if g not in known:
+            raise UsageError(f"plan({name}=...): {g!r} is not one of "
+                             f"{', '.join(map(str, known))}")
+    return tuple(given)
+
+
 def _check(layers: Sequence[LayerCost], ranks: int, microbatches: int,
            weight_copies: float) -> None:
+    bad = next((x for x in layers if not isinstance(x, LayerCost)), None)
+    if bad is not None:
+        raise TypeError(f"plan: layers are LayerCost objects (pipeir.plan.LayerCost, or "
+                        f"what profile measures), got {type(bad).__name__}")
+    if not is_number(weight_copies):
+        raise UsageError(f"--weight-copies {weight_copies!r}: must be a finite number")
     if ranks < 1:
         raise UsageError(f"--ranks {ranks}: need at least 1 rank")
     if ranks > len(layers):

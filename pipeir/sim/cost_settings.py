@@ -46,7 +46,7 @@ MAX_COST = 1e15
 MIN_BANDWIDTH = 1e-15
 
 
-_UNIT = re.compile(r'[^\s"\\\x00-\x1f\x7f]{1,16}')
+UNIT_NAME = re.compile(r'[^\s"\\\x00-\x1f\x7f]{1,16}')
 _INDEXED = re.compile(r"^(stage)\.(\d+)\.(mb)\.(\d+)\.(\w+)$|^(stage|mb)\.(\d+)\.(\w+)$")
 
 
@@ -78,7 +78,7 @@ def cost_fields(items: Mapping[str, tuple[Any, Span | None]], where: str | None
         if name == "unit":
             # NOTE: printed back into `.sched` costs blocks and every report, so a short
             # word: no quotes, backslashes, spaces or control characters
-            if not isinstance(value, str) or not _UNIT.fullmatch(value):
+            if not isinstance(value, str) or not UNIT_NAME.fullmatch(value):
                 raise UsageError(f"{where_prefix(where, span)}'unit' must be a name like \"ms\" "
                                  f"(at most 16 characters, no quotes, spaces or backslashes), "
                                  f"got {value!r}", span)

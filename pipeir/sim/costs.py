@@ -74,9 +74,10 @@ so instead of "unknown cost"; a version 1 file holds every activation until W) a
 from __future__ import annotations
 
 import math
+import numbers
 import os
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, Final
 
 from pipeir.diagnostics import Span, UsageError, where_prefix
@@ -89,6 +90,7 @@ from pipeir.sim.cost_settings import (
     MIN_BANDWIDTH,
     OP_KINDS,
     SIZE_KEYS,
+    UNIT_NAME,
     Level,
     cost_fields,
     is_number,
@@ -126,13 +128,23 @@ class CostModel:
     RC: float | None = None
     OFF: float | None = None
     RELOAD: float | None = None
-    stage: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
-    mb: Mapping[int, Mapping[str, float]] = field(default_factory=dict)
-    stage_mb: Mapping[tuple[int, int], Mapping[str, float]] = field(default_factory=dict)
+    # (copied when made, so a caller's later edit of its dicts cannot bypass the checks;
+    # left out of the hash, which the scalars give, as dicts have none)
+    stage: Mapping[int, Mapping[str, float]] = field(default_factory=dict, hash=False)
+    mb: Mapping[int, Mapping[str, float]] = field(default_factory=dict, hash=False)
+    stage_mb: Mapping[tuple[int, int], Mapping[str, float]] = field(default_factory=dict,
+                                                                    hash=False)
     unit: str | None = None
     _base: dict[str, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # numpy's numbers as plain ones (printed, hashed and summed)
+            if f.init:
+                object.__setattr__(self, f.name, _plain(getattr(self, f.name)))
+        if self.unit is not None and not (isinstance(self.unit, str) and
+                                          UNIT_NAME.fullmatch(self.unit)):
+            raise ValueError(f"unit must be a name like \"ms\" (at most 16 characters, no "
+                             f"quotes, spaces or backslashes), got {self.unit!r}")
         base: Level = {"F": self.F}
         # (a memory op's time follows another's unless set: FC, RC an F; OFF, RELOAD the copy)
         for kind in ("B", "I", "W", *MEMORY_KINDS):
@@ -161,6 +173,7 @@ class CostModel:
             if not isinstance(levels, Mapping):
                 raise ValueError(f"{where} must map each {_KEYS[where]} to {{kind: time}}, "
                                  f"got {levels!r}")
+            copied: dict[Any, dict[str, float]] = {}
             for key, level in levels.items():
                 # (a key of another type never matches an op: silently no override)
                 pair = where == "stage_mb"
@@ -169,10 +182,17 @@ class CostModel:
                 if not ok or not isinstance(level, Mapping):
                     raise ValueError(f"{where}[{key!r}]: {where} maps each {_KEYS[where]} "
                                      f"to {{kind: time}}, e.g. {_EXAMPLE[where]}")
+                level = {k: _plain(v) for k, v in level.items()}
                 for k, v in level.items():
+                    if k in SIZE_KEYS and where != "stage":
+                        raise ValueError(f"{where}[{key}]: '{k}' is a size per stage, the same "
+                                         f"for every micro-batch: give it in stage={{S: "
+                                         f"{{'{k}': ...}}}}")
                     if k not in (*OP_KINDS, *SIZE_KEYS):
                         raise ValueError(f"{where}[{key}]: unknown cost '{k}'")
                     _check_time(f"{where}[{key}].{k}", v)
+                copied[key] = level
+            object.__setattr__(self, where, copied)
         for stage in (None, *self.stage):
             problem = self._split_problem(stage)
             if problem is not None:
@@ -479,6 +499,13 @@ def _pick(level: Mapping[str, float] | None, kind: str) -> float | None:
     if v is None and kind == "B" and "I" in level and "W" in level:
         return level["I"] + level["W"]
     return v
+
+
+def _plain(v: Any) -> Any:
+    """A number of another library (numpy's int64 or float64) as Python's own."""
+    if type(v) in (int, float) or isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return v
+    return int(v) if isinstance(v, numbers.Integral) else float(v)
 
 
 def _check_time(name: str, v: object) -> None:
