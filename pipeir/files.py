@@ -247,6 +247,7 @@ def write_tree(directory: str | os.PathLike[str], files: Mapping[str, Contents],
     earlier call recorded that this one does not write (rank3.py of a compile for more ranks)
     are removed."""
     check_tree(directory, marker, flag=flag, force=force)
+    created = not os.path.lexists(directory)
     d = make_dir(directory, flag)
     old = _marked(d, marker) or []
     listing = "# written by pipeir; files it removes when it writes here again\n" + \
@@ -263,6 +264,9 @@ def write_tree(directory: str | os.PathLike[str], files: Mapping[str, Contents],
     except BaseException as e:  # (contents made while written can fail, or be interrupted)
         for tmp in staged.values():
             Path(tmp).unlink(missing_ok=True)
+        if created:  # (a directory it made for nothing goes too: nothing half-written)
+            with contextlib.suppress(OSError):
+                d.rmdir()
         if isinstance(e, OSError):
             raise UsageError(f"{flag} {d}: cannot write: {_why(e)}") from None
         raise

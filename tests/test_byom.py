@@ -197,6 +197,15 @@ def test_run_save_exports_one_state_dict_that_loads_into_the_unsplit_module(
     for s in range(2):
         for k, v in back.stage(s, 2).state_dict().items():
             assert torch.equal(v, state[k]), (s, k)
+    # never over the checkpoint it reads; never a checkpoint of another model
+    stage0 = save / "step-2" / "stage-0.pt"
+    before = stage0.read_bytes()
+    code, _, err = cli("export-weights", save, "--model", f"{MODELS}:tied", "-o", stage0)
+    assert code == 2 and f"-o {stage0}: is an input of this command" in err, err
+    assert stage0.read_bytes() == before
+    code, _, err = cli("export-weights", save, "--model", "transformer", "-o", tmp_path / "x.pt")
+    assert code == 2 and "(a checkpoint of another model?)" in err, err
+    assert not (tmp_path / "x.pt").exists()
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -229,3 +229,25 @@ def test_a_full_disk_names_the_directory_and_bytes_and_keeps_the_last_checkpoint
     finally:
         for d in mounted:
             subprocess.run(["umount", str(d)], check=False)
+
+
+def test_a_save_never_deletes_a_step_directory_pipeir_did_not_write(tmp_path: Path) -> None:
+    """A save retires step directories past its step (a crashed run's), and beyond `keep`:
+    only ones holding pipeir's manifest, and a fresh run refuses a directory holding step
+    directories that no `latest` names (they were deleted without a word)."""
+    from pipeir import UsageError
+    from pipeir.runtime.checkpoint import Saver, check_target
+    from pipeir.runtime.manifest import MANIFEST
+
+    for name, ours in (("step-1", True), ("step-5", True), ("step-9", False)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / (MANIFEST if ours else "notes.txt")).write_text("{}")
+    Saver(str(tmp_path), "run", 0, "m", 1, {})._retire(tmp_path, 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1", "step-9"]
+    with pytest.raises(UsageError) as e:
+        check_target(str(tmp_path), None)
+    assert e.value.diagnostics[0].message == (
+        f"--save {tmp_path}: holds step-1, which no 'latest' file names (a checkpoint whose run "
+        f"stopped before naming it, or not pipeir's); a run saving here would replace or "
+        f"delete it: save somewhere else, or move it away")
+    check_target(str(tmp_path / "fresh"), None)  # (a new directory, or one without steps)

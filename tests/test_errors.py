@@ -54,6 +54,8 @@ def test_verify_errors_point_at_the_op(case: str, line: int, col: int, check: st
 @pytest.mark.parametrize(("case", "line", "col", "fragment"), [
     ("unknown_name", 5, 23, "unknown name 'warmpu'"),
     ("div_zero", 4, 31, "division by zero"),
+    ("float_literal", 3, 9, "number 1e400 is beyond a 64-bit float"),
+    ("float_overflow", 4, 9, "number overflow: 1e+300 * 1e+300 is beyond a 64-bit float"),
     ("reversed_range", 4, 18, "reversed range 4 .. 0"),
     ("empty_range", 4, 18, "empty range 3 .. 3"),
     ("arity", 4, 9, "F takes 2 arguments"),

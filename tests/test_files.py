@@ -53,7 +53,7 @@ WRITERS: dict[str, Callable[[Path, Cli], list[str]]] = {
 
 
 def _suffix(name: str) -> str:
-    return {"plot": ".png", "export-torch": ".csv"}.get(name, ".out")
+    return {"plot": ".png", "export-torch": ".csv", "profile": ".json"}.get(name, ".out")
 
 
 def _one_error(code: int, err: str) -> None:
@@ -111,6 +111,21 @@ def test_dump_dir_and_trace_under_proc(cli: Cli) -> None:
     assert "--dump-dir /proc/pipeir/d: refusing to write under /proc" in err
     code, _, err = cli("compile", SCHED, "-o", "/proc/pipeir")
     _one_error(code, err)
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_opt_output_in_its_dump_dir_is_refused_before_anything_is_written(
+        cli: Cli, tmp_path: Path, inside: bool) -> None:
+    """`--dump-dir out.sched -o out.sched` left the dump behind and then failed; `-o
+    d/00-input.sched` put the output where the dump's input file goes."""
+    dump = tmp_path / ("d" if inside else "out.sched")
+    out = dump / "00-input.sched" if inside else dump
+    if inside:
+        dump.mkdir()
+    code, _, err = cli("opt", SCHED, "--passes", "split-backward", "--dump-dir", dump, "-o", out)
+    _one_error(code, err)
+    assert f"-o {out}: is in --dump-dir {dump}, where the dump writes its files" in err
+    assert list(tmp_path.rglob("*")) == ([dump] if inside else [])
 
 
 def test_an_unwritable_directory_is_one_error(cli: Cli, tmp_path: Path,
@@ -303,3 +318,8 @@ def test_contents_that_fail_while_written_leave_nothing_behind(tmp_path: Path,
                          ".marker", flag="-o", force=True)
     assert sorted(p.name for p in out.iterdir()) == before
     assert (out / "a.py").read_text() == "old a\n"
+    new = tmp_path / "new"  # a directory made for the write goes with it (a full disk)
+    with pytest.raises(type(failure)):
+        files.write_tree(new, {"a.py": "a\n", "lowered.json": parts}, ".marker", flag="-o",
+                         force=False)
+    assert not new.exists()

@@ -45,6 +45,13 @@ Cli = Callable[..., tuple[int, str, str]]
     (("run", *LIB, "--save", f"{COSTS}/ckpt"), "compute-bound.toml is not a directory"),
     (("simulate", "x.csv"), "x.csv: this is a torch schedule CSV: use `pipeirc import-torch"),
     (("compile", "x.csv", "-o", "out"), "this is a torch schedule CSV"),
+    (("compile", *LIB, "--force", "--emit", "lowered"),
+     "--force goes with -o DIR (it lets a compile replace DIR's files)"),
+    # an option that takes one value, given twice: the first was dropped without a word
+    (("opt", *LIB, "--passes", "interleave{v=2}", "--passes", "split-backward"),
+     "argument --passes: given twice; give it once"),
+    (("simulate", "--schedule", "1f1b", *LIB), "argument --schedule: given twice"),
+    (("simulate", *LIB, "--costs", COSTS, "--costs", COSTS), "argument --costs: given twice"),
 ])
 def test_bad_options_are_usage_errors(args: tuple[str, ...], fragment: str, cli: Cli) -> None:
     code, out, err = cli(*args)

@@ -128,3 +128,14 @@ def test_profile_warns_of_unstable_ops_and_records_the_spread(
     assert meta["threshold"] == profile.UNSTABLE_CV == 0.5
     assert meta["stage"] == {"0": {"F": 1.8199, "B": 1.8199, "W": 1.8199}}
     assert "wrote" in text
+
+
+def test_profile_writes_only_a_file_a_cost_reader_reads_as_json(cli, tmp_path: Path) -> None:
+    """Cost files are read by suffix (.json as JSON, anything else as TOML): `-o costs.toml`
+    wrote JSON that `--costs costs.toml` then could not read. Refused before measuring."""
+    out = tmp_path / "costs.toml"
+    code, _, err = cli("profile", "--model", "mlp", "--nproc", "1", "-o", out)
+    assert code == 2 and err.splitlines() == [
+        f"error: -o {out}: profile writes a JSON cost file; name it .json (a cost file is read "
+        f"as JSON by its suffix, anything else as TOML)"], err
+    assert not out.exists()

@@ -330,12 +330,15 @@ def test_run_progress_is_one_line_on_a_terminal(cli, monkeypatch: pytest.MonkeyP
      "the batch gives 2 micro-batches; with 2 data-parallel replicas it must give 4"),
     (("--trace", "same.json", "--metrics", "same.json"),
      "--trace and --metrics both name same.json"),
+    (("--tolerance", "0.5"), "--tolerance goes with --check"),
+    (("--save", "ck", "--save-every", "-1"),
+     "--save-every must be 0 (save after the last step only) or more"),
 ])
 def test_run_rejects_bad_input(cli, args: tuple[str, ...], message: str, tmp_path: Path,
                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
-    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", "--microbatches", "2",
-                         *args)
+    mbs = () if "--microbatches" in args else ("--microbatches", "2")  # (each given once)
+    code, _, err = cli("run", "--schedule", "1f1b", "--ranks", "2", *mbs, *args)
     assert code == 2
     assert message in err
     assert "Traceback" not in err

@@ -15,7 +15,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from types import ModuleType
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from pipeir.diagnostics import EXIT_USAGE, INTERRUPTED, PipeirError, reading
 from pipeir.runtime import forkserver
@@ -28,9 +28,32 @@ def _modules() -> list[ModuleType]:
     return sorted((m for m in mods if hasattr(m, "NAME")), key=lambda m: (m.ORDER, m.NAME))
 
 
+class _Once(argparse._StoreAction):
+    """An option that takes one value refuses a second: argparse kept the last without a
+    word (`--passes 'interleave{v=2}' --passes split-backward` dropped the interleave).
+    Options meant to repeat (`--set`, `--pass-plugin`, `--print-after`) append."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
+                 values: Any, option_string: str | None = None) -> None:
+        given = _GIVEN.setdefault(id(namespace), set())
+        if option_string is not None and self.dest in given:
+            raise argparse.ArgumentError(self, "given twice; give it once")
+        given.add(self.dest)
+        super().__call__(parser, namespace, values, option_string)
+
+
+#: the options each parse (its namespace) has been given so far (`_Once`; cleared per parse)
+_GIVEN: dict[int, set[str]] = {}
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with pipeirc's error shape: one `error:` line and a note, not the usage
     block first (subcommand parsers are made of this class too)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", None, _Once)
+        self.register("action", "store", _Once)
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"error: {message}\nnote: see `{self.prog} --help`\n")
@@ -97,6 +120,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse prints its own usage message
         return int(e.code or 0) if isinstance(e.code, int) else EXIT_USAGE
+    finally:
+        _GIVEN.clear()
     try:
         with reading():  # what the command reads, it must not write over (`pipeir.files`)
             code = int(args._run(args))

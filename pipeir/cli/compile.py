@@ -78,6 +78,8 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("-o: empty path")
     if not args.output and not args.emit:
         raise UsageError("nothing to do: give -o DIR and/or --emit lowered|json|python")
+    if args.force and not args.output:
+        raise UsageError("--force goes with -o DIR (it lets a compile replace DIR's files)")
     out = Path(args.output) if args.output else None
     if out is not None:  # refuse before the work, not after
         if out.exists() and not out.is_dir():

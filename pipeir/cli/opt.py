@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from pipeir import driver
 from pipeir.cli.common import add_schedule_args, emit_schedule, load_with_costs, show
@@ -58,6 +59,11 @@ def run(args: argparse.Namespace) -> int:
     elab = loaded.elaborated
     if args.output is not None:  # before the passes run, not after them (after the input
         resolve_output(args.output, "-o")  # is read: it must not be the output)
+        if args.dump_dir is not None:  # (the dump's files, or its directory, in its place)
+            target, dump = Path(args.output).resolve(), Path(args.dump_dir).resolve()
+            if target == dump or dump in target.parents:
+                raise UsageError(f"-o {args.output}: is in --dump-dir {args.dump_dir}, where "
+                                 f"the dump writes its files: write it somewhere else")
     show(driver.costless(pipeline.passes, elab.costs))
     instruments: list[Instrument] = []
     if wanted:

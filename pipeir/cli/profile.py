@@ -35,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="seconds allowed for the transfer measurement (default: 120)")
     add_device_arg(p, "the stages are timed, as `pipeirc run` would place P ranks")
     p.add_argument("-o", "--output", required=True, metavar="OUT",
-                   help="the cost file to write (JSON)")
+                   help="the cost file to write (JSON: OUT.json)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -56,6 +56,9 @@ def _run(args: argparse.Namespace) -> int:
 
     spec = resolve(args.model)
     resolve_output(args.output, "-o")  # before the measurement (after the import: not over it)
+    if not str(args.output).lower().endswith(".json"):  # (cost files are read by suffix)
+        raise UsageError(f"-o {args.output}: profile writes a JSON cost file; name it .json "
+                         f"(a cost file is read as JSON by its suffix, anything else as TOML)")
     from pipeir.runtime import profile as prof  # torch is imported here, not before
     from pipeir.runtime.dist import backend_for
 

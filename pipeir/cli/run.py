@@ -81,6 +81,8 @@ def run(args: argparse.Namespace) -> int:
     under torchrun, global rank 0's process holds it)."""
     from pipeir.runtime.savelock import holding
 
+    if args.tolerance is not None and not args.check:  # (else a bound nothing is held to)
+        raise UsageError("--tolerance goes with --check")
     locks = args.save is not None and os.environ.get("RANK", "0") == "0"
     with device_env(args):  # (the ranks, and torchrun's rank in this process, read it)
         if forkserver.under_torchrun():  # (this process is a rank: torch is imported anyway)

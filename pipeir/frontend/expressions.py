@@ -7,6 +7,7 @@ Integers are Python ints (`//` and `%` floor), `/` gives a decimal, comparisons 
 
 from __future__ import annotations
 
+import math
 import operator
 from collections.abc import Callable
 from typing import Any, Final, NoReturn
@@ -152,7 +153,11 @@ class ExprCompiler:
                 raise UsageError(f"'{op}' needs numbers, got {type_name(b)} ({spell(b)})", rspan)
             if b == 0 and division:
                 raise UsageError("division by zero", rspan)
-            return fn(a, b)
+            r = fn(a, b)
+            if type(r) is float and not math.isfinite(r):  # (an inf, or a NaN after it)
+                raise UsageError(f"number overflow: {spell(a)} {op} {spell(b)} is beyond a "
+                                 f"64-bit float (about 1.8e308 in magnitude)", espan)
+            return r
 
         # NOTE (speed): arithmetic is most of elaborating a large schedule (interleaved 1F1B's
         # `chunk_mb(k)` per op), so each operator gets a function generated for its operands

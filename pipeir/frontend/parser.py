@@ -3,6 +3,7 @@ reads positions (`propagate_positions`) into spans; syntax errors become diagnos
 
 from __future__ import annotations
 
+import math
 from functools import cache
 from typing import Any
 
@@ -294,7 +295,11 @@ class _ToAst(Transformer_NonRecursive):  # type: ignore[type-arg]
             raise UsageError(str(e), span) from None
 
     def float_lit(self, meta: Any, c: list[Token]) -> ast.Num:
-        return ast.Num(self._span(meta), float(c[0]))
+        value = float(c[0])
+        if not math.isfinite(value):  # (1e400 is inf: every later sum of it a NaN)
+            raise UsageError(f"number {c[0]} is beyond a 64-bit float (about 1.8e308 in "
+                             f"magnitude)", self._span(meta))
+        return ast.Num(self._span(meta), value)
 
     def str_lit(self, meta: Any, c: list[Token]) -> ast.Str:
         return ast.Str(self._span(meta), str(c[0])[1:-1])

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from pipeir.diagnostics import UsageError
+from pipeir.diagnostics import UsageError, mark_input
 from pipeir.files import check_dir
 from pipeir.models.spec import ModelSpec, structure
 from pipeir.runtime import manifest as mf
@@ -103,10 +103,12 @@ def validate(root: str, spec: ModelSpec, stages: int) -> tuple[Path, int]:
     return d, man.step
 
 
-def stage_models(root: str | os.PathLike[str]) -> dict[int, dict[str, torch.Tensor]]:
+def stage_models(root: str | os.PathLike[str], spec: ModelSpec | None = None
+                 ) -> dict[int, dict[str, torch.Tensor]]:
     """Stage -> its model state_dict, from the checkpoint `root` names, every file checked
-    against the manifest first as `validate` does (what `pipeirc export-weights` reads); a
-    UsageError naming the file and the problem otherwise."""
+    against the manifest first as `validate` does (what `pipeirc export-weights` reads),
+    and the manifest against `spec`'s stages when given; a UsageError naming the file and
+    the problem otherwise."""
     base = Path(root)
     try:
         d = mf.find(base) if base.is_dir() else None
@@ -115,6 +117,12 @@ def stage_models(root: str | os.PathLike[str]) -> dict[int, dict[str, torch.Tens
         man = mf.read(d)
     except mf.ManifestError as e:
         raise UsageError(str(e)) from None
+    if spec is not None:
+        want = model_fingerprints(spec, man.stages)
+        for s in range(man.stages):
+            problem = _differs(man.params[s], want[s], "the checkpoint", "the model")
+            if problem:
+                raise UsageError(f"{d}: stage {s}: {problem} (a checkpoint of another model?)")
     out = {}
     for s in range(man.stages):
         problem = _check_stage(d, s, man)
@@ -140,6 +148,14 @@ def check_target(save: str, resume: str | None) -> None:
     if d is not None and not same:
         raise UsageError(f"--save {save}: already holds a checkpoint ({d.name}); resume it "
                          "with --resume, or save somewhere else")
+    if d is None and base.is_dir():
+        # (a save retires step directories past its step: nothing may be there to lose)
+        stray = sorted((n, p.name) for p in base.iterdir() if (n := mf.step_of(p)) is not None)
+        if stray:
+            raise UsageError(f"--save {save}: holds {stray[0][1]}, which no 'latest' file "
+                             f"names (a checkpoint whose run stopped before naming it, or not "
+                             f"pipeir's); a run saving here would replace or delete it: save "
+                             f"somewhere else, or move it away")
 
 
 def check_space(save: str, spec: ModelSpec, stages: int) -> None:
@@ -223,7 +239,8 @@ class Saver:
         """Delete checkpoints beyond `keep` and any newer than `step` (left by a run that
         crashed after renaming but before pointing `latest` at them: nothing names them)."""
         done = sorted((n, p) for p in base.iterdir()
-                      if (n := mf.step_of(p)) is not None and p.is_dir() and not p.is_symlink())
+                      if (n := mf.step_of(p)) is not None and p.is_dir() and not p.is_symlink()
+                      and (p / mf.MANIFEST).is_file())  # (only what pipeir wrote)
         kept = [n for n, _ in done if n <= step][-self.keep:] if self.keep else None
         for n, p in done:
             if n > step or (kept is not None and n not in kept):
@@ -355,6 +372,7 @@ def _check_content(path: Path, stage: int, man: mf.Manifest) -> str:
 
 
 def _torch_load(path: Path, device: torch.device, mmap: bool = False) -> dict[str, Any]:
+    mark_input(path)  # (a command reading it may not write over it: `export-weights -o`)
     try:
         state = torch.load(path, map_location=device, weights_only=True, mmap=mmap)
     except FileNotFoundError:

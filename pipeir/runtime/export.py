@@ -36,8 +36,12 @@ def unsplit(stages: Mapping[int, Mapping[str, torch.Tensor]],
     for s in sorted(stages):
         for k, v in stages[s].items():
             if k in out and not torch.equal(out[k], v):
+                why = ("stages that share a name must hold one tensor" if names is not None
+                       else "the model's stages are built apart, not cut from one module, so "
+                            "their names are not one module's: export-weights needs a model "
+                            "whose stages keep its own names, a ModuleSpec")
                 raise UsageError(f"'{k}' differs between stage {where[k]} and stage {s} "
-                                 "(stages that share a name must hold one tensor)")
+                                 f"({why})")
             out.setdefault(k, v)
             where.setdefault(k, s)
     if names is None:
@@ -78,6 +82,7 @@ def export(root: str, spec: ModelSpec | HasModelSpec, output: str) -> int:
     if suffix not in FORMATS:
         raise UsageError(f"-o {output}: expected a {' or '.join(FORMATS)} file")
     names = spec.state_names() if isinstance(spec, HasModelSpec) else None
-    state = unsplit(checkpoint.stage_models(root), names)
+    model = spec.model_spec() if isinstance(spec, HasModelSpec) else spec
+    state = unsplit(checkpoint.stage_models(root, model), names)
     write_atomic(output, encode(state, suffix), "-o")
     return len(state)

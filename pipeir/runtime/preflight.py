@@ -83,7 +83,7 @@ def preflight(spec: ModelSpec, model: str, stages: int, microbatches: int, steps
             counts[placement[stage]] += 1
         limits.check_training(per_rank, counts, dp, on_host=kind == "cpu")
     if save_every < 0:
-        raise UsageError("--save-every must be at least 1")
+        raise UsageError("--save-every must be 0 (save after the last step only) or more")
     if save_every and save is None:
         raise UsageError("--save-every goes with --save DIR")
     if keep is not None and keep < 0:
