@@ -48,8 +48,10 @@ def spell(value: object) -> str:
 def _positive(key: str, value: int) -> None:
     if type(value) is not int or value < 1:
         # (the string '2' spelt as 2 read "must be a positive integer, got 2")
+        kind = {str: "a string", tuple: "a list", list: "a list", float: "a decimal"}.get(
+            type(value), f"a {type(value).__name__}")  # (the language's words: no tuple)
         got = spell(value) if type(value) in (int, bool) else \
-            f"{value!r} (a {type(value).__name__})"
+            f"{spell(value) if isinstance(value, tuple | list) else repr(value)} ({kind})"
         raise ConfigError(key, f"{key} must be a positive integer, got {got}")
 
 
@@ -114,14 +116,22 @@ class PipelineConfig:
             raise ConfigError("placement", f"placement is each stage's rank, e.g. (0, 1, 0, 1), "
                                            f"got {self.placement!r} (PipelineConfig.make also "
                                            f"takes 'loop' or 'vshape')")
-        if type(self.placement) is not tuple:  # (a list would make the config unhashable)
-            object.__setattr__(self, "placement", tuple(self.placement))
+        if type(self.placement) is not tuple or \
+                any(type(r) is not int for r in self.placement):
+            # (a list would make the config unhashable; numpy's ranks are plain ints, as
+            # `Op`'s stages are)
+            object.__setattr__(self, "placement", tuple(
+                r.__index__() if hasattr(r, "__index__") and not isinstance(r, bool) else r
+                for r in self.placement))
         if len(self.placement) != self.stages:
             raise ConfigError("placement", f"placement lists {len(self.placement)} ranks "
                                            f"but there are {self.stages} stages")
         owned: list[list[int]] = [[] for _ in range(self.ranks)]
         for s, r in enumerate(self.placement):
-            if type(r) is not int or not 0 <= r < self.ranks:
+            if type(r) is not int:
+                raise ConfigError("placement", f"placement puts stage {s} on {r!r}, which is "
+                                               f"not a rank (an integer)")
+            if not 0 <= r < self.ranks:
                 raise ConfigError("placement", f"placement puts stage {s} on rank {r}, "
                                                f"but ranks are 0 to {self.ranks - 1}")
             owned[r].append(s)

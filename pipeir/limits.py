@@ -44,9 +44,10 @@ would turn `10**16384`-sized values into slow arithmetic and unprintable message
 
 from __future__ import annotations
 
+import numbers
 import os
 from pathlib import Path
-from typing import Final
+from typing import Any, Final
 
 from pipeir.diagnostics import Source, UsageError, read_bytes
 
@@ -179,6 +180,14 @@ def to_int(digits: str) -> int:
         raise ValueError(f"integer {shown} ({len(digits)} digits) is out of range: integers "
                          f"are 64-bit, at most {MAX_INT:,}")
     return int(significant)
+
+
+def plain_number(v: Any) -> Any:
+    """A number of another library (numpy's int64 or float64) as Python's own int or float,
+    so that it prints, hashes and is type-checked as one; anything else as it is."""
+    if type(v) in (int, float) or isinstance(v, bool) or not isinstance(v, numbers.Real):
+        return v
+    return int(v) if isinstance(v, numbers.Integral) else float(v)
 
 
 def int_overflow(value: int) -> bool:

@@ -16,6 +16,7 @@ from typing import Protocol
 
 from pipeir._gc import paused_gc
 from pipeir.diagnostics import Diagnostic, Note, Span, UsageError, VerifyError
+from pipeir.limits import plain_number
 from pipeir.memmodel import WHOLE, StageMemory, live_memory
 from pipeir.memunit import COUNTING
 from pipeir.ops import MEMORY_KINDS, NO_MB, REDUCE, Op
@@ -70,6 +71,7 @@ def verify(schedule: Schedule, memory_limit: float | None = None,
     `memory_limit_bytes` bounds them.
     """
     expect_schedule(schedule, "verify")
+    memory_limit, memory_limit_bytes = plain_number(memory_limit), plain_number(memory_limit_bytes)
     if sizes is not None and not callable(getattr(sizes, "counted_memory", None)):
         raise TypeError(f"verify(sizes=...): expected a CostModel (its activation sizes), got "
                         f"{type(sizes).__name__}")

@@ -403,6 +403,12 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
                                     "'loop' (PipelineConfig.make also takes 'loop' or 'vshape')"),
         (lambda: pipeir.parse(None), TypeError,  # type: ignore[arg-type]
          "expected a .sched file's path or its text, got NoneType"),
+        (lambda: pipeir.library.get("1f1b", 4, 8, v=2), pipeir.UsageError,
+         "library.get('1f1b', ...): v= is neither a parameter of 1f1b (it has none) nor a "
+         "pipeline setting (stages, placement, memory_limit, accumulate)"),
+        (lambda: pipeir.PipelineConfig(2, 2, 2, (0, "1")),  # type: ignore[arg-type]
+         pipeir.config.ConfigError, "placement puts stage 1 on '1', which is not a rank (an "
+                                    "integer)"),
         (lambda: pipeir.library.get(None, 4, 8), TypeError,  # type: ignore[arg-type]
          "a library schedule is named by a string, e.g. '1f1b', got None"),
         (lambda: Interleave(v=2).run("1f1b"), TypeError,  # type: ignore[arg-type]
@@ -543,6 +549,10 @@ def test_numpy_integers_make_plain_ops_ranks_and_configs() -> None:
     assert op == pipeir.F(1, 2) and type(op.stage) is int and type(op.mb) is int
     assert hash(op) == hash(pipeir.F(1, 2))
     cfg = pipeir.PipelineConfig(2, 2, 2, [0, 1])  # type: ignore[arg-type]
+    placed = pipeir.PipelineConfig(2, 2, 2, (0, np.int64(1)))  # (numpy's ranks too)
+    assert placed == cfg and all(type(r) is int for r in placed.placement)
+    s = pipeir.library.get("1f1b", 2, 4)
+    assert pipeir.verify(s, memory_limit=np.int64(5)) == pipeir.verify(s, memory_limit=5)
     assert cfg == pipeir.PipelineConfig.make(2, 2) and hash(cfg) == hash(
         pipeir.PipelineConfig.make(2, 2))
     b = pipeir.ScheduleBuilder(cfg)

@@ -45,6 +45,10 @@ Cli = Callable[..., tuple[int, str, str]]
     (("run", *LIB, "--save", f"{COSTS}/ckpt"), "compute-bound.toml is not a directory"),
     (("simulate", "x.csv"), "x.csv: this is a torch schedule CSV: use `pipeirc import-torch"),
     (("compile", "x.csv", "-o", "out"), "this is a torch schedule CSV"),
+    (("check", *LIB, "--set", "memory_limit=none"),
+     "memory_limit must be a positive integer, got 'none' (a string)"),
+    (("check", *LIB, "--set", "accumulate=[1,2]"),
+     "accumulate must be a positive integer, got [1, 2] (a list)"),
     (("compile", *LIB, "--force", "--emit", "lowered"),
      "--force goes with -o DIR (it lets a compile replace DIR's files)"),
     # an option that takes one value, given twice: the first was dropped without a word

@@ -12,6 +12,7 @@ from functools import cache
 from importlib.resources import files
 from typing import Any, Final
 
+from pipeir.config import PIPELINE_KEYS
 from pipeir.diagnostics import Note, Source, UsageError, did_you_mean
 from pipeir.frontend import ast
 from pipeir.frontend.elaborate import Definition, Elaborated, Library, Value, elaborate
@@ -101,6 +102,13 @@ def get(name: str, ranks: int, microbatches: int, **kwargs: Any) -> Schedule:
     memory_limit, accumulate).
     """
     found = require(name)
+    settable = [k for k in PIPELINE_KEYS if k not in ("ranks", "microbatches")]
+    for k in kwargs:  # (named as a keyword here, not as `--set k`, which elaboration says)
+        if k not in found.params and k not in settable:
+            raise UsageError(f"library.get({name!r}, ...): {k}= is neither a parameter of "
+                             f"{name} ({', '.join(found.params) or 'it has none'}) nor a "
+                             f"pipeline setting ({', '.join(settable)})", None,
+                             did_you_mean(k, [*found.params, *settable]))
     sched_kw: dict[str, Value] = {k: v for k, v in kwargs.items() if k in found.params}
     overrides: dict[str, Value] = {k: v for k, v in kwargs.items() if k not in found.params}
     overrides.update(ranks=ranks, microbatches=microbatches)

@@ -74,13 +74,13 @@ so instead of "unknown cost"; a version 1 file holds every activation until W) a
 from __future__ import annotations
 
 import math
-import numbers
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, Final
 
 from pipeir.diagnostics import Span, UsageError, where_prefix
+from pipeir.limits import plain_number
 from pipeir.memmodel import WHOLE, StageMemory
 from pipeir.ops import CHANNEL, MEMORY_KINDS, Op
 from pipeir.sim.cost_files import read_cost_file
@@ -140,7 +140,7 @@ class CostModel:
     def __post_init__(self) -> None:
         for f in fields(self):  # numpy's numbers as plain ones (printed, hashed and summed)
             if f.init:
-                object.__setattr__(self, f.name, _plain(getattr(self, f.name)))
+                object.__setattr__(self, f.name, plain_number(getattr(self, f.name)))
         if self.unit is not None and not (isinstance(self.unit, str) and
                                           UNIT_NAME.fullmatch(self.unit)):
             raise ValueError(f"unit must be a name like \"ms\" (at most 16 characters, no "
@@ -182,7 +182,7 @@ class CostModel:
                 if not ok or not isinstance(level, Mapping):
                     raise ValueError(f"{where}[{key!r}]: {where} maps each {_KEYS[where]} "
                                      f"to {{kind: time}}, e.g. {_EXAMPLE[where]}")
-                level = {k: _plain(v) for k, v in level.items()}
+                level = {k: plain_number(v) for k, v in level.items()}
                 for k, v in level.items():
                     if k in SIZE_KEYS and where != "stage":
                         raise ValueError(f"{where}[{key}]: '{k}' is a size per stage, the same "
@@ -499,13 +499,6 @@ def _pick(level: Mapping[str, float] | None, kind: str) -> float | None:
     if v is None and kind == "B" and "I" in level and "W" in level:
         return level["I"] + level["W"]
     return v
-
-
-def _plain(v: Any) -> Any:
-    """A number of another library (numpy's int64 or float64) as Python's own."""
-    if type(v) in (int, float) or isinstance(v, bool) or not isinstance(v, numbers.Real):
-        return v
-    return int(v) if isinstance(v, numbers.Integral) else float(v)
 
 
 def _check_time(name: str, v: object) -> None:
