@@ -207,6 +207,8 @@ class PassManager:
                 warnings.warn(costless_message(name, "give pipeir.compile costs=..., or "
                                                      "PassManager a PassContext with costs"),
                               stacklevel=_callers_level())
+        if type(verify_each) is not bool:  # ("no" is true)
+            raise TypeError(f"PassManager(verify_each=...): True or False, got {verify_each!r}")
         self.verify_each = verify_each
         self.instruments = tuple(instruments)
         for inst in self.instruments:

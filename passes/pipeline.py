@@ -12,7 +12,7 @@ import dataclasses
 import math
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Union, get_args, get_origin
 
@@ -44,7 +44,10 @@ class Pipeline:
                             f"{passes!r}: " + ("put it in a list" if isinstance(passes, PassBase)
                                                 else "a pipeline string goes to "
                                                      "parse_pipeline(...)"))
-        return cls(tuple(passes), (None,) * len(passes))
+        if not isinstance(passes, Iterable):
+            raise TypeError(f"expected a list of passes, got {type(passes).__name__}")
+        got = tuple(passes)  # (a generator too)
+        return cls(got, (None,) * len(got))
 
     @property
     def comm(self) -> CommModel:

@@ -200,6 +200,8 @@ def read_input(path: str | os.PathLike[str], kind: str,
     """Read a user's text file (`kind` names it in messages), at most the budget over
     `per_byte` (the memory one byte of it costs; default: parsed text, `max_input_bytes()`):
     `/dev/zero` or a huge file is refused after reading one byte past the limit."""
+    if not isinstance(path, str | os.PathLike):
+        raise TypeError(f"expected the path of a {kind}, got {type(path).__name__}")
     most = budget() // per_byte
     data = read_bytes(Path(path), kind, most)
     if len(data) > most:

@@ -25,8 +25,10 @@ from pipeir.cli import main
 from pipeir.diagnostics import PipeirError
 from pipeir.driver import ScheduleRef
 from pipeir.frontend.elaborate import Elaborated
-from pipeir.interop import from_torch_actions, loads_csv
+from pipeir.interop import compute_actions, from_torch_actions, load_csv, loads_csv, parse_action
+from pipeir.interop.check import prove_comms
 from pipeir.models import causal_lm
+from pipeir.models.refs import resolve
 from pipeir.passes import PassContext, PassManager, parse_pipeline
 from pipeir.passes.interleave import Interleave
 from pipeir.passes.memory import Recompute
@@ -440,6 +442,33 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
         (lambda: plan([{"F": 1}] * 4, 2, 4), TypeError,  # type: ignore[list-item]
          "plan: layers are LayerCost objects (pipeir.plan.LayerCost, or what profile "
          "measures), got dict"),
+        (lambda: CostModel.from_settings(None), TypeError,  # type: ignore[arg-type]
+         "CostModel.from_settings: expected a mapping of settings, e.g. {'F': 1.0, "
+         "'stage.0.B': 3.0}, got NoneType"),
+        (lambda: CostModel.load(None), TypeError,  # type: ignore[arg-type]
+         "expected the path of a cost file (JSON or TOML), got NoneType"),
+        (lambda: load_csv(None), TypeError,  # type: ignore[arg-type]
+         "expected the path of a torch schedule CSV, got NoneType"),
+        (lambda: parse_action(None), TypeError,  # type: ignore[arg-type]
+         "parse_action: expected an action's text such as '0F1', got NoneType"),
+        (lambda: prove_comms(s), TypeError,  # type: ignore[arg-type]
+         "prove_comms: expected an imported torch CSV (what load_csv or loads_csv returns), "
+         "got Schedule; for a schedule, pipeir.compile proves its programs"),
+        (lambda: compute_actions("x"), TypeError,  # type: ignore[arg-type]
+         "compute_actions: expected a Schedule, got str"),
+        (lambda: from_torch_actions([["0F0\n1F0"]]), pipeir.UsageError,
+         "rank 0's action '0F0\\n1F0' holds a comma or a line break: give one action per "
+         "item"),
+        (lambda: resolve(None), TypeError,  # type: ignore[arg-type]
+         "a model reference is a string (a built-in name, 'file.py:fn' or 'module:fn'), got "
+         "NoneType"),
+        (lambda: resolve("transformer@"), pipeir.UsageError,
+         "model 'transformer@' names no split point after '@': give transformer@POINT,POINT..., "
+         "or transformer alone"),
+        (lambda: PassManager(None), TypeError,  # type: ignore[arg-type]
+         "expected a list of passes, got NoneType"),
+        (lambda: PassManager([], verify_each="no"), TypeError,  # type: ignore[arg-type]
+         "PassManager(verify_each=...): True or False, got 'no'"),
         (lambda: PassManager([], instruments=[print]), TypeError,  # type: ignore[list-item]
          "PassManager(instruments=...): expected Instrument objects"),
         (lambda: parse_pipeline(None), TypeError,  # type: ignore[arg-type]

@@ -49,6 +49,15 @@ Cli = Callable[..., tuple[int, str, str]]
      "memory_limit must be a positive integer, got 'none' (a string)"),
     (("check", *LIB, "--set", "accumulate=[1,2]"),
      "accumulate must be a positive integer, got [1, 2] (a list)"),
+    # one stage or count under another spelling: Python's int() reads both, the language not
+    (("check", str(REPO / "examples/1f1b.sched"), "--set", "microbatches=\u0663"),
+     "--set microbatches=\u0663: write the number in ASCII digits, as a .sched file does"),
+    (("simulate", *LIB, "--set", "stage.01.F=2"),
+     "--set: cost 'stage.01.F': write it as 'stage.1.F' (indices in plain digits, without a "
+     "leading zero"),
+    (("check", "costs.json"), "costs.json: check reads .sched files and torch .csv files; a "
+                              ".json is a compiled program (check it with --lowered) or a cost "
+                              "file (give it to --costs)"),
     (("compile", *LIB, "--force", "--emit", "lowered"),
      "--force goes with -o DIR (it lets a compile replace DIR's files)"),
     # an option that takes one value, given twice: the first was dropped without a word

@@ -63,7 +63,9 @@ def _check_one(args: argparse.Namespace, f: str | None) -> list[str]:
     kind = f.lower() if f is not None else ""
     if kind.endswith(".json"):  # `compile -o DIR` writes DIR/lowered.json
         if not args.lowered:
-            raise UsageError(f"{f}: a .json file is a lowered program; check it with --lowered")
+            raise UsageError(f"{f}: check reads .sched files and torch .csv files; a .json is "
+                             f"a compiled program (check it with --lowered) or a cost file "
+                             f"(give it to --costs)")
         from pipeir.backend.commcheck import check_json
 
         _refuse_flags(args, str(f), csv=False)

@@ -73,6 +73,12 @@ def activations_or_bytes(text: str) -> MemoryLimit:
     return MemoryLimit(positive_float(text), False, text)
 
 
+def byte_size(text: str) -> float:
+    """argparse type: a positive number of bytes, plain (`3e8`) or with a unit (`8GB`)."""
+    num, unit = limits.split_unit(text)
+    return _bytes(text, num, unit) if unit else positive_float(text)
+
+
 def _bytes(text: str, num: str, unit: str) -> float:
     try:
         value = limits.bytes_of(num, unit)
@@ -134,9 +140,13 @@ def _literal(raw: str, where: str) -> Value:
         return tuple(_literal(x.strip(), where) for x in inner.split(",")) if inner else ()
     for conv in (int, float):
         try:
-            return conv(raw)
+            value = conv(raw)
         except ValueError:
-            pass
+            continue
+        if not raw.isascii():  # (Python reads '٣' as 3; a .sched file does not)
+            raise UsageError(f"{where}: write the number in ASCII digits, as a .sched file "
+                             f"does")
+        return value
     if raw.isidentifier():
         return raw
     raise UsageError(f"{where}: cannot read '{raw}' (expected an integer, a number, a name "

@@ -10,7 +10,7 @@ from typing import Any
 
 from pipeir import driver, memunit
 from pipeir.argtypes import positive_float, positive_int
-from pipeir.cli.common import show
+from pipeir.cli.common import activations_or_bytes, byte_size, show
 from pipeir.diagnostics import Span, UsageError
 from pipeir.files import resolve_output, write_atomic
 
@@ -34,9 +34,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--placement", choices=("loop", "vshape", "search"), default="search",
                    help="where chunks live when V > 1; search tries both (default)")
     mem = p.add_mutually_exclusive_group()
-    mem.add_argument("--memory-limit", type=positive_float, metavar="K",
-                     help=f"{memunit.HELP} (default: 1F1B's memory at every V, P x V)")
-    mem.add_argument("--memory-bytes", type=positive_float, metavar="B",
+    mem.add_argument("--memory-limit", type=activations_or_bytes, metavar="K",
+                     help=f"{memunit.HELP} (default: 1F1B's memory at every V, P x V); or "
+                          f"bytes with a unit, as --memory-bytes")
+    mem.add_argument("--memory-bytes", type=byte_size, metavar="B",
                      help="most activation bytes a rank may hold (needs memory_bytes costs)")
     back = p.add_mutually_exclusive_group()
     back.add_argument("--backward", choices=("whole", "split", "search"), default="search",
@@ -75,6 +76,9 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.sim.steady import steady_state
     from pipeir.verify import verify
 
+    if args.memory_limit is not None:  # (bytes with a unit, as check, tune and plan take)
+        given: memunit.MemoryLimit = args.memory_limit
+        args.memory_limit, args.memory_bytes = given.count, given.bytes
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
     if args.output is not None:  # before the search (after the read: not over the cost file)
         resolve_output(args.output, "-o")

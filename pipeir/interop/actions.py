@@ -57,6 +57,9 @@ class Action:
 
 def parse_action(text: str) -> Action | None:
     """Read one cell: None for an empty (idle) cell; ValueError saying what is wrong."""
+    if not isinstance(text, str):
+        raise TypeError(f"parse_action: expected an action's text such as '0F1', got "
+                        f"{type(text).__name__}")
     text = text.strip()
     if not text:
         return None

@@ -16,6 +16,7 @@ from pipeir.diagnostics import Diagnostic, Note, UsageError, VerifyError
 from pipeir.interop.actions import BOOKKEEPING
 from pipeir.interop.lowering import lower_actions
 from pipeir.interop.reader import Imported, load_csv
+from pipeir.schedule import Schedule
 from pipeir.verify import verify
 
 _TORCH_HANGS = Note("torch accepts such a compute_comms file and then fails, hangs until the "
@@ -57,6 +58,11 @@ def prove_comms(imported: Imported) -> CommReport:
     and cannot hang; otherwise a VerifyError(check="comm") naming the offending cells. A
     compute-only file has none to prove (torch adds them): a UsageError, not a false
     finding that every receive is missing."""
+    if not isinstance(imported, Imported):
+        raise TypeError(f"prove_comms: expected an imported torch CSV (what load_csv or "
+                        f"loads_csv returns), got {type(imported).__name__}"
+                        + ("; for a schedule, pipeir.compile proves its programs"
+                           if isinstance(imported, Schedule) else ""))
     if not imported.has_comms:
         raise UsageError(f"{imported.format} file: torch adds its sends and receives itself, "
                          "so there are none to prove; check it with check_csv, or write the "

@@ -106,8 +106,18 @@ def from_torch_actions(actions_by_rank: Sequence[Iterable[object]] | dict[int, I
             raise TypeError(f"from_torch_actions: rank {r}'s actions must be a list of torch "
                             f"actions (or their strings), got {type(rank).__name__} "
                             f"{reprlib.repr(rank)}")
-    lines = [",".join("" if a is None else str(a) for a in rank) for rank in seq]
+    lines = [",".join("" if a is None else _cell(a, r) for a in rank) for r, rank in enumerate(seq)]
     return loads_csv("\n".join(lines) + "\n", "<torch actions>", microbatches, format)
+
+
+def _cell(action: object, rank: int) -> str:
+    """One action as its CSV cell: a string holding a comma or a line break would be read as
+    several cells or ranks."""
+    text = str(action)
+    if any(c in text for c in ",\n\r"):
+        raise UsageError(f"rank {rank}'s action {text!r} holds a comma or a line break: give "
+                         f"one action per item")
+    return text
 
 
 def _cells(line: str) -> list[tuple[str, int]]:

@@ -24,7 +24,7 @@ from typing import Final
 from pipeir.diagnostics import UsageError
 from pipeir.interop.actions import FORMATS, OVERLAP, Action
 from pipeir.ops import MEMORY_KINDS
-from pipeir.schedule import Schedule
+from pipeir.schedule import Schedule, expect_schedule
 from pipeir.verify import verify
 
 __all__ = ["FORMATS", "comms_actions", "compute_actions", "dumps_csv"]
@@ -34,6 +34,7 @@ _B_LIKE: Final = ("B", "I")
 
 def compute_actions(schedule: Schedule) -> list[list[Action]]:
     """Each rank's compute actions in program order (pairs become OVERLAP_F_B)."""
+    expect_schedule(schedule, "compute_actions")
     memory = next((op for op in schedule if op.kind in MEMORY_KINDS), None)
     if memory is not None:
         raise UsageError(f"torch's schedule format has no {memory.kind} (activation "
@@ -83,7 +84,11 @@ def _with_reduce_grad(row: list[Action], microbatches: int) -> list[Action]:
 
 
 def comms_actions(schedule: Schedule) -> list[list[Action]]:
-    """Compute, REDUCE_GRAD and SEND/RECV actions per rank, in torch's `_add_send_recv` order."""
+    """Compute, REDUCE_GRAD and SEND/RECV actions per rank, in torch's `_add_send_recv` order,
+    of a schedule verified first (its transfers follow from its placement: a schedule missing
+    an op would export the sends of work it never does)."""
+    expect_schedule(schedule, "comms_actions")
+    verify(schedule)
     cfg = schedule.config
     place, last = cfg.placement, cfg.stages - 1
 

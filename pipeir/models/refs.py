@@ -22,9 +22,16 @@ SPLITTABLE: dict[str, str] = {
 
 def resolve(ref: str) -> ModelSpec:
     """`specs.resolve`, and `REF@POINT,POINT...`: the Splittable REF cut at those points."""
+    if not isinstance(ref, str):
+        raise TypeError(f"a model reference is a string (a built-in name, 'file.py:fn' or "
+                        f"'module:fn'), got {type(ref).__name__}")
     base, at, points = ref.rpartition("@")
     if at and "/" not in points:  # (not a directory named x@y)
-        return resolve_splittable(base).at([p.strip() for p in points.split(",") if p.strip()])
+        named = [p.strip() for p in points.split(",") if p.strip()]
+        if not named:
+            raise UsageError(f"model {ref!r} names no split point after '@': give "
+                             f"{base}@POINT,POINT..., or {base} alone")
+        return resolve_splittable(base).at(named)
     return specs.resolve(ref)
 
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from pipeir._importing import import_file
-from pipeir.diagnostics import UsageError, did_you_mean
+from pipeir.diagnostics import PipeirError, UsageError, did_you_mean
 from pipeir.usercode import contained, import_module
 
 if TYPE_CHECKING:
@@ -138,7 +138,9 @@ class StageBuildError(UsageError):
     """A stage's constructor raised `error`."""
 
     def __init__(self, stage: int, error: Exception):
-        super().__init__(f"building stage {stage} failed: {type(error).__name__}: {error}")
+        why = error.diagnostics[0].message if isinstance(error, PipeirError) else \
+            f"{type(error).__name__}: {error}"  # (pipeir's own error: its message alone)
+        super().__init__(f"building stage {stage} failed: {why}")
         self.error = error
 
 

@@ -25,8 +25,8 @@ else:  # pragma: no cover - Python 3.10 reads JSON cost files only
 def read_cost_file(path: str | os.PathLike[str]) -> dict[str, tuple[Any, Span | None]]:
     """A JSON or TOML cost file as dotted settings, each with the span of its key when it can
     be found in the text (so errors point at the line)."""
+    src = limits.read_input(path, "cost file (JSON or TOML)")  # (it checks `path` is one)
     p = Path(path)
-    src = limits.read_input(p, "cost file (JSON or TOML)")
     is_json = p.suffix.lower() == ".json"
     data = jsonread.loads(src, "JSON cost file", "cost") if is_json else _parse_toml(src)
     if not isinstance(data, dict):

@@ -47,7 +47,12 @@ MIN_BANDWIDTH = 1e-15
 
 
 UNIT_NAME = re.compile(r'[^\s"\\\x00-\x1f\x7f]{1,16}')
-_INDEXED = re.compile(r"^(stage)\.(\d+)\.(mb)\.(\d+)\.(\w+)$|^(stage|mb)\.(\d+)\.(\w+)$")
+#: (an index is written as Python's int() would print it, in ASCII digits without a leading
+#: zero: "00" or an Arabic-Indic digit was the same stage as "0" by another name, and escaped
+#: the check for a cost given twice)
+_INDEX = r"(0|[1-9][0-9]*)"
+_LOOSE = re.compile(r"^(stage|mb)\.\d+\.((mb)\.\d+\.)?\w+$")  # (any digits: to say so)
+_INDEXED = re.compile(rf"^(stage)\.{_INDEX}\.(mb)\.{_INDEX}\.(\w+)$|^(stage|mb)\.{_INDEX}\.(\w+)$")
 
 
 def _known_names(name: str) -> list[str]:
@@ -177,6 +182,12 @@ def _classify(name: str, stage: dict[int, Level], mb: dict[int, Level],
         return name, {}, (name,)
     m = _INDEXED.match(name)
     if m is None:
+        loose = _LOOSE.match(name)
+        if loose is not None:
+            canonical = ".".join(str(int(p)) if p.isdigit() else p for p in name.split("."))
+            raise ValueError(f"write it as '{canonical}' (indices in plain digits, without a "
+                             f"leading zero: one stage under two names escaped the check for "
+                             f"a cost given twice)")
         return None, None, ()
     if m.group(1):
         k = (limits.to_int(m.group(2)), limits.to_int(m.group(4)))

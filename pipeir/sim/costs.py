@@ -204,6 +204,9 @@ class CostModel:
         """From dotted settings, as `pipeir.load(...).costs` gives them (name -> (value,
         span)) or as a plain name -> value mapping. Errors point at the setting's span, or
         name `where` (e.g. "--set") for settings that have none."""
+        if not isinstance(settings, Mapping):
+            raise TypeError(f"CostModel.from_settings: expected a mapping of settings, e.g. "
+                            f"{{'F': 1.0, 'stage.0.B': 3.0}}, got {type(settings).__name__}")
         items: dict[str, tuple[Any, Span | None]] = {}
         for k, v in settings.items():
             items[k] = v if isinstance(v, tuple) and len(v) == 2 and \
