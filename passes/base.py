@@ -13,6 +13,7 @@ that says what would work when its input is outside what it accepts.
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import types
 import typing
@@ -23,8 +24,10 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Union, get_args, get_o
 from pipeir import limits
 from pipeir.backend.program_io import expect_lowered
 from pipeir.diagnostics import UsageError
+from pipeir.limits import plain_number
 from pipeir.passes.context import DEFAULT_CONTEXT, CommModel, PassContext
 from pipeir.schedule import Schedule, expect_schedule
+from pipeir.sim.costs import CostModel
 
 if TYPE_CHECKING:
     from pipeir.backend.instructions import Instr, Lowered
@@ -62,9 +65,9 @@ class PassBase:
             return
 
         @functools.wraps(own)
-        def post_init(self: PassBase) -> None:
+        def post_init(self: PassBase, *args: Any, **kwargs: Any) -> None:  # (InitVars too)
             check_options(self)
-            own(self)
+            own(self, *args, **kwargs)
         post_init.checks_options = True  # type: ignore[attr-defined]
         cls.__post_init__ = post_init  # type: ignore[method-assign]
 
@@ -93,16 +96,21 @@ def _checked_run(cls: type[PassBase], expect: Callable[[object, str], object]) -
     own = cls.__dict__.get("run")
     if own is None or getattr(own, "checks_arguments", False):
         return
+    # (its own parameter names: `run(schedule=s, ctx=c)` is a call as good as positional)
+    names = [p.name for p in inspect.signature(own).parameters.values()][1:3]
 
     @functools.wraps(own)
-    def run(self: PassBase, target: object, *args: Any, **kwargs: Any) -> Any:
-        expect(target, f"{self.name}.run")
-        ctx = args[0] if args else kwargs.get("ctx")
+    def run(self: PassBase, *args: Any, **kwargs: Any) -> Any:
+        where = f"{getattr(self, 'name', type(self).__name__)}.run"
+        given = [*args, *(kwargs[n] for n in names[len(args):] if n in kwargs)]
+        if given:
+            expect(given[0], where)
+        ctx = given[1] if len(given) > 1 else None
         if ctx is not None and not isinstance(ctx, PassContext):
-            hint = ": give PassContext(costs=...)" if type(ctx).__name__ == "CostModel" else ""
-            raise TypeError(f"{self.name}.run(ctx=...): expected a PassContext, got "
+            hint = ": give PassContext(costs=...)" if isinstance(ctx, CostModel) else ""
+            raise TypeError(f"{where}(ctx=...): expected a PassContext, got "
                             f"{type(ctx).__name__}{hint}")
-        return own(self, target, *args, **kwargs)
+        return own(self, *args, **kwargs)
     run.checks_arguments = True  # type: ignore[attr-defined]
     cls.run = run  # type: ignore[attr-defined]
 
@@ -154,7 +162,10 @@ def check_options(p: PassBase) -> None:
     hints = _hints(type(p))
     for f in fields(p):
         if f.name in hints:
-            check_value(getattr(p, f.name), hints[f.name],
+            value = plain_number(getattr(p, f.name))  # (numpy's numbers as Python's)
+            if value is not getattr(p, f.name):
+                object.__setattr__(p, f.name, value)
+            check_value(value, hints[f.name],
                         f"option '{f.name}' of pass '{getattr(p, 'name', type(p).__name__)}'")
 
 
@@ -198,11 +209,12 @@ def check_value(value: Any, hint: Any, what: str) -> None:
             raise UsageError(f"{what} is out of range: integers are 64-bit, at most "
                              f"{limits.MAX_INT:,}")
     elif hint is float:
+        if type(value) is int and limits.int_overflow(value):  # (isfinite would raise)
+            raise UsageError(f"{what} is out of range: at most {limits.MAX_INT:,}")
         if type(value) not in (int, float) or not math.isfinite(value):
             raise UsageError(f"{what} must be a finite number, got {value!r}")
     elif hint is str and type(value) is not str:
         raise UsageError(f"{what} must be a string, got {value!r}")
-
 
 
 def format_value(value: object) -> str:

@@ -8,11 +8,16 @@ two pipelines with different costs can run side by side.
 
 from __future__ import annotations
 
+import os
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from pathlib import Path
+from types import FrameType
 from typing import Literal, get_args
 
+import pipeir
 from pipeir.diagnostics import UsageError
 from pipeir.sim.chunks import rescale
 from pipeir.sim.costs import CostModel, expect_costs
@@ -77,6 +82,18 @@ def costless_message(name: str, remedy: str) -> str:
             "defaults, F = 1, B = 2 and free links")
 
 
+def callers_level() -> int:
+    """The `stacklevel` of the first frame outside pipeir (its `pipeir/` and `passes/`
+    folders), so a warning names the user's line, whichever API entry they called and
+    however many of pipeir's frames lie between (3.11 has no `skip_file_prefixes`)."""
+    ours = tuple(str(Path(f).parent) + os.sep for f in (pipeir.__file__, __file__))
+    level = 1
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(ours):
+        level, frame = level + 1, frame.f_back
+    return level
+
+
 def given(ctx: PassContext | None, name: str) -> PassContext:
     """The context a cost-driven pass plans against: `ctx`, or, when its `run` was called
     without one (`Reorder().run(s)`), the default with the same warning `PassManager` gives.
@@ -86,5 +103,5 @@ def given(ctx: PassContext | None, name: str) -> PassContext:
         return ctx
     warnings.warn(costless_message(name, "give run() a PassContext with costs, or "
                                          "pipeir.compile costs=..."),
-                  stacklevel=4)  # (given, run, the argument check around run: the caller)
+                  stacklevel=callers_level())
     return DEFAULT_CONTEXT

@@ -12,17 +12,13 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
-import sys
 import time
 import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import TYPE_CHECKING, TextIO
 
-import pipeir
 from pipeir._gc import paused_gc
 from pipeir.backend.commcheck import check_comm
 from pipeir.backend.lower import lower_verified
@@ -33,6 +29,7 @@ from pipeir.passes.context import (
     DEFAULT_CONTEXT,
     UNIT_COSTS,
     PassContext,
+    callers_level,
     costless_message,
     printed_costs,
 )
@@ -170,18 +167,6 @@ class Compiled:
     context: PassContext
 
 
-def _callers_level() -> int:
-    """The `stacklevel` of the first frame outside pipeir (its `pipeir/` and `passes/`
-    folders), so a warning names the user's line, whichever API entry they called (3.11
-    has no `skip_file_prefixes`)."""
-    ours = tuple(str(Path(f).parent) + os.sep for f in (pipeir.__file__, __file__))
-    level = 1
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None and frame.f_code.co_filename.startswith(ours):
-        level, frame = level + 1, frame.f_back
-    return level
-
-
 class PassManager:
     """Run passes in order. With `verify_each` (the default) the input is verified first and
     the output of every pass after it, so a failure names the pass that caused it.
@@ -200,15 +185,16 @@ class PassManager:
                             f"{type(context).__name__}" + (
                                 ": give costs as PassContext(costs=...)"
                                 if isinstance(context, CostModel) else ""))
+        if type(verify_each) is not bool:  # ("no" is true)
+            raise TypeError(f"PassManager(verify_each=...): expected True or False, got "
+                            f"{verify_each!r}")
         self.pipeline = pipeline if isinstance(pipeline, Pipeline) else Pipeline.of(pipeline)
         self.context = context
         if context.costs is UNIT_COSTS:
             for name in dict.fromkeys(p.name for p in self.pipeline.passes if p.costed):
                 warnings.warn(costless_message(name, "give pipeir.compile costs=..., or "
                                                      "PassManager a PassContext with costs"),
-                              stacklevel=_callers_level())
-        if type(verify_each) is not bool:  # ("no" is true)
-            raise TypeError(f"PassManager(verify_each=...): True or False, got {verify_each!r}")
+                              stacklevel=callers_level())
         self.verify_each = verify_each
         self.instruments = tuple(instruments)
         for inst in self.instruments:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
@@ -295,17 +296,21 @@ def convert(text: str, hint: Any, what: str, span: Span | None) -> Any:
     # both accepted and both meaningless
     # (a whole number written for a float stays an int, as Python's `budget=2` would: the
     # pass reads it as a number, and messages and `spec` show what was written, not 2.0)
-    if hint is int or (hint is float and text.strip().lstrip("+-").isdigit()):
-        try:
-            value = int(text, 10)
-        except ValueError:
-            raise UsageError(f"{what} must be an integer, got '{text}'", span) from None
+    whole = re.fullmatch(r"[+-]?[0-9]+", text.strip())  # (ASCII: int() reads other digits)
+    if hint is int or (hint is float and whole):
+        if not whole:
+            raise UsageError(f"{what} must be an integer, got '{text}'", span)
+        value = int(text, 10)
+        if hint is float and limits.int_overflow(value):
+            return float(value)  # (a number option: 10**20 as 1e20 is)
         if limits.int_overflow(value):
             raise UsageError(f"{what} is out of range: integers are 64-bit, at most "
                              f"{limits.MAX_INT:,}", span)
         return value
     if hint is float:
         try:
+            if not text.isascii():  # (float() reads other digits; the language does not)
+                raise ValueError(text)
             number = float(text)
         except ValueError:
             raise UsageError(f"{what} must be a number, got '{text}'", span) from None

@@ -12,10 +12,8 @@ from pipeir.diagnostics import Source, UsageError
 from pipeir.driver import read_source
 from pipeir.frontend.elaborate import Elaborated, Value
 from pipeir.schedule import Schedule, expect_schedule
-from pipeir.sim import engine
 from pipeir.sim.costs import expect_costs
 from pipeir.sim.engine import COMM_MODELS
-from pipeir.verify import verify
 
 if TYPE_CHECKING:
     from pipeir.passes import Compiled, PassBase, Pipeline
@@ -94,8 +92,7 @@ def simulate(schedule: Schedule, costs: CostModel | None = None,
     VerifyError (or warns, as the command line does, of costs for stages or micro-batches
     the pipeline does not have: they change nothing, and are usually a typo)."""
     expect_schedule(schedule, "simulate")
-    verify(schedule, sizes=expect_costs(costs, "simulate(costs=...)"))  # (as `check` counts)
-    result = engine.simulate(schedule, costs, comm)
+    result = driver.simulate_verified(schedule, expect_costs(costs, "simulate(costs=...)"), comm)
     if costs is not None:
         _warn_unused(schedule, costs)
     return result

@@ -115,6 +115,7 @@ class Schedule:
         self._deps: DepGraph | None = None
         if graph is not None:
             made = _read_graph(config, graph, name)
+            self._graph = graph.copy()  # (checked once: a later edit of the caller's is not)
             self._where, self._programs = made._where, made._programs
             self._next, self._deps = made._next, made._deps
 

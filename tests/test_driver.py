@@ -186,6 +186,13 @@ def test_the_front_door_warns_of_costs_the_pipeline_does_not_have() -> None:
         pipeir.compile(s, costs=CostModel(stage={1: {"F": 3.0}}))
 
 
+def test_a_file_named_like_a_library_schedule_is_read(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "gpipe").write_text((REPO / "examples/1f1b.sched").read_text())
+    assert pipeir.parse("gpipe") == pipeir.parse(str(REPO / "examples/1f1b.sched"))
+
+
 def test_the_front_door_simulates_only_what_verifies() -> None:
     """`pipeir.simulate` verifies first, as `pipeirc simulate` does: a schedule without its
     backwards was timed (a makespan of 3, a bubble of a third) as if it were a step."""
@@ -468,7 +475,7 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
         (lambda: PassManager(None), TypeError,  # type: ignore[arg-type]
          "expected a list of passes, got NoneType"),
         (lambda: PassManager([], verify_each="no"), TypeError,  # type: ignore[arg-type]
-         "PassManager(verify_each=...): True or False, got 'no'"),
+         "PassManager(verify_each=...): expected True or False, got 'no'"),
         (lambda: PassManager([], instruments=[print]), TypeError,  # type: ignore[list-item]
          "PassManager(instruments=...): expected Instrument objects"),
         (lambda: parse_pipeline(None), TypeError,  # type: ignore[arg-type]

@@ -153,3 +153,14 @@ def test_costs_that_would_overflow_are_refused(setting: str, cli: Cli, tmp_path:
     big.write_text('{"F": ' + "9" * 5000 + "}")
     code, _, err = cli("simulate", *LIB, "--costs", big)
     assert code == 2 and "too many digits" in err
+
+
+def test_one_parser_parses_again_and_again_without_a_stale_record() -> None:
+    """`_Once` records the options a parse has seen on that parse's namespace, which keeps
+    none of it: a parser used again (a test, a tool) must not find an option given twice."""
+    from pipeir.cli import build_parser
+
+    parser = build_parser()
+    for _ in range(5):
+        args = parser.parse_args(["check", "x.sched", "--costs", "a.json"])
+        assert args.costs == "a.json" and not any(k.startswith("_pipeir") for k in vars(args))

@@ -4,14 +4,22 @@ instruments, and the `opt` / `passes` commands, including every kind of bad inpu
 from __future__ import annotations
 
 import importlib.metadata
-from dataclasses import dataclass
+from dataclasses import InitVar, dataclass
 from pathlib import Path
 from typing import ClassVar
 
 import pytest
 
 import pipeir
-from pipeir.passes import Pass, PassManager, Pipeline, TimePasses, load_plugin, parse_pipeline
+from pipeir.passes import (
+    Pass,
+    PassContext,
+    PassManager,
+    Pipeline,
+    TimePasses,
+    load_plugin,
+    parse_pipeline,
+)
 from pipeir.passes.interleave import Interleave
 from pipeir.passes.split_backward import SplitBackward
 from pipeir.passes.verify import Verify
@@ -106,9 +114,60 @@ def test_a_pass_made_in_python_is_held_to_its_option_types_as_it_is_made(
     with pytest.raises(pipeir.UsageError) as e:
         _made(kind, **options)
     assert e.value.diagnostics[0].message == message
+
+
+def test_the_checks_around_a_pass_keep_what_a_pass_may_do() -> None:
+    """The type checks wrap a pass's own `__post_init__` and `run`; they must not change what
+    a valid pass or call does: its own checks (after the types), InitVars, keyword calls,
+    `super().run` in a subclass, a pass class without a name, numpy's numbers."""
+    np = pytest.importorskip("numpy")
+    from pipeir.passes.reorder import Reorder
+
     assert _Checked(depth=2).depth == 2
     with pytest.raises(ValueError, match="depth must be at least 1"):
         _Checked(depth=0)
+
+    @dataclass(frozen=True)
+    class WithInit(Pass):
+        name: ClassVar[str] = "with-init"
+        summary: ClassVar[str] = "an InitVar"
+        extra: InitVar[int] = 0
+
+        def __post_init__(self, extra: int) -> None:
+            if extra < 0:
+                raise ValueError("extra must be >= 0")
+
+        def run(self, schedule: pipeir.Schedule, ctx: object = None) -> pipeir.Schedule:
+            return schedule
+
+    @dataclass(frozen=True)
+    class Nameless(Pass):
+        summary: ClassVar[str] = "no name"
+
+        def run(self, schedule: pipeir.Schedule, ctx: object = None) -> pipeir.Schedule:
+            return schedule
+
+    @dataclass(frozen=True)
+    class Sub(Reorder):
+        def run(self, schedule: pipeir.Schedule, ctx: PassContext | None = None
+                ) -> pipeir.Schedule:
+            return super().run(schedule, ctx)
+
+    s = pipeir.library.get("1f1b", 2, 4)
+    ctx = PassContext()
+    assert WithInit(extra=2).run(s) is s and Nameless().run(schedule=s) is s
+    with pytest.raises(ValueError, match="extra must be >= 0"):
+        WithInit(extra=-1)
+    assert Reorder().run(schedule=s, ctx=ctx) == Reorder().run(s, ctx) == Sub().run(s, ctx)
+    with pytest.raises(TypeError, match=r"^Nameless\.run: expected a Schedule, got str"):
+        Nameless().run("1f1b")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^reorder\.run\(ctx=\.\.\.\): expected a PassContext"):
+        Reorder().run(schedule=s, ctx="x")  # type: ignore[arg-type]
+    made = Reorder(budget_ms=np.int64(5))
+    assert type(made.budget_ms) is int and str(made) == "reorder{budget_ms=5}"
+    assert Verify(memory_limit=np.float64(3.5)) == Verify(3.5)
+    with pytest.raises(pipeir.UsageError, match="out of range: at most 9,223,372,036,854,775,807"):
+        Verify(memory_limit=10**400)
 
 
 def test_a_pass_class_without_a_name_is_named_when_it_joins_a_pipeline() -> None:
@@ -156,6 +215,7 @@ def test_pipeline_string_gives_typed_instances() -> None:
     assert parse_pipeline("verify{memory_limit=3.5}").passes == (Verify(3.5),)
     assert str(parse_pipeline("verify{memory_limit=3},recompute{budget=2}")) == \
         "verify{memory_limit=3},recompute{budget=2}"
+    assert parse_pipeline("verify{memory_limit=99999999999999999999}").passes == (Verify(1e20),)
     assert parse_pipeline("merge-backward{adjacent_only=true}").passes[0].options() == {
         "adjacent_only": True}
 
@@ -178,6 +238,8 @@ BAD_PIPELINES = [
     ("reorder{budget_ms=99999999999999999999999}", 19,
      "option 'budget_ms' of pass 'reorder' is out of range: integers are 64-bit", ""),
     ("verify{memory_limit=0}", 21, "memory_limit must be a positive number, got 0", ""),
+    ("verify{memory_limit=\u0663}", 21, "must be a number, got '\u0663'", ""),
+    ("reorder{seed=\u0663}", 14, "must be an integer, got '\u0663'", ""),
     ("verify,", 7, "expected a pass name after ','", ""),
     ("verify;interleave", 7, "expected ',' between passes, found ';'", ""),
     ("interleave{v}", 12, "expected '=' and a value after option 'v'", ""),

@@ -59,6 +59,8 @@ def test_graph_is_the_dependency_rules_plus_program_order(s: pipeir.Schedule) ->
     assert nx.is_directed_acyclic_graph(s.graph)
     built = pipeir.Schedule(s.config, ref)  # a schedule made from a hand-built graph
     assert built == s and built.pairs == s.pairs and built.spans() == s.spans()
+    ref.remove_edges_from(list(ref.edges))  # (checked when made: the caller's later edit
+    assert nx.utils.graphs_equal(built.graph, s.graph)  # is not the schedule's)
     assert built.deps.order == s.deps.order and built.deps.pair_waits == s.deps.pair_waits
 
 

@@ -125,8 +125,9 @@ def test_cli_says_what_optimal_covers(cli, tmp_path: Path) -> None:
     (("--v", "10000000"), "--v 10000000: synth cuts a stage into at most 64 chunks"),
     (("--microbatches", "10000000"), "80,000,000 ops (F and B) need 149 GiB"),  # at once
     # bytes with a unit, as check, tune and plan take them (it was "expected a number")
-    (("--memory-limit", "1GB"), "--memory-bytes needs activation sizes in the cost file"),
-    (("--memory-bytes", "1GiB"), "--memory-bytes needs activation sizes in the cost file"),
+    (("--memory-limit", "1GB"), "--memory-limit 1e+09 needs activation sizes in the cost file"),
+    (("--memory-bytes", "1GiB"), "--memory-bytes 1073741824 needs activation sizes in the cost "
+                                 "file"),
 ])
 def test_cli_errors_are_clear(cli, args: tuple[str, ...], message: str) -> None:
     mbs = () if "--microbatches" in args else ("--microbatches", 4)  # (each given once)

@@ -35,15 +35,15 @@ class _Once(argparse._StoreAction):
 
     def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace,
                  values: Any, option_string: str | None = None) -> None:
-        given = _GIVEN.setdefault(id(namespace), set())
+        given = namespace.__dict__.setdefault(_GIVEN, set())
         if option_string is not None and self.dest in given:
             raise argparse.ArgumentError(self, "given twice; give it once")
         given.add(self.dest)
         super().__call__(parser, namespace, values, option_string)
 
 
-#: the options each parse (its namespace) has been given so far (`_Once`; cleared per parse)
-_GIVEN: dict[int, set[str]] = {}
+#: where a parse's namespace records the options `_Once` has seen (removed by the parse)
+_GIVEN = "_pipeir_given"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -54,6 +54,11 @@ class _Parser(argparse.ArgumentParser):
         super().__init__(*args, **kwargs)
         self.register("action", None, _Once)
         self.register("action", "store", _Once)
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        parsed, rest = super().parse_known_args(args, namespace)
+        parsed.__dict__.pop(_GIVEN, None)  # (a subcommand's before it is copied up)
+        return parsed, rest
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"error: {message}\nnote: see `{self.prog} --help`\n")
@@ -120,8 +125,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # argparse prints its own usage message
         return int(e.code or 0) if isinstance(e.code, int) else EXIT_USAGE
-    finally:
-        _GIVEN.clear()
     try:
         with reading():  # what the command reads, it must not write over (`pipeir.files`)
             code = int(args._run(args))

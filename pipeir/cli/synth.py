@@ -76,8 +76,12 @@ def run(args: argparse.Namespace) -> int:
     from pipeir.sim.steady import steady_state
     from pipeir.verify import verify
 
-    if args.memory_limit is not None:  # (bytes with a unit, as check, tune and plan take)
+    # a budget in bytes given either way (as check, tune and plan take one), named as given
+    bytes_flag = "--memory-bytes"
+    if args.memory_limit is not None:
         given: memunit.MemoryLimit = args.memory_limit
+        if given.in_bytes:
+            bytes_flag = "--memory-limit"
         args.memory_limit, args.memory_bytes = given.count, given.bytes
     settings: dict[str, tuple[Any, Span | None]] = read_cost_file(args.costs)
     if args.output is not None:  # before the search (after the read: not over the cost file)
@@ -87,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
     costs, ranks = found.costs, found.ranks
     _check(args, costs, ranks, settings)
     assert ranks is not None
+    if args.memory_bytes is not None and not costs.knows_memory:
+        raise UsageError(f"{bytes_flag} {_exact(args.memory_bytes)} needs activation sizes in "
+                         f"the cost file (memory_bytes or stage.S.memory_bytes)")
     limit: memunit.Budget = args.memory_limit if args.memory_limit is not None \
         else (None if args.memory_bytes is not None else memunit.ONE_F_ONE_B)
     progress = _Line(costs.unit) if sys.stderr.isatty() else None
@@ -102,8 +109,8 @@ def run(args: argparse.Namespace) -> int:
                            work_limit=args.work_limit, progress=progress)
     except BudgetError as e:  # `synth` gives e.least in the unit asked for
         if args.memory_bytes is not None:
-            raise UsageError(f"--memory-bytes {_exact(args.memory_bytes)}: no schedule fits; the "
-                             f"smallest feasible limit is --memory-bytes {_at_least(e.least)}"
+            raise UsageError(f"{bytes_flag} {_exact(args.memory_bytes)}: no schedule fits; the "
+                             f"smallest feasible limit is {bytes_flag} {_at_least(e.least)}"
                              ) from None
         raise UsageError(f"{memunit.describe(limit)}: no schedule fits; the smallest feasible "
                          f"limit is --memory-limit {_at_least(e.least)} ({memunit.UNIT})"
@@ -113,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             progress.done()
     unit = f" {costs.unit}" if costs.unit else ""
     c = result.problem.config
-    budget = f"--memory-bytes {_exact(args.memory_bytes)}" if args.memory_bytes is not None \
+    budget = f"{bytes_flag} {_exact(args.memory_bytes)}" if args.memory_bytes is not None \
         else memunit.describe(limit)
     print(f"synth: {c.ranks} rank{'s' if c.ranks != 1 else ''}, {c.microbatches} "
           f"micro-batch{'es' if c.microbatches != 1 else ''}, v={c.stages // c.ranks} "

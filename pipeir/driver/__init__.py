@@ -10,7 +10,7 @@ are frozen dataclasses. Nothing here prints: a warning travels back as a
 the API through `warnings.warn`).
 """
 
-from pipeir.driver.build import Build, compile_schedule, optimize, simulate
+from pipeir.driver.build import Build, compile_schedule, optimize, simulate, simulate_verified
 from pipeir.driver.load import (
     COST_NAMES,
     Loaded,
@@ -72,6 +72,7 @@ __all__ = [
     "search_costs",
     "shadowed",
     "simulate",
+    "simulate_verified",
     "source_of",
     "split_costs",
     "unused_costs",

@@ -58,5 +58,13 @@ def optimize(schedule: Schedule, pipeline: Pipeline, costs: CostModel, *,
 
 def simulate(loaded: Loaded, comm: str = COMM_MODELS[0]) -> SimResult:
     """A loaded schedule, verified and simulated under its costs (simulate, plot, bubble)."""
-    verify(loaded.schedule, sizes=loaded.costs)  # counted with the split, as `check` counts
-    return simulate_schedule(loaded.schedule, loaded.costs, comm=comm)
+    return simulate_verified(loaded.schedule, loaded.costs, comm)
+
+
+def simulate_verified(schedule: Schedule, costs: CostModel | None,
+                      comm: str = COMM_MODELS[0]) -> SimResult:
+    """`schedule` verified, then simulated under `costs` (the command line's and
+    `pipeir.simulate`'s road): timing a schedule that lacks ops would report the bubble of
+    other work."""
+    verify(schedule, sizes=costs)  # counted with the split, as `check` counts
+    return simulate_schedule(schedule, costs, comm=comm)

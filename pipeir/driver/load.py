@@ -77,7 +77,7 @@ def source_of(src: str | os.PathLike[str] | Source) -> Source:
     if not isinstance(src, str):
         raise TypeError(f"expected a .sched file's path or its text, got {type(src).__name__}")
     if "{" not in src and src.isprintable():  # (every schedule's text has a block)
-        if src.strip() in library.names():
+        if src.strip() in library.names() and not os.path.exists(src):
             raise UsageError(f"'{src.strip()}' is a library schedule, not a file or text: "
                              f"pipeir.library.get({src.strip()!r}, ranks, microbatches)")
         if src.endswith(".sched") or os.path.exists(src) or "/" in src or os.sep in src or \

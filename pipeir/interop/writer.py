@@ -146,9 +146,10 @@ def dumps_csv(schedule: Schedule, format: str = "compute_only") -> str:
     if format not in FORMATS:
         raise UsageError(f"unknown format '{format}' (expected {' or '.join(FORMATS)})")
 
-    verify(schedule)
-    rows = compute_actions(schedule) if format == "compute_only" else comms_actions(schedule)
-    return rows_to_csv(rows)
+    if format == "compute_only":
+        verify(schedule)
+        return rows_to_csv(compute_actions(schedule))
+    return rows_to_csv(comms_actions(schedule))  # (which verifies)
 
 
 def rows_to_csv(rows: Sequence[Sequence[Action | None]]) -> str:

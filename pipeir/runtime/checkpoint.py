@@ -91,11 +91,9 @@ def validate(root: str, spec: ModelSpec, stages: int) -> tuple[Path, int]:
     if man.stages != stages:
         raise fail(f"the checkpoint has {man.stages} stages, the schedule runs {stages} "
                    "(stages, not ranks, must match)")
-    want = model_fingerprints(spec, stages)
-    for s in range(stages):
-        problem = _differs(man.params[s], want[s], "the checkpoint", "the model")
-        if problem:
-            raise fail(f"stage {s}: {problem} (a checkpoint of another model?)")
+    problem = _another_model(man, spec)
+    if problem:
+        raise fail(problem)
     for s in range(stages):
         problem = _check_stage(d, s, man)
         if problem:
@@ -117,12 +115,9 @@ def stage_models(root: str | os.PathLike[str], spec: ModelSpec | None = None
         man = mf.read(d)
     except mf.ManifestError as e:
         raise UsageError(str(e)) from None
-    if spec is not None:
-        want = model_fingerprints(spec, man.stages)
-        for s in range(man.stages):
-            problem = _differs(man.params[s], want[s], "the checkpoint", "the model")
-            if problem:
-                raise UsageError(f"{d}: stage {s}: {problem} (a checkpoint of another model?)")
+    problem = _another_model(man, spec) if spec is not None else None
+    if problem:
+        raise UsageError(f"{d}: {problem}")
     out = {}
     for s in range(man.stages):
         problem = _check_stage(d, s, man)
@@ -133,6 +128,16 @@ def stage_models(root: str | os.PathLike[str], spec: ModelSpec | None = None
         except CheckpointError as e:
             raise UsageError(str(e)) from None
     return out
+
+
+def _another_model(man: mf.Manifest, spec: ModelSpec) -> str | None:
+    """What differs between the checkpoint's stages and `spec`'s (names, shapes, dtypes)."""
+    want = model_fingerprints(spec, man.stages)
+    for s in range(man.stages):
+        problem = _differs(man.params[s], want[s], "the checkpoint", "the model")
+        if problem:
+            return f"stage {s}: {problem} (a checkpoint of another model?)"
+    return None
 
 
 def check_target(save: str, resume: str | None) -> None:
