@@ -81,8 +81,9 @@ def resolve_output(path: str | os.PathLike[str], flag: str = "",
         raise UsageError(f"{shown}: names a directory; give a file name")
     real, root = _follow(path, shown)
     if root is not None:
-        raise UsageError(f"{shown}: refusing to write under {root} (a kernel file system, "
-                         "not a place for output files)")
+        led = "" if os.path.abspath(path).startswith(root) else f"leads to {real}; "
+        raise UsageError(f"{shown}: {led}refusing to write under {root} (a kernel file "
+                         "system, not a place for output files)")
     target = Path(real)
     try:
         st: os.stat_result | None = os.stat(target)

@@ -58,6 +58,10 @@ Cli = Callable[..., tuple[int, str, str]]
     (("check", "costs.json"), "costs.json: check reads .sched files and torch .csv files; a "
                               ".json is a compiled program (check it with --lowered) or a cost "
                               "file (give it to --costs)"),
+    (("opt", *LIB, "--passes", "verify", "--print-after", ""),
+     "--print-after: an empty pass name; give NAME[,NAME...] or all"),
+    (("simulate", *LIB, "--set", "version=2"),
+     "--set version: 'version' describes a cost file, it is not a cost"),
     (("compile", *LIB, "--force", "--emit", "lowered"),
      "--force goes with -o DIR (it lets a compile replace DIR's files)"),
     # an option that takes one value, given twice: the first was dropped without a word

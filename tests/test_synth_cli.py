@@ -125,6 +125,7 @@ def test_cli_says_what_optimal_covers(cli, tmp_path: Path) -> None:
     (("--v", "10000000"), "--v 10000000: synth cuts a stage into at most 64 chunks"),
     (("--microbatches", "10000000"), "80,000,000 ops (F and B) need 149 GiB"),  # at once
     # bytes with a unit, as check, tune and plan take them (it was "expected a number")
+    (("--v", "1", "--placement", "vshape"), "--placement vshape needs --v 2 or more"),
     (("--memory-limit", "1GB"), "--memory-limit 1e+09 needs activation sizes in the cost file"),
     (("--memory-bytes", "1GiB"), "--memory-bytes 1073741824 needs activation sizes in the cost "
                                  "file"),

@@ -50,7 +50,9 @@ def run(args: argparse.Namespace) -> int:
     show(planned.warnings)
     pipeline = planned.pipeline
     names = {p.name for p in pipeline.passes}
-    wanted = {n for text in args.print_after for n in text.split(",") if n}
+    wanted = {n.strip() for text in args.print_after for n in text.split(",")}
+    if "" in wanted:  # (`--print-after ''` printed nothing and said nothing)
+        raise UsageError("--print-after: an empty pass name; give NAME[,NAME...] or all")
     unknown = sorted(wanted - names - {"all"})
     if unknown:
         raise UsageError(f"--print-after {unknown[0]}: the pipeline has no pass called that "

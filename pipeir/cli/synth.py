@@ -205,6 +205,9 @@ def _check(args: argparse.Namespace, costs: Any, ranks: int | None,
     if ranks is None:
         raise UsageError(f"{args.costs} has no per-stage costs to tell the number of stages; "
                          "give --ranks P")
+    if args.v == 1 and args.placement == "vshape":  # (it ran, and said "loop placement")
+        raise UsageError("--placement vshape needs --v 2 or more: with one chunk per rank "
+                         "every placement is the loop")
     known = driver.infer_ranks(costs)
     if known is not None and known > ranks:
         raise UsageError(f"the costs describe {known} stages (stage.{known - 1}.* is set) but "

@@ -102,6 +102,10 @@ def is_cost_setting(name: str) -> bool:
 
 def split_costs(overrides: Mapping[str, Value]) -> tuple[dict[str, Value], Settings]:
     """Overrides as (pipeline settings and parameters, cost settings)."""
+    meta = next((k for k in overrides if k in ("version", "meta") or k.startswith("meta.")), None)
+    if meta is not None:  # (a cost file's own fields: as --set they changed nothing)
+        raise UsageError(f"--set {meta}: '{meta}' describes a cost file, it is not a cost; "
+                         f"--set takes costs and pipeline settings")
     settings = {k: v for k, v in overrides.items() if not is_cost_setting(k)}
     costs: Settings = {k: (v, None) for k, v in overrides.items() if is_cost_setting(k)}
     return settings, costs
