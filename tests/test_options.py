@@ -168,3 +168,13 @@ def test_one_parser_parses_again_and_again_without_a_stale_record() -> None:
     for _ in range(5):
         args = parser.parse_args(["check", "x.sched", "--costs", "a.json"])
         assert args.costs == "a.json" and not any(k.startswith("_pipeir") for k in vars(args))
+
+
+def test_check_says_a_time_cost_changes_nothing(cli: Cli) -> None:
+    """check counts memory; `--set latency=2` was taken without a word (sizes are used)."""
+    code, out, err = cli("check", str(REPO / "examples/1f1b.sched"), "--set", "latency=2")
+    assert code == 0 and "ok:" in out
+    assert err.splitlines() == ["warning: --set latency: check counts memory, not time: this "
+                                "cost changes nothing here (sizes such as memory_bytes do)"]
+    code, out, err = cli("check", str(REPO / "examples/1f1b.sched"), "--set", "memory_bytes=2")
+    assert code == 0 and err == "" and "peak bytes per rank: 8 6 4 2" in out

@@ -15,8 +15,9 @@ from pipeir.cli.common import (
     show,
 )
 from pipeir.cli.simulate import add_costs_arg
-from pipeir.diagnostics import EXIT_OK, PipeirError, UsageError
+from pipeir.diagnostics import EXIT_OK, Diagnostic, PipeirError, UsageError
 from pipeir.sim import CostModel
+from pipeir.sim.cost_settings import SIZE_KEYS
 from pipeir.verify import verify
 
 ORDER = 10
@@ -103,6 +104,9 @@ def _check_one(args: argparse.Namespace, f: str | None) -> list[str]:
             # tune and synth counted them when they wrote the file
             sizes = driver.costs_for(elab, None)
     s = elab.schedule
+    timed = [k for k in sets if driver.is_cost_setting(k) and k.split(".")[-1] not in SIZE_KEYS]
+    show(Diagnostic(f"--set {k}: check counts memory, not time: this cost changes nothing here "
+                    f"(sizes such as memory_bytes do)", severity="warning") for k in timed)
     report = verify(s, memory_limit=None if limit is None else limit.count, sizes=sizes,
                     memory_limit_bytes=None if limit is None else limit.bytes)
     c = s.config
