@@ -45,13 +45,19 @@ def spell(value: object) -> str:
     return str(value)
 
 
+def type_name(v: object) -> str:
+    """What a value is, in the language's words, for messages (a `--set` list is a tuple
+    in Python, and a list in the language)."""
+    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
+            tuple: "a list", list: "a list"}.get(type(v), f"a {type(v).__name__}")
+
+
 def _positive(key: str, value: int) -> None:
     if type(value) is not int or value < 1:
         # (the string '2' spelt as 2 read "must be a positive integer, got 2")
-        kind = {str: "a string", tuple: "a list", list: "a list", float: "a decimal"}.get(
-            type(value), f"a {type(value).__name__}")  # (the language's words: no tuple)
         got = spell(value) if type(value) in (int, bool) else \
-            f"{spell(value) if isinstance(value, tuple | list) else repr(value)} ({kind})"
+            f"{spell(value) if isinstance(value, tuple | list) else repr(value)} " \
+            f"({type_name(value)})"
         raise ConfigError(key, f"{key} must be a positive integer, got {got}")
 
 
@@ -120,9 +126,8 @@ class PipelineConfig:
                 any(type(r) is not int for r in self.placement):
             # (a list would make the config unhashable; numpy's ranks are plain ints, as
             # `Op`'s stages are)
-            object.__setattr__(self, "placement", tuple(
-                r.__index__() if hasattr(r, "__index__") and not isinstance(r, bool) else r
-                for r in self.placement))
+            object.__setattr__(self, "placement", tuple(map(limits.plain_number,
+                                                            self.placement)))
         if len(self.placement) != self.stages:
             raise ConfigError("placement", f"placement lists {len(self.placement)} ranks "
                                            f"but there are {self.stages} stages")

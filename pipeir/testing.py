@@ -37,7 +37,7 @@ from hypothesis.errors import InvalidArgument
 from pipeir.config import PipelineConfig, named_placement
 from pipeir.diagnostics import VerifyError
 from pipeir.ops import REDUCE, Op
-from pipeir.schedule import Schedule, data_predecessors
+from pipeir.schedule import Schedule, data_predecessors, expect_schedule
 from pipeir.verify import VerifyReport, verify
 
 __all__ = [
@@ -286,11 +286,10 @@ def mutations(draw: st.DrawFn, schedule: Schedule,
     if isinstance(schedule, st.SearchStrategy):
         raise InvalidArgument("mutations takes a schedule, not a strategy of them: draw one "
                               "first, data.draw(schedules(...))")
-    if not isinstance(schedule, Schedule):
-        hint = ": give its .schedule" if isinstance(getattr(schedule, "schedule", None),
-                                                    Schedule) else ""
-        raise InvalidArgument(f"mutations: expected a Schedule, got "
-                              f"{type(schedule).__name__}{hint}")
+    try:
+        expect_schedule(schedule, "mutations")  # (hypothesis's own error: a strategy's misuse)
+    except TypeError as e:
+        raise InvalidArgument(str(e)) from None
     if isinstance(kinds, str):
         raise InvalidArgument(f"mutations(kinds=...): a list of kinds, e.g. ({kinds!r},)")
     try:

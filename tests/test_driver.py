@@ -440,10 +440,12 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
          "microbatches)"),
         (lambda: plan(_LAYERS, True, 4), TypeError,
          "plan: ranks must be an integer, got bool True"),
-        (lambda: plan(_LAYERS, 2, 4, splits="h1"), TypeError,  # type: ignore[arg-type]
-         "plan(splits=...): expected a non-empty list of None, h1, h2, got 'h1'"),
+        (lambda: plan(_LAYERS, 2, 4, splits="h1"), pipeir.UsageError,  # type: ignore[arg-type]
+         "plan(splits=...): a list of None, h1, h2, got 'h1'"),
         (lambda: plan(_LAYERS, 2, 4, comms=("async",)), pipeir.UsageError,
-         "plan(comms=...): 'async' is not one of overlapped, blocking"),
+         "plan(comms=...): a list of overlapped, blocking, got ('async',)"),
+        (lambda: tune_search(CostModel(), 2, []), pipeir.UsageError,
+         "tune's search(microbatches=...): a list of micro-batch counts, got []"),
         (lambda: plan(_LAYERS, 2, 4, link=(0, 1)), TypeError,  # type: ignore[arg-type]
          "plan(link=...): expected a Link (pipeir.plan.Link(latency, bandwidth)), got tuple"),
         (lambda: plan([{"F": 1}] * 4, 2, 4), TypeError,  # type: ignore[list-item]

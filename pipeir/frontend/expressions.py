@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Any, Final, NoReturn
 
 from pipeir import limits
-from pipeir.config import PipelineConfig, spell
+from pipeir.config import PipelineConfig, spell, type_name
 from pipeir.diagnostics import Note, Span, UsageError, did_you_mean
 from pipeir.frontend import ast
 from pipeir.frontend.scope import (
@@ -25,7 +25,6 @@ from pipeir.frontend.scope import (
     RunContext,
     Scope,
     invoke,
-    type_name,
     want_int,
 )
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final
 
 from pipeir import limits
-from pipeir.config import PipelineConfig, spell
+from pipeir.config import PipelineConfig, spell, type_name
 from pipeir.diagnostics import Note, PipeirError, Span, UsageError
 from pipeir.ops import OP_ARITY
 from pipeir.schedule import ScheduleBuilder
@@ -174,12 +174,6 @@ def _what(fn: Closure) -> str:
 _CALLED = "in the call of"
 #: How many enclosing calls an error names (a recursion would name each of its levels).
 MAX_CALL_NOTES = 4
-
-
-def type_name(v: object) -> str:
-    """What a value is, in the language's words, for messages."""
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string",
-            tuple: "a list"}.get(type(v), type(v).__name__)
 
 
 def want_int(v: object, span: Span, what: str) -> int:

@@ -8,7 +8,7 @@
 from __future__ import annotations
 
 from pipeir import limits
-from pipeir.config import spell
+from pipeir.config import spell, type_name
 from pipeir.diagnostics import Note, UsageError
 from pipeir.frontend import ast
 from pipeir.frontend.expressions import ExprCompiler
@@ -20,7 +20,6 @@ from pipeir.frontend.scope import (
     Scope,
     StmtFn,
     invoke,
-    type_name,
     want_int,
 )
 from pipeir.ops import NO_MB, OP_ARITY, Op

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from pipeir import library
 from pipeir.diagnostics import PipeirError, UsageError
+from pipeir.limits import plain_number
 from pipeir.memunit import COUNTING, MemoryLimit
 from pipeir.plan.layers import (
     Cut,
@@ -62,7 +63,15 @@ from pipeir.plan.partition import (
     work_score,
 )
 from pipeir.plan.refine import Budget, fresh, shape_bound, shapes, static_bytes, synthesized
-from pipeir.search.tune import PRESPLIT, SPLITS, Candidate, evaluate, search, variants
+from pipeir.search.tune import (
+    PRESPLIT,
+    SPLITS,
+    Candidate,
+    evaluate,
+    expect_list,
+    search,
+    variants,
+)
 from pipeir.sim import CostModel, simulate
 from pipeir.sim.cost_settings import is_number
 from pipeir.sim.engine import COMM_MODELS
@@ -127,8 +136,8 @@ def plan(layers: Sequence[LayerCost], ranks: int, microbatches: int, link: Link 
     layers = tuple(layers)
     ranks, microbatches, keep, max_v = (_whole(name, v) for name, v in (
         ("ranks", ranks), ("microbatches", microbatches), ("keep", keep), ("max_v", max_v)))
-    splits = _choices("splits", splits, SPLITS)
-    comms = tuple(str(c) for c in _choices("comms", comms, COMM_MODELS))
+    expect_list("plan", "splits", splits, SPLITS)
+    expect_list("plan", "comms", comms, COMM_MODELS)
     _check(layers, ranks, microbatches, weight_copies)
     if keep < 1 or max_v < 1:
         raise UsageError(f"plan: keep and max_v must be at least 1, got keep={keep}, "
@@ -235,23 +244,11 @@ def _other_shapes(layers: Sequence[LayerCost], planned: Choice, ranks: int, micr
 def _whole(name: str, value: object) -> int:
     """An integer argument (numpy's too), not a bool: `plan(L, True, 4)` once planned for
     one rank and reported that no schedule was found."""
-    if isinstance(value, bool) or not hasattr(value, "__index__"):
+    plain = plain_number(value)
+    if type(plain) is not int:
         raise TypeError(f"plan: {name} must be an integer, got {type(value).__name__} "
                         f"{value!r}")
-    return int(value.__index__())
-
-
-def _choices(name: str, given: object, known: Sequence[str | None]) -> tuple[str | None, ...]:
-    """`splits` or `comms`: a list of known choices. A string alone was read letter by
-    letter, matched nothing, and the plan reported that no schedule was found."""
-    if isinstance(given, str) or not isinstance(given, Sequence) or not given:
-        raise TypeError(f"plan({name}=...): expected a non-empty list of "
-                        f"{', '.join(map(str, known))}, got {given!r}")
-    for g in given:
-        if g not in known:
-            raise UsageError(f"plan({name}=...): {g!r} is not one of "
-                             f"{', '.join(map(str, known))}")
-    return tuple(given)
+    return plain
 
 
 def _check(layers: Sequence[LayerCost], ranks: int, microbatches: int,

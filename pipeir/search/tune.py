@@ -52,6 +52,18 @@ from pipeir.verify import fits_in, show_bytes
 SPLITS = (None, "h1", "h2")
 
 
+def expect_list(where: str, name: str, given: object,
+                allowed: Sequence[str | None] | None = None) -> None:
+    """`given` is a non-empty list (of `allowed`, or of micro-batch counts): a string or an
+    int was read letter by letter, or failed deep inside, and an empty list searched nothing
+    (tune's search, and plan's, which goes through it)."""
+    if isinstance(given, str | int) or not isinstance(given, Sequence) or not given or (
+            allowed is not None and any(x not in allowed for x in given)):
+        raise UsageError(f"{where}({name}=...): a list" + (
+            f" of {', '.join(map(str, allowed))}" if allowed is not None else
+            " of micro-batch counts") + f", got {given!r}")
+
+
 @dataclass(frozen=True)
 class Candidate:
     """One point of the search space, and what the simulator says about it."""
@@ -125,16 +137,9 @@ def search(costs: CostModel, ranks: int, microbatches: Sequence[int],
     from 1F1B and the zero-bubble V schedules to GPipe and the interleaved ones
     (`_families`)."""
     costs = expect_costs(costs, "tune's search(costs=...)") or CostModel()
-    choices: tuple[tuple[str, object, tuple[str | None, ...] | None], ...] = (
-        ("microbatches", microbatches, None), ("comms", comms, COMM_MODELS),
-        ("splits", splits, SPLITS))
-    for name, given, allowed in choices:
-        # (a string or an int here was read letter by letter, or failed deep inside)
-        if isinstance(given, str | int) or not isinstance(given, Sequence) or (
-                allowed is not None and any(x not in allowed for x in given)):
-            raise UsageError(f"tune's search({name}=...): a list" + (
-                f" of {', '.join(map(str, allowed))}" if allowed is not None else
-                " of micro-batch counts") + f", got {given!r}")
+    expect_list("tune's search", "microbatches", microbatches)
+    expect_list("tune's search", "comms", comms, COMM_MODELS)
+    expect_list("tune's search", "splits", splits, SPLITS)
     if dp is not None:
         if type(dp) is not int or dp < 1:
             raise UsageError(f"--dp {dp!r}: need at least 1 replica")
