@@ -31,6 +31,7 @@ from pipeir.sim.costs import CostModel
 
 if TYPE_CHECKING:
     from pipeir.backend.instructions import Instr, Lowered
+    from pipeir.backend.split import Split
 
 
 class OptionError(UsageError):
@@ -148,10 +149,19 @@ class LoweredPass(PassBase):
         """Transform `lowered` into new programs."""
         raise NotImplementedError(f"pass '{self.name}' does not define run()")
 
+    #: Whether a rank-local pass places every receive itself and reads nothing else of where
+    #: they were (`overlap`): then it defines `run_split`, and lowering hands it each program
+    #: split (`pipeir.backend.split`) without making the program.
+    splits: ClassVar[bool] = False
+
     def run_rank(self, program: tuple[Instr, ...]) -> tuple[Instr, ...]:
         """A rank-local pass's rewrite of one rank's program: `run` must give exactly these
         programs (under the communication model `comm`)."""
         raise NotImplementedError(f"pass '{self.name}' is not rank-local")
+
+    def run_split(self, split: Split) -> tuple[Instr, ...]:
+        """`run_rank` of the program `split` was made from (`splits`)."""
+        raise NotImplementedError(f"pass '{self.name}' does not take split programs")
 
 
 def check_options(p: PassBase) -> None:

@@ -17,7 +17,7 @@ import warnings
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from pipeir._gc import paused_gc
 from pipeir.backend.commcheck import check_comm
@@ -268,18 +268,19 @@ class PassManager:
         assert isinstance(p, LoweredPass)
         started = False
 
-        def then(program: tuple[Instr, ...]) -> tuple[Instr, ...]:
+        def then(program: Any) -> tuple[Instr, ...]:
             nonlocal started
             if not started:
                 started = True
                 self._phase(self._where(i))
             try:
                 with _user_code(p, self._where(i)):
-                    return p.run_rank(program)
+                    return p.run_split(program) if p.splits else p.run_rank(program)
             except PipeirError as e:
                 raise self._blame(e, i, during=True) from None
 
-        lowered = lower_verified(schedule, context.costs, then)
+        lowered = lower_verified(schedule, context.costs, split=then) if p.splits else \
+            lower_verified(schedule, context.costs, then)
         return lowered if p.comm is None else \
             dataclasses.replace(lowered, overlap=p.comm == "overlapped")
 

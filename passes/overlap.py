@@ -5,8 +5,10 @@
   it (before the whole pair when the consumer is half of an overlapped pair). Receives are
   posted earliest consumer first, keeping each peer's receives in their original order (so
   per-peer FIFO matching is unchanged), at most K ahead of their waits (K = 0: no bound, all
-  posted at the start of the step). Only when two receives from one peer are consumed in the
-  opposite order of their sends can K be exceeded, since per-peer posting order cannot change;
+  posted at the start of the step). Receives consumed by one pair are waited, and at equal
+  consumers posted, in the order the pair consumes them. Only when two receives from one peer
+  are consumed in the opposite order of their sends can K be exceeded, since per-peer
+  posting order cannot change;
 - every blocking send becomes an `isend` where it was, waited at the end of the step (send
   buffers are never reused within a step, so nothing needs them sooner);
 - posts to the same peer at the same point become one `batch` (`batch_isend_irecv`).
@@ -17,30 +19,25 @@ The result is proved deadlock-free by `pipeir.backend.commcheck` like any lowere
 from __future__ import annotations
 
 import heapq
-from bisect import bisect_right
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from pipeir.backend.instructions import (
-    Backward,
-    BackwardInput,
     Batch,
     Comm,
-    Forward,
-    ForwardCheckpoint,
     Instr,
     IRecv,
     ISend,
     Lowered,
     OptimizerStep,
-    Recv,
     Send,
     WaitRecv,
     WaitSend,
     ZeroGrad,
 )
+from pipeir.backend.split import Split, split_program
 from pipeir.passes.base import LoweredPass, OptionError
 from pipeir.passes.context import DEFAULT_CONTEXT, CommModel, PassContext
 
@@ -54,6 +51,7 @@ class Overlap(LoweredPass):
                               "same-peer posts; max_posted bounds receives posted ahead")
     comm: ClassVar[CommModel | None] = "overlapped"
     rank_local: ClassVar[bool] = True
+    splits: ClassVar[bool] = True
 
     max_posted: int = 0
 
@@ -70,143 +68,156 @@ class Overlap(LoweredPass):
 
     def run_rank(self, prog: Sequence[Instr]) -> tuple[Instr, ...]:
         """One rank's program with its communication overlapped (the module docstring)."""
-        # NOTE (linear): every look-up here is by index or key, never a scan of the
-        # program: finding each receive's consumer by scanning (and its own place by
-        # `tuple.index`, which compares instructions field by field) made the pass
-        # quadratic: 43 s of a 65k-op compile, against 0.3 s now. The receives are known by
-        # their number in program order (`recvs`), not by their key: a key is a tuple made
-        # per look-up.
-        found = [(i, ins) for i, ins in enumerate(prog) if type(ins) is Recv or type(ins) is IRecv]
-        recvs = [r for _, r in found]
-        consumers = _consumers(prog)
-        consumer = [_consumer_index(prog, consumers, i, r) for i, r in found]
+        return self.run_split(split_program(prog))
+
+    def run_split(self, split: Split) -> tuple[Instr, ...]:
+        """`run_rank` of the program `split` was made from: all it reads of a program
+        (lowering hands it over without making the program, `pipeir.backend.split`)."""
+        rest, recvs, needs = split.rest, split.recvs, split.needs
+        # A receive is waited right before its consumer, or before the consumer's whole
+        # overlapped pair
+        consumer = list(needs)
+        n = len(rest)
+        for j, c in enumerate(consumer):
+            while 0 < c < n and rest[c].paired:
+                c -= 1
+            consumer[j] = c
         limit = self.max_posted or len(recvs)
-        out: list[Instr] = []
         # Not yet posted, per peer in original order (per-peer FIFO must not change).
         queues: dict[int, deque[int]] = {}
         for j, r in enumerate(recvs):
             queues.setdefault(r.peer, deque()).append(j)
-        # the queues' heads by (consumer, the peer's place in `queues`): what `min` over the
-        # heads in dict order would pick, without visiting every peer per post
-        place = {peer: k for k, peer in enumerate(queues)}
-        heads = [(consumer[q[0]], place[peer], peer) for peer, q in queues.items()]
+        # NOTE (order): the queues' heads by (consumer, the consuming instruction, peer): a
+        # total order that depends only on each peer's order of receives and on where they
+        # are consumed, which lowering knows without the order it would have given all
+        # receives (and which `_post_early` changes); a heap, so that a post does not
+        # visit every peer.
+        heads = [(consumer[q[0]], needs[q[0]], peer) for peer, q in queues.items()]
         heapq.heapify(heads)
-        outstanding: set[int] = set()
+        posted = bytearray(len(recvs))
+        ahead = 0  # posted and not yet waited
         sends: list[Send] = []
+        out: list[Instr] = []
+        # NOTE (one pass): posts to one peer that end up adjacent are merged into a `batch`
+        # as they are emitted (`run`, flushed before anything else is), not in a second pass
+        # over the program
+        run: list[Comm] = []
+
+        def flush() -> None:
+            if len(run) > 1:
+                out.append(Batch(tuple(run), op=run[0].op, at=run[0].at))
+            else:
+                out.extend(run)
+            run.clear()
+        # (below, a run of one post is emitted inline: `flush` was called before most
+        # instructions of a program)
 
         def post_next() -> None:
             # The head (of any peer's queue) whose consumer comes first.
-            _, k, peer = heapq.heappop(heads)
+            nonlocal ahead
+            _, _, peer = heapq.heappop(heads)
             q = queues[peer]
             j = q.popleft()
             if q:
-                heapq.heappush(heads, (consumer[q[0]], k, peer))
+                heapq.heappush(heads, (consumer[q[0]], needs[q[0]], peer))
             r = recvs[j]
             # (an unpaired IRecv is its own post: kept, not built again)
-            out.append(r if type(r) is IRecv and not r.paired else
+            if run and run[0].peer != peer:
+                flush()
+            run.append(r if type(r) is IRecv and not r.paired else
                        IRecv(r.tensor, r.stage, r.mb, r.peer, r.tag, op=r.op, at=r.at))
-            outstanding.add(j)
+            posted[j] = 1
+            ahead += 1
 
         def post_upto(need: int | None) -> None:
-            while heads and len(outstanding) < limit:
+            while heads and ahead < limit:
                 post_next()
-            while need is not None and need not in outstanding:
+            while need is not None and not posted[need]:
                 post_next()  # only when a peer's FIFO order differs from consumer order
 
         waits_at: dict[int, list[int]] = {}
         for j, c in enumerate(consumer):
-            waits_at.setdefault(c, []).append(j)
-        # the program's own waits, kept where they are what this pass would build
-        had = {ins.key: ins for ins in prog if type(ins) is WaitRecv}  # type: ignore[attr-defined]
+            at = waits_at.get(c)
+            if at is None:
+                waits_at[c] = [j]
+            else:  # (a pair consuming two tensors: waited in the order they are consumed)
+                at.append(j)
+                at.sort(key=lambda j: (needs[j], recvs[j].peer))
         # (`type(x) is C`, a fifth of `isinstance`'s cost on every instruction: none of
-        # these classes has a subclass; `ForwardCheckpoint`, a `Forward`, is named in
-        # `_consumers`)
-        for i, ins in enumerate(prog):
+        # these classes has a subclass)
+        for i, ins in enumerate(rest):
             t = type(ins)
-            if t is ZeroGrad:
-                out.append(ins)
-                post_upto(None)
-                continue
             waiting = waits_at.get(i)
             if waiting is not None:
                 for j in waiting:
-                    post_upto(j)
+                    if not posted[j] or (heads and ahead < limit):
+                        post_upto(j)
+                    if run:
+                        if len(run) == 1:
+                            out.append(run.pop())
+                        else:
+                            flush()
                     r = recvs[j]
-                    w = had.get(r.key) if had else None
-                    out.append(w if w is not None and not w.paired and w.peer == r.peer and
-                               w.tag == r.tag and w.op == r.op and w.at == r.at else
-                               WaitRecv(r.tensor, r.stage, r.mb, r.peer, r.tag, op=r.op,
+                    out.append(WaitRecv(r.tensor, r.stage, r.mb, r.peer, r.tag, op=r.op,
                                         at=r.at))
-                    outstanding.discard(j)
-                    post_upto(None)
-            if t is Recv or t is IRecv or t is WaitRecv:
+                    ahead -= 1
+                    if heads and ahead < limit:
+                        post_upto(None)
+            if t is Send or t is ISend:
+                assert isinstance(ins, Comm)
+                if t is Send:
+                    sends.append(ins)  # type: ignore[arg-type]
+                    ins = ISend(ins.tensor, ins.stage, ins.mb, ins.peer, ins.tag, op=ins.op,
+                                at=ins.at)
+                if run and run[0].peer != ins.peer:
+                    flush()
+                run.append(ins)
                 continue
-            if t is Send:
-                assert isinstance(ins, Send)
-                sends.append(ins)
-                out.append(ISend(ins.tensor, ins.stage, ins.mb, ins.peer, ins.tag,
-                                 op=ins.op, at=ins.at))
-                continue
+            if run:
+                if len(run) == 1:
+                    out.append(run.pop())
+                else:
+                    flush()
             if t is OptimizerStep:
                 out.extend(WaitSend(s.tensor, s.stage, s.mb, s.peer, s.tag, op=s.op, at=s.at)
                            for s in sends)
             out.append(ins)
+            if t is ZeroGrad:
+                order = _all_at_once(recvs, consumer, needs) if limit == len(recvs) else None
+                if order is None:
+                    post_upto(None)
+                    continue
+                for j in order:  # (what `post_upto` would post, in its order)
+                    r = recvs[j]
+                    if run and run[0].peer != r.peer:
+                        flush()
+                    run.append(r if type(r) is IRecv and not r.paired else
+                               IRecv(r.tensor, r.stage, r.mb, r.peer, r.tag, op=r.op, at=r.at))
+                    posted[j] = 1
+                ahead, heads = len(recvs), []
+        flush()
         # (a tuple here, which `with_programs` keeps: all ranks' lists, then their tuples,
         # were a tenth of a large program's overlap peak)
-        return tuple(_batch(out))
+        return tuple(out)
 
 
-def _consumers(prog: Sequence[Instr]) -> dict[tuple[str, int, int], list[int]]:
-    """(the tensor consumed, stage, micro-batch) -> the indices of the compute instructions
-    that consume it, in program order: forwards (checkpointed ones too) consume activations,
-    backwards (whole or input halves) gradients."""
-    out: dict[tuple[str, int, int], list[int]] = {}
-    for j, ins in enumerate(prog):
-        t = type(ins)
-        if t is Forward or t is ForwardCheckpoint:
-            out.setdefault(("act", ins.stage, ins.mb), []).append(j)  # type: ignore[attr-defined]
-        elif t is Backward or t is BackwardInput:
-            out.setdefault(("grad", ins.stage, ins.mb), []).append(j)  # type: ignore[attr-defined]
-    return out
+def _all_at_once(recvs: list[Comm], consumer: list[int], needs: list[int]) -> list[int] | None:
+    """The order in which `run_split` posts all receives at once (no bound): the heads of
+    the peers' queues by (consumer, consuming instruction, peer), which is the receives
+    sorted by that key where each peer's receives are in its order (as lowering's are), or
+    None where they are not (the heap then merges them).
 
-
-def _consumer_index(prog: Sequence[Instr], consumers: dict[tuple[str, int, int], list[int]],
-                    start: int, r: Recv | IRecv) -> int:
-    """The index of the compute instruction that first uses what `r` (at `start`) receives
-    (of the first instruction of its overlapped pair, if it is in one)."""
-    stage = r.stage + 1 if r.tensor == "act" else r.stage - 1
-    at = consumers.get((r.tensor, stage, r.mb), [])
-    k = bisect_right(at, start)
-    if k == len(at):  # pragma: no cover - lowering always emits the consumer
-        return start + 1
-    j = at[k]
-    while j > 0 and prog[j].paired:
-        j -= 1
-    return j
-
-
-def _batch(prog: list[Instr]) -> list[Instr]:
-    """Merge runs of adjacent posts to the same peer into one `batch`."""
-    out: list[Instr] = []
-    run: list[Comm] = []
-
-    def flush() -> None:
-        if len(run) > 1:
-            out.append(Batch(tuple(run), op=run[0].op, at=run[0].at))
-        else:
-            out.extend(run)
-        run.clear()
-
-    for ins in prog:
-        t = type(ins)
-        if t is ISend or t is IRecv:
-            assert isinstance(ins, Comm)
-            if run and run[0].peer != ins.peer:
-                flush()
-            run.append(ins)
-            continue
-        if run:
-            flush()
-        out.append(ins)
-    flush()
-    return out
+    NOTE: a sort of one int per receive, not a heap's pop and push of a tuple per receive:
+    posting every receive at the start was a sixth of the pass."""
+    n = len(recvs)
+    if not n:
+        return []
+    ranks = 1 + max(r.peer for r in recvs)
+    span = 1 + max(max(consumer), max(needs))
+    keys = [(c * span + k) * ranks + r.peer for c, k, r in zip(consumer, needs, recvs)]
+    last: dict[int, int] = {}
+    for key, r in zip(keys, recvs):
+        if last.get(r.peer, -1) > key:
+            return None
+        last[r.peer] = key
+    return sorted(range(n), key=keys.__getitem__)

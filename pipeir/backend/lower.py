@@ -41,6 +41,7 @@ from pipeir.backend.instructions import (
     Backward,
     BackwardInput,
     BackwardWeight,
+    Comm,
     Forward,
     ForwardCheckpoint,
     Handoff,
@@ -61,6 +62,7 @@ from pipeir.backend.instructions import (
     ZeroGrad,
     tag_of,
 )
+from pipeir.backend.split import Split
 from pipeir.ops import Op
 from pipeir.schedule import Schedule
 from pipeir.sim.costs import CostModel
@@ -77,8 +79,8 @@ def lower(schedule: Schedule, costs: CostModel | None = None) -> Lowered:
 
 @paused_gc()  # (pipeir._gc: ~10 objects per op, no cycles)
 def lower_verified(schedule: Schedule, costs: CostModel | None = None,
-                   then: Callable[[tuple[Instr, ...]], tuple[Instr, ...]] | None = None
-                   ) -> Lowered:
+                   then: Callable[[tuple[Instr, ...]], tuple[Instr, ...]] | None = None,
+                   split: Callable[[Split], tuple[Instr, ...]] | None = None) -> Lowered:
     """`lower` of a schedule its caller has just verified: the pass manager verifies every
     pass's output (under the costs' activation sizes, as `check` counts), and verifying a
     262k-op schedule again was 0.4 to 0.6 s of its compile.
@@ -86,7 +88,9 @@ def lower_verified(schedule: Schedule, costs: CostModel | None = None,
     `then` rewrites each rank's program as it is made (a rank-local lowered pass, which the
     pass manager hands over): the programs it returns are `then` applied to each of
     `lower`'s. NOTE (memory): every rank's lowered program beside every rewritten one was a
-    large compile's peak; here each is let go as its rewrite is made."""
+    large compile's peak; here each is let go as its rewrite is made. `split` is `then` for
+    a pass that places every receive itself (`overlap`): it is given what `split_program`
+    would find in each of `lower`'s programs, which is made without the program."""
     cfg = schedule.config
     limits.check_lowering(f"lowering '{schedule.name}'" + (
         f" ({cfg.accumulate} rounds: accumulate)" if cfg.accumulate > 1 else ""),
@@ -97,18 +101,33 @@ def lower_verified(schedule: Schedule, costs: CostModel | None = None,
     # op -> number dict) would be a third of a large lowering's peak. Dropped here (its next
     # user builds it again: compile and `check` have none).
     schedule.drop_index()
+    if then is not None and split is not None:
+        raise TypeError("lower_verified: give `then` or `split`, not both")
     ops = _Ops(schedule, times.pairs)
-    rounds = [_lower_round(schedule, times, r, ops) for r in range(cfg.accumulate)]
+    rounds = [_lower_round(schedule, times, r, ops, split is not None)
+              for r in range(cfg.accumulate)]
     del times, ops
     programs = []
     for rank in range(cfg.ranks):
         prog: list[Instr] = [ZeroGrad()]
+        recvs: list[Comm] = []
+        needs: list[int] = []
         for rnd in rounds:
-            prog.extend(rnd[rank])
+            mine = rnd[rank]
+            if isinstance(mine, Split):
+                shift = len(prog)
+                recvs += mine.recvs
+                needs += [k + shift for k in mine.needs]
+                prog.extend(mine.rest)
+            else:
+                prog.extend(mine)
             rnd[rank] = []  # (let go as the programs are made: they hold it all)
         prog.extend(WaitReduce(i.stage, op=i.op, at=i.at) for i in prog
                     if isinstance(i, ReduceGrad))
         prog.append(OptimizerStep())
+        if split is not None:
+            programs.append(split(Split(prog, recvs, needs)))
+            continue
         done = tuple(_post_early(prog))
         programs.append(done if then is None else then(done))
     return Lowered(schedule.name, cfg.ranks, cfg.stages, cfg.microbatches, cfg.accumulate,
@@ -211,8 +230,10 @@ def _in_progress(starts: Sequence[float], ends: Sequence[float], t: float) -> fl
 
 
 #: a receive until its receiver's program is emitted: its `irecv`'s fields (tensor, producing
-#: stage, micro-batch, sending rank, tag, and the consuming op's name and `.sched` line)
-_Recv = tuple[Tensor, int, int, int, int, str, str]
+#: stage, micro-batch, sending rank, tag, and the consuming op's name and `.sched` line),
+#: whether the consumer is the second op of an overlapped pair, and (with `split`) the
+#: receive's number in its receiver's program once it is posted: a list, numbered in place
+_Recv = list[Any]
 
 #: the kinds that consume a tensor from another stage, and their slot in `_Ops._consumers`
 _CONSUMING: Final = {"F": 0, "FC": 1, "B": 2, "I": 3}
@@ -252,10 +273,20 @@ class _Ops:
             k = _CONSUMING.get(op.kind)
             if k is not None:
                 self._consumers[self._slot(k, op.stage, op.mb)] = i
-        self.span_of = schedule.span_of
-        self._names: list[str | None] = [None] * n
-        self._ats: list[str] = [""] * n
-        self._lines: dict[tuple[str, int], str] = {}
+        #: each op's name and `.sched` line (`file:line`, "" where it has none), shared by
+        #: its instructions: one string each per op, not per instruction. NOTE: made here
+        #: for all ops at once (every op is lowered): a call per look-up, to make them
+        #: lazily, was a tenth of lowering a large schedule.
+        self.names = list(map(str, self.ops))
+        lines: dict[tuple[str, int], str] = {}
+        self.ats = ats = [""] * n
+        for i, span in enumerate(map(schedule.span_of, self.ops)):
+            if span is not None:
+                line = (span.file, span.line)
+                at = lines.get(line)
+                if at is None:
+                    at = lines[line] = f"{span.file}:{span.line}"
+                ats[i] = at
 
     def _slot(self, k: int, stage: int, mb: int) -> int:
         return (k * self._stages + stage) * self._mbs + mb
@@ -270,26 +301,12 @@ class _Ops:
             raise AssertionError(f"no consumer of the {tensor} of stage {stage}, mb {mb}")
         return found
 
-    def origin(self, i: int) -> tuple[str, str]:
-        """Op number `i`'s name and `.sched` line, made once per op and shared by its
-        instructions (one string each per op, not per instruction)."""
-        name = self._names[i]
-        if name is None:
-            op = self.ops[i]
-            span = self.span_of(op)
-            if span is not None:
-                line = (span.file, span.line)
-                at = self._lines.get(line)
-                if at is None:
-                    at = self._lines[line] = f"{span.file}:{span.line}"
-                self._ats[i] = at
-            name = self._names[i] = str(op)
-        return name, self._ats[i]
 
-
-def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
-                 ) -> list[list[Instr]]:
-    """One round's instructions per rank, in the global event order (see the module NOTE).
+def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops, split: bool
+                 ) -> list[list[Instr] | Split]:
+    """One round's instructions per rank, in the global event order (see the module NOTE);
+    with `split`, as `split_program` would find them in those instructions (no `wait-recv`
+    is made, and a receive's consumer is known, not searched for).
 
     NOTE (blocking placement): a blocking send at time t waits for its receiver to post the
     matching receive; a receiver busy with an op at t would make the sender idle until that op
@@ -310,7 +327,7 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
     opens, closes = ops.opens, ops.closes
     busy_starts, busy_ends = times.busy_starts, times.busy_ends
     final = rnd == cfg.accumulate - 1  # reductions run once per step, after the last round
-    origin, placement, stages, tags = ops.origin, cfg.placement, cfg.stages, ops.tags
+    names, ats, placement, stages, tags = ops.names, ops.ats, cfg.placement, cfg.stages, ops.tags
 
     # NOTE (one rank at a time): a rank's instructions are its events in sorted order, and
     # sorting every rank's events together, as this once did, orders each rank's alike (the
@@ -341,19 +358,21 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
                         continue
                     consumer = ops.consumer(tensor, dst, o.mb)
                     mb = o.mb + offset if offset else o.mb  # (the op's own int where it can)
-                    recv = (tensor, o.stage, mb, rank, tags[tag_of(tensor, o.stage, mb, stages)],
-                            *origin(consumer))
+                    # (a list: with `split`, its last item becomes the receive's number)
+                    recv = [tensor, o.stage, mb, rank, tags[tag_of(tensor, o.stage, mb, stages)],
+                            names[consumer], ats[consumer], closes[consumer], -1]
                     post = _in_progress(busy_starts[peer], busy_ends[peer], end)
-                    incoming[peer].append((post, -1, end, rank, pos, k, dst, None, recv))
+                    incoming[peer].append((post, -1, end, rank, pos, k, dst, None, None, recv))
                     waits.setdefault(consumer - closes[consumer], []).append(recv)
         first += len(prog)
 
-    out: list[list[Instr]] = []
+    out: list[list[Instr] | Split] = []
     first = 0
     for rank, prog in enumerate(schedule.programs):
         # Each event is its sort key followed by: the number of the op whose receives are
-        # waited for first (or None), and its instruction, its instructions, or the receive
-        # it posts (`_Recv`, built here). NOTE: flat, not (key, payload): no two keys are
+        # waited for first (or None), where in its instructions each op of the (pair of)
+        # ops takes its input (or None), and its instruction, its instructions, or the
+        # receive it posts (`_Recv`, built here). NOTE: flat, not (key, payload): no two keys are
         # equal over their common length (they differ by time, then posts first, then by
         # the op's topological place, then compute before its sends, then by consumer), so
         # the sort never compares a payload, and a large lowering holds a tuple less per
@@ -366,50 +385,85 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops
                 continue  # lowered with the first op of its pair
             if op.kind == "R":
                 if final:
-                    name, at = origin(i)
-                    events.append((t_start[i], 0, topo[i], 0, rank, pos, None,
+                    name, at = names[i], ats[i]
+                    events.append((t_start[i], 0, topo[i], 0, rank, pos, None, None,
                                    ReduceGrad(op.stage, op=name, at=at)))
                 continue
             pair = opens[i]
             start, end, at_place = t_start[i], t_end[i + pair], topo[i]
             body: list[Instr] = []
             after: list[Instr] = []
+            consumes = 0  # (where in `body` each op of the pair takes its input: 4 bits each)
             for k in range(1 + pair):
                 o = prog[pos + k]
-                oo = origin(i + k)
+                oo = names[i + k], ats[i + k]
                 s, mb = o.stage, o.mb + offset if offset else o.mb
+                consumes |= len(body) << 4 * k
                 body += compute_instrs(o, mb, last, scale, oo)
                 for tensor, dst in outputs_of(o, stages):
                     peer = placement[dst]
                     if peer == rank:
                         after.append(Handoff(tensor, s, mb, op=oo[0], at=oo[1]))
                         continue
-                    events.append((end, 0, at_place, 1, rank, pos, k, dst, None,
+                    events.append((end, 0, at_place, 1, rank, pos, k, dst, None, None,
                                    Send(tensor, s, mb, peer, tags[tag_of(tensor, s, mb, stages)],
                                         op=oo[0], at=oo[1])))
             if pair:  # nothing may come between a pair's instructions
                 body = body[:1] + [replace(b, paired=True) for b in body[1:]]
-            events.append((start, 0, at_place, 0, rank, pos, i, body))
+            events.append((start, 0, at_place, 0, rank, pos, i, consumes, body))
             if after:
-                events.append((end, 0, at_place, 1, rank, pos, -1, None, after))
+                events.append((end, 0, at_place, 1, rank, pos, -1, None, None, after))
         events.sort()
         mine: list[Instr] = []
+        if split:
+            out.append(_split_events(events, waits, mine))
+            first += len(prog)
+            continue
         for e in events:
-            computed, instrs = e[-2], e[-1]
+            computed, instrs = e[-3], e[-1]
             if computed is not None:  # compute: its waits first (in the order their sends
-                for tensor, s, mb, src, tag, name, at in waits.pop(computed, ()):  # happen)
+                for tensor, s, mb, src, tag, name, at, _, _ in waits.pop(computed, ()):  # happen)
                     mine.append(WaitRecv(tensor, s, mb, src, tag, op=name, at=at))
             if type(instrs) is list:
-                mine.extend(instrs)
-            elif type(instrs) is tuple:
-                tensor, s, mb, src, tag, name, at = instrs
-                mine.append(IRecv(tensor, s, mb, src, tag, op=name, at=at))
+                if type(instrs[0]) is str:  # (a receive: `recv`)
+                    tensor, s, mb, src, tag, name, at, _, _ = instrs
+                    mine.append(IRecv(tensor, s, mb, src, tag, op=name, at=at))
+                else:
+                    mine.extend(instrs)
             else:
                 mine.append(instrs)
         del events
         out.append(mine)
         first += len(prog)
     return out
+
+
+def _split_events(events: list[tuple[Any, ...]], waits: dict[int, list[list[Any]]],
+                  rest: list[Instr]) -> Split:
+    """`_lower_round`'s emission of one rank's sorted events, as a `Split`: receives are
+    numbered as they are posted (the last item of their `recv` list), and each gets the
+    place in `rest` of the instruction of the compute that consumes it (`consumes`)."""
+    recvs: list[Comm] = []
+    needs: list[int] = []
+    for e in events:
+        computed, instrs = e[-3], e[-1]
+        if computed is not None:  # a compute: where each of its receives is consumed
+            got = waits.pop(computed, None)
+            if got is not None:
+                consumes = e[-2]
+                for recv in got:
+                    needs[recv[-1]] = len(rest) + (consumes >> 4 * recv[-2] & 15)
+        if type(instrs) is list:
+            if type(instrs[0]) is str:  # (a receive, numbered)
+                tensor, s, mb, src, tag, name, at, _, _ = instrs
+                instrs[-1] = len(recvs)
+                recvs.append(IRecv(tensor, s, mb, src, tag, op=name, at=at))
+                needs.append(-1)
+            else:
+                rest.extend(instrs)
+        else:
+            rest.append(instrs)
+    return Split(rest, recvs, needs)
 
 
 def compute_instrs(op: Op, mb: int, last: int, scale: float, o: tuple[str, str]) -> list[Instr]:
