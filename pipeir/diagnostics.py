@@ -90,12 +90,24 @@ def read_bytes(p: Path, kind: str, most: int | None) -> bytes:
         raise UsageError(f"{p}: cannot read: {e.strerror}") from None
 
 
+#: a carriage return that does not start a "\r\n"
+_LONE_CR = re.compile(r"\r(?!\n)")
+
+
 @dataclass(frozen=True)
 class Source:
     """A piece of source text and the name it is reported under."""
 
     name: str
     text: str
+
+    def __post_init__(self) -> None:
+        # NOTE: Lark, json and tomllib end a line at "\n" only, and every error of a file
+        # with old Mac line endings (a lone "\r") was on its line 1. A lone "\r" ends a line
+        # in every editor, so it is read as "\n": one character for one, so the offsets a
+        # reader finds stay where they were ("\r\n" stays as it is).
+        if isinstance(self.text, str) and "\r" in self.text:
+            object.__setattr__(self, "text", _LONE_CR.sub("\n", self.text))
 
     @classmethod
     def read(cls, path: str | os.PathLike[str], kind: str = ".sched file") -> Source:

@@ -92,6 +92,24 @@ def test_an_unclosed_brace_is_the_one_pointed_at(case: str, line: int, col: int,
     assert notes[0].span is not None and (notes[0].span.line, notes[0].span.col) == (line, col)
 
 
+@pytest.mark.parametrize("end", ["\n", "\r\n", "\r"])
+def test_errors_point_at_the_line_whatever_ends_the_lines(
+        end: str, tmp_path: Path, cli: Callable[..., tuple[int, str, str]]) -> None:
+    # old Mac files end lines with a lone "\r", which Lark does not count: every error of
+    # such a file was reported on line 1
+    text = end.join(["pipeline {", "    ranks = 2", "    microbatches = 4", "}",
+                     "schedule s {", "    rank r { F(r, 0) B(r, 0) x }", "}", ""])
+    with pytest.raises(pipeir.UsageError) as e:
+        pipeir.parse(text)
+    d = e.value.diagnostics[0]
+    assert d.span is not None and (d.span.line, d.span.col) == (6, 32)
+    path = tmp_path / "s.sched"
+    path.write_bytes(text.encode())
+    code, _, err = cli("check", str(path))
+    assert code == 2 and err.startswith(f"{path}:6:32: error: unexpected '}}'"), err
+    assert err.splitlines()[1].strip() == "rank r { F(r, 0) B(r, 0) x }"
+
+
 def test_did_you_mean_notes() -> None:
     with pytest.raises(pipeir.UsageError) as e:
         pipeir.parse(ERRORS / "unknown_name.sched")
