@@ -91,6 +91,8 @@ def lower_verified(schedule: Schedule, costs: CostModel | None = None,
     large compile's peak; here each is let go as its rewrite is made. `split` is `then` for
     a pass that places every receive itself (`overlap`): it is given what `split_program`
     would find in each of `lower`'s programs, which is made without the program."""
+    if then is not None and split is not None:
+        raise TypeError("lower_verified: give `then` or `split`, not both")
     cfg = schedule.config
     limits.check_lowering(f"lowering '{schedule.name}'" + (
         f" ({cfg.accumulate} rounds: accumulate)" if cfg.accumulate > 1 else ""),
@@ -101,8 +103,6 @@ def lower_verified(schedule: Schedule, costs: CostModel | None = None,
     # op -> number dict) would be a third of a large lowering's peak. Dropped here (its next
     # user builds it again: compile and `check` have none).
     schedule.drop_index()
-    if then is not None and split is not None:
-        raise TypeError("lower_verified: give `then` or `split`, not both")
     ops = _Ops(schedule, times.pairs)
     rounds = [_lower_round(schedule, times, r, ops, split is not None)
               for r in range(cfg.accumulate)]
@@ -268,11 +268,12 @@ class _Ops:
         #: made one by one among the lowering's passing objects of its size they left the
         #: allocator's pools of them a third full for the rest of the compile.
         self.tags = list(range(2 * cfg.stages * cfg.microbatches * cfg.accumulate))
-        self._consumers = [-1] * (4 * cfg.stages * cfg.microbatches)
+        self._consumers = consumers = [-1] * (4 * cfg.stages * cfg.microbatches)
+        stages, mbs = cfg.stages, cfg.microbatches
         for i, op in enumerate(self.ops):
             k = _CONSUMING.get(op.kind)
-            if k is not None:
-                self._consumers[self._slot(k, op.stage, op.mb)] = i
+            if k is not None:  # (`_slot`, inline: every op passes here)
+                consumers[(k * stages + op.stage) * mbs + op.mb] = i
         #: each op's name and `.sched` line (`file:line`, "" where it has none), shared by
         #: its instructions: one string each per op, not per instruction. NOTE: made here
         #: for all ops at once (every op is lowered): a call per look-up, to make them
@@ -280,7 +281,7 @@ class _Ops:
         self.names = list(map(str, self.ops))
         lines: dict[tuple[str, int], str] = {}
         self.ats = ats = [""] * n
-        for i, span in enumerate(map(schedule.span_of, self.ops)):
+        for i, span in enumerate(map(schedule.spans().__getitem__, self.ops)):
             if span is not None:
                 line = (span.file, span.line)
                 at = lines.get(line)
@@ -372,8 +373,8 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops, split: 
         # Each event is its sort key followed by: the number of the op whose receives are
         # waited for first (or None), where in its instructions each op of the (pair of)
         # ops takes its input (or None), and its instruction, its instructions, or the
-        # receive it posts (`_Recv`, built here). NOTE: flat, not (key, payload): no two keys are
-        # equal over their common length (they differ by time, then posts first, then by
+        # receive it posts (`_Recv`, built here). NOTE: flat, not (key, payload): no two keys
+        # are equal over their common length (they differ by time, then posts first, then by
         # the op's topological place, then compute before its sends, then by consumer), so
         # the sort never compares a payload, and a large lowering holds a tuple less per
         # event.
