@@ -4,6 +4,7 @@ processes start here; tests/test_runtime.py runs the programs)."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import ClassVar
@@ -24,6 +25,7 @@ from pipeir.backend.instructions import (
     IRecv,
     Load,
     Lowered,
+    OptimizerStep,
     Send,
     WaitRecv,
 )
@@ -398,6 +400,24 @@ def test_a_rank_local_pass_run_as_lowering_makes_each_program_gives_what_it_give
     assert isinstance(overlap, Overlap)
     after = overlap.run(lower(s, costs))
     assert fused == after and fused.overlap and format_lowered(fused) == format_lowered(after)
+
+
+@dataclass(frozen=True)
+class CountedOverlap(Overlap):
+    """A user's subclass of `overlap` that overrides `run_rank` (and not `run_split`)."""
+
+    def run_rank(self, prog: Sequence[Instr]) -> tuple[Instr, ...]:
+        return (*super().run_rank(prog)[:-1], OptimizerStep(op="counted"))
+
+
+def test_a_subclass_overriding_run_rank_is_run_as_it_says_not_through_the_split() -> None:
+    # lowering hands `overlap` split programs (`run_split`); a subclass that overrides only
+    # `run_rank` must still have it run, not be skipped by the split
+    s = pipeir.library.get("1f1b", 3, 6)
+    compiled = pipeir.passes.PassManager(pipeir.passes.Pipeline.of([CountedOverlap()])) \
+        .compile(s).lowered
+    assert all(prog[-1].op == "counted" for prog in compiled.programs)
+    assert compiled == CountedOverlap().run(lower(s))
 
 
 @dataclass(frozen=True)
