@@ -120,12 +120,9 @@ class Overlap(LoweredPass):
             j = q.popleft()
             if q:
                 heapq.heappush(heads, (consumer[q[0]], needs[q[0]], peer))
-            r = recvs[j]
-            # (an unpaired IRecv is its own post: kept, not built again)
             if run and run[0].peer != peer:
                 flush()
-            run.append(r if type(r) is IRecv and not r.paired else
-                       IRecv(r.tensor, r.stage, r.mb, r.peer, r.tag, op=r.op, at=r.at))
+            run.append(_post(recvs[j]))
             posted[j] = 1
             ahead += 1
 
@@ -188,17 +185,23 @@ class Overlap(LoweredPass):
                     post_upto(None)
                     continue
                 for j in order:  # (what `post_upto` would post, in its order)
-                    r = recvs[j]
-                    if run and run[0].peer != r.peer:
+                    if run and run[0].peer != recvs[j].peer:
                         flush()
-                    run.append(r if type(r) is IRecv and not r.paired else
-                               IRecv(r.tensor, r.stage, r.mb, r.peer, r.tag, op=r.op, at=r.at))
+                    run.append(_post(recvs[j]))
                     posted[j] = 1
                 ahead, heads = len(recvs), []
         flush()
         # (a tuple here, which `with_programs` keeps: all ranks' lists, then their tuples,
         # were a tenth of a large program's overlap peak)
         return tuple(out)
+
+
+def _post(r: Comm) -> IRecv:
+    """The `irecv` that posts receive `r` (an unpaired `irecv` is its own: kept, not built
+    again)."""
+    if type(r) is IRecv and not r.paired:
+        return r
+    return IRecv(r.tensor, r.stage, r.mb, r.peer, r.tag, op=r.op, at=r.at)
 
 
 def _all_at_once(recvs: list[Comm], consumer: list[int], needs: list[int]) -> list[int] | None:
