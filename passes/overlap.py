@@ -9,8 +9,9 @@
   consumers posted, in the order the pair consumes them. Only when two receives from one peer
   are consumed in the opposite order of their sends can K be exceeded, since per-peer
   posting order cannot change;
-- every blocking send becomes an `isend` where it was, waited at the end of the step (send
-  buffers are never reused within a step, so nothing needs them sooner);
+- every blocking send becomes an `isend` where it was, and one `wait-sends` before the
+  optimizer step waits for them all (send buffers are never reused within a step, so nothing
+  needs them sooner: torch's runtime waits its sends there too);
 - posts to the same peer at the same point become one `batch` (`batch_isend_irecv`).
 
 The result is proved deadlock-free by `pipeir.backend.commcheck` like any lowered program.
@@ -34,7 +35,7 @@ from pipeir.backend.instructions import (
     OptimizerStep,
     Send,
     WaitRecv,
-    WaitSend,
+    WaitSends,
     ZeroGrad,
 )
 from pipeir.backend.split import Split, split_program
@@ -96,7 +97,7 @@ class Overlap(LoweredPass):
         heapq.heapify(heads)
         posted = bytearray(len(recvs))
         ahead = 0  # posted and not yet waited
-        sends: list[Send] = []
+        sends = False  # a blocking send became an `isend`
         out: list[Instr] = []
         # NOTE (one pass): posts to one peer that end up adjacent are merged into a `batch`
         # as they are emitted (`run`, flushed before anything else is), not in a second pass
@@ -163,7 +164,7 @@ class Overlap(LoweredPass):
             if t is Send or t is ISend:
                 assert isinstance(ins, Comm)
                 if t is Send:
-                    sends.append(ins)  # type: ignore[arg-type]
+                    sends = True
                     ins = ISend(ins.tensor, ins.stage, ins.mb, ins.peer, ins.tag, op=ins.op,
                                 at=ins.at)
                 if run and run[0].peer != ins.peer:
@@ -175,9 +176,8 @@ class Overlap(LoweredPass):
                     out.append(run.pop())
                 else:
                     flush()
-            if t is OptimizerStep:
-                out.extend(WaitSend(s.tensor, s.stage, s.mb, s.peer, s.tag, op=s.op, at=s.at)
-                           for s in sends)
+            if t is OptimizerStep and sends:
+                out.append(WaitSends())
             out.append(ins)
             if t is ZeroGrad:
                 order = _all_at_once(recvs, consumer, needs) if limit == len(recvs) else None

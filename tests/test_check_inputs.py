@@ -103,6 +103,14 @@ def test_the_valid_lowered_json_passes(cli: Cli, tmp_path: Path) -> None:
     assert f"{path}: lowered ok" in out
 
 
+def test_a_file_of_an_earlier_pipeir_of_this_version_passes(cli: Cli, tmp_path: Path) -> None:
+    """Its "columns" lack the instructions added since (`wait-sends`): it reads as before."""
+    data = _lowered()
+    del data["columns"]["wait-sends"]
+    code, _, err = cli("check", "--lowered", _write(tmp_path, data))
+    assert code == 0, err
+
+
 BAD_INSTRUCTIONS: list[tuple[str, int, str, dict[str, Any], str]] = [
     ("stage-word", 0, "forward", {"stage": "zero"},
      '"stage" must be a non-negative integer (64-bit), got "zero"'),
@@ -257,6 +265,9 @@ BAD_HEADERS: list[tuple[str, Edit, str]] = [  # the fault is at "at" below
     ("columns", lambda d: d["columns"]["forward"].reverse(),
      '"columns" are not this pipeir\'s instructions (another version wrote the file? compile '
      "the schedule again)"),
+    ("columns-unknown", lambda d: d["columns"].update({"wait-all": []}),
+     '"columns" are not this pipeir\'s instructions (another version wrote the file? compile '
+     "the schedule again)"),
     ("missing", lambda d: d.pop("stages") and None, 'missing field "stages"'),
     ("missing-version", lambda d: d.pop("version") and None, 'missing field "version"'),
     ("unknown-field", _header(dp=2), 'unknown field "dp" (the header has format, version, '),
@@ -279,6 +290,7 @@ HEADER_AT = {"more-ranks-than-programs": '"ranks"', "fewer-ranks-than-programs":
              "idle-rank": '"placement"', "programs-not-a-list": '"programs"', "name": '"name"',
              "overlap": '"overlap"', "version": '"version"', "missing": "{",
              "earlier-version": '"version"', "columns": '"columns"',
+             "columns-unknown": '"columns"',
              "missing-version": "{", "unknown-field": '"dp"',
              "more-than-the-programs-hold": '"microbatches"',
              "rounds-past-the-programs": '"microbatches"'}

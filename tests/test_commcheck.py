@@ -48,7 +48,9 @@ from pipeir.backend.instructions import (
     WaitRecv,
     WaitReduce,
     WaitSend,
+    WaitSends,
     ZeroGrad,
+    tag_of,
 )
 from pipeir.backend.lower import lower
 from pipeir.diagnostics import PipeirError, VerifyError
@@ -264,13 +266,19 @@ def inject(low: Lowered, fault: str, rnd: random.Random
         sites = _comms(low, (Send, ISend))
     elif fault == "wait-after-consumer":
         sites = _comms(low, (WaitRecv,))
-    else:
-        sites = _comms(low, (Send, ISend, IRecv, WaitRecv, WaitSend))
+    else:  # (a second `wait-sends` waits for nothing: harmless, not a fault)
+        sites = _comms(low, (Send, ISend, IRecv, WaitRecv, WaitSend,
+                             *((WaitSends,) if fault == "drop" else ())))
     if not sites:
         return None
     r, k = rnd.choice(sites)
     prog = list(low.programs[r])
     ins = prog[k]
+    if isinstance(ins, WaitSends):  # dropped: the sends it waited for are never waited
+        prog.pop(k)
+        sent = [c.key for i in prog[:k] for c in (i.posts if isinstance(i, Batch) else (i,))
+                if isinstance(c, ISend)]
+        return _with(low, r, prog), tuple(sent)
     assert isinstance(ins, Comm)
     if fault == "send-before-producer":
         p = _producer(low.programs[r], ins.key)
@@ -680,3 +688,45 @@ def test_a_wait_names_the_peer_its_post_names(peer: int) -> None:
     assert re.search(f" waits for the activation of stage 0, micro-batch [0-9] from rank {peer}, "
                      "but its receive was posted from rank 0$", d.message)
     assert d.notes[0].message.startswith("the receive: rank 1 at #")
+
+
+def _three_ranks(rank1_first: Instr | None) -> Lowered:
+    """1F1B on 3 ranks, one micro-batch, sends waited by `wait-sends`; `rank1_first`: rank 1
+    posts it (a blocking receive) before anything else."""
+    def tag(tensor: str, stage: int) -> int:
+        return tag_of(tensor, stage, 0, 3)  # type: ignore[arg-type]
+    r0 = (ZeroGrad(), Load(0, "input"), Forward(0, 0), ISend("act", 0, 0, 1, tag("act", 0)),
+          WaitSends(), Recv("grad", 1, 0, 1, tag("grad", 1)), Backward(0, 0), OptimizerStep())
+    r1 = (ZeroGrad(), *((rank1_first,) if rank1_first else ()),
+          Recv("act", 0, 0, 0, tag("act", 0)), Forward(1, 0), ISend("act", 1, 0, 2, tag("act", 1)),
+          *(() if rank1_first else (Recv("grad", 2, 0, 2, tag("grad", 2)),)),
+          Backward(1, 0), ISend("grad", 1, 0, 0, tag("grad", 1)), WaitSends(), OptimizerStep())
+    r2 = (ZeroGrad(), Recv("act", 1, 0, 1, tag("act", 1)), Forward(2, 0), Load(0, "target"),
+          Loss(2, 0, 1.0), Backward(2, 0), ISend("grad", 2, 0, 1, tag("grad", 2)),
+          WaitSends(), OptimizerStep())
+    return Lowered("three", 3, 3, 1, 1, (0, 1, 2), (r0, r1, r2), overlap=True)
+
+
+def test_wait_sends_waits_for_the_receive_of_every_send_posted_before_it() -> None:
+    """`wait-sends` completes once every send posted before it is received: the abstract run
+    follows it like the waits it replaces, a deadlock through it names the peer it waits on,
+    and a send posted after it is a send never waited for."""
+    check_comm(_three_ranks(None))
+    # rank 1 blocks on rank 2's gradient before it receives rank 0's activation: rank 0 waits
+    # in `wait-sends` for that receive, rank 2 for rank 1's activation
+    with pytest.raises(VerifyError) as e:
+        check_comm(_three_ranks(Recv("grad", 2, 0, 2, tag_of("grad", 2, 0, 3))))
+    d = e.value.diagnostics[0]
+    assert d.message.endswith("deadlock under rendezvous semantics: rank 0 -> rank 1 -> "
+                              "rank 2 -> rank 1"), d.message
+    assert d.notes[0].message == ("rank 0 at #4 `wait-sends` waits for rank 1; rank 1 is at "
+                                  "#1 `recv`")
+    low = _three_ranks(None)
+    r2 = list(low.programs[2])
+    assert isinstance(r2[6], ISend) and r2[7] == WaitSends()
+    r2[6], r2[7] = r2[7], r2[6]  # the send after the wait
+    with pytest.raises(VerifyError) as e:
+        check_comm(_with(low, 2, r2))
+    assert [x.message for x in e.value.diagnostics] == [
+        "rank 2 at #7 `isend tensor=grad stage=2 mb=0 peer=1 tag=5` posts a send of the input "
+        "gradient of stage 2, micro-batch 0 that is never waited for before the program ends"]

@@ -215,6 +215,17 @@ class WaitRecv(Comm):
 
 
 @dataclass(frozen=True, slots=True)
+class WaitSends(Instr):
+    """Wait for every send this rank has posted and not yet waited for.
+
+    NOTE: a send's buffer is the producer's output, which nothing overwrites within a step,
+    so nothing needs a send completed before the step ends: torch's runtime waits all its
+    sends there, and so does `overlap`. One instruction for all of them, not a `wait-send`
+    each, is a fifth fewer instructions for every later layer (the proof, the writer, the
+    ranks' interpreter) to walk."""
+
+
+@dataclass(frozen=True, slots=True)
 class Batch(Instr):
     """Posts issued at the same point, as one `batch_isend_irecv`."""
 
@@ -228,6 +239,7 @@ MNEMONICS: dict[type, str] = {
     BackwardWeight: "backward-weight", Handoff: "handoff", Send: "send", Recv: "recv",
     ISend: "isend", IRecv: "irecv", WaitSend: "wait-send", WaitRecv: "wait-recv",
     Batch: "batch", ReduceGrad: "reduce-grad", WaitReduce: "wait-reduce",
+    WaitSends: "wait-sends",
 }
 BY_MNEMONIC: dict[str, type] = {v: k for k, v in MNEMONICS.items()}
 

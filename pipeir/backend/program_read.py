@@ -171,6 +171,16 @@ def _rows(prog: tuple[Instr, ...] | dict[str, Any]) -> int:
     return len(table) if type(table) is list else 0
 
 
+def _check_columns(columns: object) -> None:
+    """Each instruction the file's "columns" name has this pipeir's columns. NOTE: a subset
+    is fine: an earlier pipeir of this version wrote every instruction it knew (this one
+    added `wait-sends`), and its files read exactly as they did."""
+    ours = columns_json()
+    if type(columns) is not dict or any(ours.get(k, None) != v for k, v in columns.items()):
+        raise _Fault(("columns",), "\"columns\" are not this pipeir's instructions (another "
+                                   "version wrote the file? compile the schedule again)")
+
+
 def _header(data: object, read: bool = False) -> dict[str, Any]:
     """The checked top-level object (module NOTE on reading lowered JSON); with `read`, its
     programs are read already (`load`)."""
@@ -193,9 +203,8 @@ def _header(data: object, read: bool = False) -> dict[str, Any]:
     if extra:  # a "dp": 2 here reads as if it meant something; nothing reads it
         raise _Fault((extra[0],), f"unknown field {_shown(extra[0])} (the header has "
                          f"{', '.join(known)})")
-    if "columns" in data and data["columns"] != columns_json():
-        raise _Fault(("columns",), "\"columns\" are not this pipeir's instructions (another "
-                                   "version wrote the file? compile the schedule again)")
+    if "columns" in data:
+        _check_columns(data["columns"])
     for key, hint in (("name", str), ("overlap", bool), (PROVED, str)):
         want = _wanted(data[key], hint) if key in data else None
         if want is not None:

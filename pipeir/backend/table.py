@@ -9,7 +9,9 @@ straight-line form passes), and `kind` says what happens to the result:
 - `POST`: an `isend`/`irecv` handle, kept in handle slot `slot`;
 - `BATCH`: a `batch`'s handles, kept in the slots of the tuple `slot` (one per post);
 - `WAIT`: `wait-send`/`wait-recv` of the handle in slot `slot` (the slot is cleared first,
-  so a received buffer lives no longer than in the straight-line form, and reused).
+  so a received buffer lives no longer than in the straight-line form, and reused);
+- `WAITS`: `wait-sends`, after clearing the slots of the tuple `slot` (every send posted and
+  not yet waited: the context keeps them, and waits them all).
 
 NOTE (why a table and not the schedule's loops): lowering places communication by simulated
 time (`pipeir.backend.lower`), so a rank's program is not the `.sched` loops unrolled but an
@@ -38,10 +40,11 @@ from pipeir.backend.instructions import (
     Lowered,
     WaitRecv,
     WaitSend,
+    WaitSends,
 )
 
 #: What the interpreter does with a row's result (module docstring).
-CALL, POST, BATCH, WAIT = 0, 1, 2, 3
+CALL, POST, BATCH, WAIT, WAITS = 0, 1, 2, 3, 4
 
 #: The `Context` method of each opcode: the mnemonic with `-` as `_` (`wait-recv` ->
 #: `wait_recv`), in `MNEMONICS` order; the generated interpreter binds them in this order.
@@ -98,6 +101,10 @@ def rank_table(lowered: Lowered, rank: int) -> tuple[Row, ...]:
             else:  # never filled: the wait gets None and fails in the runtime
                 slot, used = used, used + 1
             rows.append((WAIT, code, (), slot))
+        elif cls is WaitSends:
+            sent = [key for key in slots if key[0]]
+            rows.append((WAITS, code, (), tuple(slots.pop(key) for key in sent)))
+            free.extend(rows[-1][3])
         elif cls is Batch:
             assert isinstance(ins, Batch)
             rows.append((BATCH, code, tuple(_post_args(p) for p in ins.posts),

@@ -118,7 +118,9 @@ class Context:
         self.in_grads: dict[Key, list[torch.Tensor]] = {}
         self.weight_work: dict[Key, splitgrad.WeightWork] = {}
         self.targets: dict[int, Any] = {}
-        self.sends: list[Handle] = []
+        #: sends posted and not yet waited, in posting order (by `id`: `wait-send` removes
+        #: one without a scan, which was quadratic in a step's sends)
+        self.sends: dict[int, Handle] = {}
 
     def begin_step(self, xs: Sequence[Any], ys: Sequence[Any]) -> None:
         self._reset()
@@ -173,9 +175,7 @@ class Context:
 
     def step(self) -> None:
         t0 = self._enter()
-        for h in self.sends:  # sends not waited yet (none without overlap)
-            self._wait(h)
-        self.sends = []
+        self._wait_sends()  # (none left where the proof accepted the program)
         self.stats = self.optim.step()
         self._leave(t0)
 
@@ -362,7 +362,7 @@ class Context:
     def isend(self, tensor: str, stage: int, mb: int, peer: int, tag: int) -> Handle:
         t0 = self._enter()
         h = self._post("send", tensor, stage, mb, peer, tag)
-        self.sends.append(h)
+        self.sends[id(h)] = h
         self._leave(t0)
         return h
 
@@ -398,7 +398,7 @@ class Context:
                     h.buf.record_stream(self.comm_stream)
         for h in handles:
             if h.kind == "send":
-                self.sends.append(h)
+                self.sends[id(h)] = h
         self._leave(t0)
         return handles
 
@@ -408,7 +408,12 @@ class Context:
     def wait_send(self, h: Handle) -> None:
         t0 = self._enter()
         self._wait(h)
-        self.sends = [s for s in self.sends if s is not h]
+        self.sends.pop(id(h), None)
+        self._leave(t0)
+
+    def wait_sends(self) -> None:
+        t0 = self._enter()
+        self._wait_sends()
         self._leave(t0)
 
     def wait_recv(self, h: Handle) -> None:
@@ -417,6 +422,12 @@ class Context:
         self._leave(t0)
 
     # ---- helpers ---------------------------------------------------------------------------
+    def _wait_sends(self) -> None:
+        """Wait every send posted and not yet waited, in posting order."""
+        sends, self.sends = self.sends, {}
+        for h in sends.values():
+            self._wait(h)
+
     def _handle(self, kind: str, tensor: str, stage: int, mb: int, peer: int, tag: int
                 ) -> Handle:
         if kind == "send":

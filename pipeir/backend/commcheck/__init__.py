@@ -16,9 +16,9 @@ NOTE (the rules, in the order they are checked; each later rule assumes the earl
    it and while it is still held (an activation until its stage's backward of that
    micro-batch, when torch frees it); a compute that consumes a tensor from another rank
    comes after the wait for its receive, one from the same rank after its hand-off; a wait
-   follows its post; a receive is not posted twice while the first is outstanding; stage,
-   micro-batch and peer agree with the placement; inside an overlapped pair there is only
-   the pair's compute.
+   follows its post (a `wait-sends` waits for every send posted before it); a receive is
+   not posted twice while the first is outstanding; stage, micro-batch and peer agree with
+   the placement; inside an overlapped pair there is only the pair's compute.
 2. *Matching*: every transfer the placement implies is sent exactly once and received
    exactly once, with the same tag on both sides (gloo matches by tag). *Computing*: every
    stage runs, per micro-batch, one forward, the loss on the last stage, and one backward

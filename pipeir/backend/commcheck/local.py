@@ -33,6 +33,7 @@ from pipeir.backend.instructions import (
     Send,
     WaitRecv,
     WaitSend,
+    WaitSends,
 )
 
 #: What may sit inside an overlapped pair, by exact type (`programs.py`'s NOTE).
@@ -163,6 +164,9 @@ class Local(Programs):
                             received.add(key)
                     else:
                         yield from self._wait(Site(rank, pc, ins), outstanding, received)
+                elif t is WaitSends:  # every send posted so far is waited
+                    for sk in [sk for sk in outstanding if sk[0]]:
+                        del outstanding[sk]
                 elif t is Handoff:
                     key = (ins.tensor, ins.stage, ins.mb)  # type: ignore[attr-defined]
                     if key not in held:

@@ -10,7 +10,6 @@ from pipeir.backend.commcheck.findings import Channel, Key, Locator, Site, descr
 from pipeir.backend.commcheck.programs import is_send
 from pipeir.backend.instructions import (
     Batch,
-    Comm,
     Instr,
     IRecv,
     ISend,
@@ -19,12 +18,13 @@ from pipeir.backend.instructions import (
     Send,
     WaitRecv,
     WaitSend,
+    WaitSends,
 )
 from pipeir.diagnostics import Diagnostic, Note
 
 
-def run(lowered: Lowered) -> tuple[list[int], Callable[[int], Comm | None]]:
-    """Execute all ranks abstractly; the final pcs and, per rank, what it waits on.
+def run(lowered: Lowered) -> tuple[list[int], Callable[[int], int | None]]:
+    """Execute all ranks abstractly; the final pcs and, per rank, the peer it waits on.
 
     Each post gets its index in its channel's queue; a blocking call or wait is done once the
     other side has posted more than that index (rules 2 and 3 made the indices agree).
@@ -33,7 +33,8 @@ def run(lowered: Lowered) -> tuple[list[int], Callable[[int], Comm | None]]:
     receiver's receives), in its program order, so every post's index is known before the
     run: `_steps` numbers them once, and the run itself only counts posts per channel and
     compares integers. A blocking send or receive is posted when its rank reaches it, before
-    it waits."""
+    it waits. A `wait-sends` waits, per peer, for the receive of the last send posted to it
+    (per-pair FIFO: the earlier ones are matched by then)."""
     progs = lowered.programs
     n = len(progs)
     channels: dict[tuple[bool, Channel], int] = {}
@@ -45,7 +46,7 @@ def run(lowered: Lowered) -> tuple[list[int], Callable[[int], Comm | None]]:
     while moved:
         moved = False
         for r in range(n):
-            needs, indices, posts, batches = steps[r]
+            needs, indices, posts, batches, alls = steps[r]
             i, end = pc[r], len(needs)
             while i < end:
                 if not reached[r]:
@@ -58,7 +59,11 @@ def run(lowered: Lowered) -> tuple[list[int], Callable[[int], Comm | None]]:
                             counts[c] += 1
                         moved = True
                 need = needs[i]
-                if need >= 0 and counts[need] <= indices[i]:
+                if need >= 0:
+                    if counts[need] <= indices[i]:
+                        reached[r] = True
+                        break
+                elif need < -1 and any(counts[c] <= k for c, k, _ in alls[-2 - need]):
                     reached[r] = True
                     break
                 reached[r] = False
@@ -66,25 +71,30 @@ def run(lowered: Lowered) -> tuple[list[int], Callable[[int], Comm | None]]:
                 moved = True
             pc[r] = i
 
-    def waits_on(rank: int) -> Comm | None:
+    def waits_on(rank: int) -> int | None:
         if pc[rank] >= len(progs[rank]):
             return None
         ins = progs[rank][pc[rank]]
-        return ins if type(ins) in _WAITING else None  # type: ignore[return-value]
+        if type(ins) is WaitSends:
+            alls = steps[rank][4][-2 - steps[rank][0][pc[rank]]]
+            return next((peer for c, k, peer in alls if counts[c] <= k), None)
+        return ins.peer if type(ins) in _WAITING else None  # type: ignore[attr-defined]
 
     return pc, waits_on
 
 
 #: What a rank can wait at (by exact type: `programs.py`'s NOTE).
-_WAITING = frozenset({Send, Recv, WaitSend, WaitRecv})
+_WAITING = frozenset({Send, Recv, WaitSend, WaitRecv})  # (and `wait-sends`)
 #: The index a wait without a post waits for (rule 1 reports such a wait first).
 _NEVER = 2**31 - 1
 #: A rank's steps, one per instruction, as three columns: the channel side it waits on (-1:
-#: none), the index there that must be posted, and what it posts (a channel side; -1:
-#: nothing; -2 - j: the sides of `batches[j]`, a batch's posts), then `batches`.
+#: none; -2 - j: each (side, index, peer) of `alls[j]`, a `wait-sends`), the index there that
+#: must be posted, and what it posts (a channel side; -1: nothing; -2 - j: the sides of
+#: `batches[j]`, a batch's posts), then `batches` and `alls`.
 #: NOTE (memory): columns of 32-bit integers, not a tuple per instruction: a wait's tuple
 #: and its index (an int object) were the largest part of a large program's proof.
-Steps = tuple["array[int]", "array[int]", "array[int]", list[tuple[int, ...]]]
+Steps = tuple["array[int]", "array[int]", "array[int]", list[tuple[int, ...]],
+              list[tuple[tuple[int, int, int], ...]]]
 
 
 def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channel], int]
@@ -108,6 +118,7 @@ def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channe
     handle: dict[tuple[bool, Key], int] = {}  # a post's index, for its wait
     needs, indices, posts = array("i"), array("i"), array("i")
     batches: list[tuple[int, ...]] = []
+    alls: list[tuple[tuple[int, int, int], ...]] = []
     need, index, post = needs.append, indices.append, posts.append
     # (a side's look-up is inline, `side` only makes it: this visits every instruction)
     for ins in prog:
@@ -136,6 +147,13 @@ def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channe
             need(-1)
             index(0)
             post(mine)
+        elif t is WaitSends:  # per peer sent to, the last send's index
+            need(-2 - len(alls))
+            index(0)
+            post(-1)
+            alls.append(tuple((theirs, own[mine] - 1, peer)
+                              for (send, peer), (mine, theirs) in sides.items()
+                              if send and own.get(mine, 0)))
         elif t is not Batch:
             need(-1)  # (a compute)
             index(0)
@@ -156,16 +174,15 @@ def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channe
             else:
                 post(-2 - len(batches))
                 batches.append(tuple(posted))
-    return needs, indices, posts, batches
+    return needs, indices, posts, batches, alls
 
 
 def explain(lowered: Lowered, pc: list[int], stuck: list[int],
-             waits_on: Callable[[int], Comm | None], loc: Locator) -> Diagnostic:
+             waits_on: Callable[[int], int | None], loc: Locator) -> Diagnostic:
     progs = lowered.programs
     chain: list[int] = [stuck[0]]
     while True:
-        c = waits_on(chain[-1])
-        nxt = c.peer if c is not None else None
+        nxt = waits_on(chain[-1])
         if nxt is None or nxt in chain:
             if nxt is not None:
                 chain.append(nxt)
@@ -173,8 +190,7 @@ def explain(lowered: Lowered, pc: list[int], stuck: list[int],
         chain.append(nxt)
     notes = []
     for a in chain[:-1] if len(chain) > 1 else chain:
-        c = waits_on(a)
-        peer = c.peer if c is not None else None
+        peer = waits_on(a)
         tail = (f"; rank {peer} is at #{pc[peer]} `{progs[peer][pc[peer]].mnemonic}`"
                 if peer is not None and pc[peer] < len(progs[peer])
                 else f"; rank {peer} has finished" if peer is not None else "")
