@@ -150,8 +150,9 @@ class LoweredPass(PassBase):
         raise NotImplementedError(f"pass '{self.name}' does not define run()")
 
     #: Whether a rank-local pass places every receive itself and reads nothing else of where
-    #: they were (`overlap`): then it defines `run_split`, and lowering hands it each program
-    #: split (`pipeir.backend.split`) without making the program.
+    #: they were, nor their order across peers (`overlap`): then it defines `run_split`, and
+    #: lowering hands it each program split (`pipeir.backend.split`) without making the
+    #: program.
     splits: ClassVar[bool] = False
 
     def run_rank(self, program: tuple[Instr, ...]) -> tuple[Instr, ...]:

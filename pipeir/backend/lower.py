@@ -307,7 +307,8 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops, split: 
                  ) -> list[list[Instr] | Split]:
     """One round's instructions per rank, in the global event order (see the module NOTE);
     with `split`, as `split_program` would find them in those instructions (no `wait-recv`
-    is made, and a receive's consumer is known, not searched for).
+    is made, and a receive's consumer is known, not searched for), each rank's receives
+    listed by sender (`_split_events`).
 
     NOTE (blocking placement): a blocking send at time t waits for its receiver to post the
     matching receive; a receiver busy with an op at t would make the sender idle until that op
@@ -337,14 +338,15 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops, split: 
     # the next rank's: a large lowering holds one rank's events at a time, not every rank's.
     #
     # NOTE (locality): a receive is found while lowering its sender but built while emitting
-    # its receiver (`_Recv` until then), so each rank's instructions are made together and
+    # its receiver (`_Recv` until then; with `split`, once every rank's are emitted, a rank
+    # at a time), so each rank's instructions are made together and
     # lie together in memory: the proof and the writer walk a program at a time, and at
     # p = 64 (1.3 M instructions, past the caches) a receiver's instructions scattered among
     # every other rank's made the proof about a fifth slower.
     incoming: list[list[tuple[Any, ...]]] = [[] for _ in range(cfg.ranks)]
     waits: dict[int, list[_Recv]] = {}  # by the number of the op they go before
     first = 0  # the number of the rank's first op
-    for rank, prog in enumerate(schedule.programs):
+    for rank, prog in enumerate(schedule.programs if not split else ()):
         for pos, op in enumerate(prog):
             i = first + pos
             if closes[i] or op.kind == "R":
@@ -368,6 +370,9 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops, split: 
         first += len(prog)
 
     out: list[list[Instr] | Split] = []
+    # (with `split`: per op number, where its compute starts in its rank's `rest`)
+    start_of = array("q", bytes(8 * len(ops.names))) if split else array("q")
+    received: list[list[tuple[Any, ...]]] = [[] for _ in range(cfg.ranks)] if split else []
     first = 0
     for rank, prog in enumerate(schedule.programs):
         # Each event is its sort key followed by: the number of the op whose receives are
@@ -406,9 +411,12 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops, split: 
                     if peer == rank:
                         after.append(Handoff(tensor, s, mb, op=oo[0], at=oo[1]))
                         continue
-                    events.append((end, 0, at_place, 1, rank, pos, k, dst, None, None,
-                                   Send(tensor, s, mb, peer, tags[tag_of(tensor, s, mb, stages)],
-                                        op=oo[0], at=oo[1])))
+                    tag = tags[tag_of(tensor, s, mb, stages)]
+                    # (with `split`, the receive rides on its send: `_split_events`)
+                    recv = (tensor, s, mb, rank, tag, ops.consumer(tensor, dst, o.mb)) \
+                        if split else None
+                    events.append((end, 0, at_place, 1, rank, pos, k, dst, None, recv,
+                                   Send(tensor, s, mb, peer, tag, op=oo[0], at=oo[1])))
             if pair:  # nothing may come between a pair's instructions
                 body = body[:1] + [replace(b, paired=True) for b in body[1:]]
             events.append((start, 0, at_place, 0, rank, pos, i, consumes, body))
@@ -417,7 +425,8 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops, split: 
         events.sort()
         mine: list[Instr] = []
         if split:
-            out.append(_split_events(events, waits, mine))
+            _split_events(events, mine, start_of, received)
+            out.append(Split(mine, [], []))
             first += len(prog)
             continue
         for e in events:
@@ -436,35 +445,43 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops, split: 
         del events
         out.append(mine)
         first += len(prog)
+    if split:  # each rank's receives, as its senders sent them (`_split_events`)
+        for rank, got in enumerate(received):
+            received[rank] = []
+            made = out[rank]
+            assert isinstance(made, Split)
+            made.recvs.extend(IRecv(tensor, s, mb, src, tag, op=names[c], at=ats[c])
+                              for tensor, s, mb, src, tag, c in got)
+            made.needs.extend(start_of[c] for *_, c in got)
     return out
 
 
-def _split_events(events: list[tuple[Any, ...]], waits: dict[int, list[list[Any]]],
-                  rest: list[Instr]) -> Split:
-    """`_lower_round`'s emission of one rank's sorted events, as a `Split`: receives are
-    numbered as they are posted (the last item of their `recv` list), and each gets the
-    place in `rest` of the instruction of the compute that consumes it (`consumes`)."""
-    recvs: list[Comm] = []
-    needs: list[int] = []
+def _split_events(events: list[tuple[Any, ...]], rest: list[Instr], start_of: array[int],
+                  received: list[list[tuple[Any, ...]]]) -> None:
+    """`_lower_round`'s emission of one rank's sorted events with `split`: `rest` gets its
+    instructions, `start_of` the place in `rest` of each op's first compute instruction (where
+    it consumes its input), and each send's receive joins its receiver's `received`.
+
+    NOTE (no receive events): a split program has no receives in `rest`, and the pass it is
+    for places them itself, so where lowering would post one does not matter; what does is
+    each peer's order of them (per-peer FIFO), which is the order of their sends, and where
+    each is consumed. So a receive is carried by its send, not timed and sorted on its own
+    (a third of a large lowering's events), and its `needs` is looked up once every rank's
+    compute has its place."""
     for e in events:
         computed, instrs = e[-3], e[-1]
-        if computed is not None:  # a compute: where each of its receives is consumed
-            got = waits.pop(computed, None)
-            if got is not None:
-                consumes = e[-2]
-                for recv in got:
-                    needs[recv[-1]] = len(rest) + (consumes >> 4 * recv[-2] & 15)
-        if type(instrs) is list:
-            if type(instrs[0]) is str:  # (a receive, numbered)
-                tensor, s, mb, src, tag, name, at, _, _ = instrs
-                instrs[-1] = len(recvs)
-                recvs.append(IRecv(tensor, s, mb, src, tag, op=name, at=at))
-                needs.append(-1)
-            else:
-                rest.extend(instrs)
+        if computed is not None:  # a compute: where the op (and a pair's second) consumes
+            consumes = e[-2]
+            start_of[computed] = len(rest) + (consumes & 15)
+            if consumes:
+                start_of[computed + 1] = len(rest) + (consumes >> 4 & 15)
+            rest.extend(instrs)
+        elif type(instrs) is list:
+            rest.extend(instrs)
         else:
             rest.append(instrs)
-    return Split(rest, recvs, needs)
+            if e[-2] is not None:  # a send, with its receive
+                received[instrs.peer].append(e[-2])  # type: ignore[attr-defined]
 
 
 def compute_instrs(op: Op, mb: int, last: int, scale: float, o: tuple[str, str]) -> list[Instr]:

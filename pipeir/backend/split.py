@@ -3,11 +3,12 @@ receive itself (the `overlap` pass) works on.
 
 Such a pass keeps everything but the receives where it is and decides where each receive is
 posted and waited; what it needs of a program is that rest, the receives (each peer's in
-program order: per-peer FIFO matching depends on it) and, per receive, the instruction that
-consumes it. `split_program` finds them in any program. Lowering knows them as it places
-communication, and hands them over without building the program it would have split
-(`pipeir.backend.lower`'s `split`): at p = 64 (1.3 M instructions) the blocking program made
-only to be taken apart again was about a quarter of lowering and overlapping it.
+program order: per-peer FIFO matching depends on it; their order across peers says nothing)
+and, per receive, the instruction that consumes it. `split_program` finds them in any
+program. Lowering knows them as it places communication, and hands them over without
+building the program it would have split (`pipeir.backend.lower`'s `split`): at p = 64
+(1.3 M instructions) the blocking program made only to be taken apart again was about a
+quarter of lowering and overlapping it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from pipeir.backend.instructions import (
 @dataclass(frozen=True, slots=True)
 class Split:
     """One rank's program as `rest` (every instruction but its receives, `recv` or `irecv`,
-    and their `wait-recv`s, in program order), `recvs` (in program order) and `needs`: per
+    and their `wait-recv`s, in program order), `recvs` (each peer's in program order; lowering
+    lists them by peer, `split_program` as the program does) and `needs`: per
     receive, the index in `rest` of the compute that consumes it (a forward the activation,
     a whole or input-half backward the gradient), or of the instruction after the receive
     where none does (a hand-written program's)."""
