@@ -5,10 +5,10 @@
   it (before the whole pair when the consumer is half of an overlapped pair). Receives are
   posted earliest consumer first, keeping each peer's receives in their original order (so
   per-peer FIFO matching is unchanged), at most K ahead of their waits (K = 0: no bound, all
-  posted at the start of the step). Receives consumed by one pair are waited, and at equal
-  consumers posted, in the order the pair consumes them. Only when two receives from one peer
-  are consumed in the opposite order of their sends can K be exceeded, since per-peer
-  posting order cannot change;
+  posted at the start of the step, one `batch` per peer). Receives consumed by one pair are
+  waited, and at equal consumers posted, in the order the pair consumes them. Only when two
+  receives from one peer are consumed in the opposite order of their sends can K be
+  exceeded, since per-peer posting order cannot change;
 - every blocking send becomes an `isend` where it was, and one `wait-sends` before the
   optimizer step waits for them all (send buffers are never reused within a step, so nothing
   needs them sooner: torch's runtime waits its sends there too);
@@ -180,15 +180,18 @@ class Overlap(LoweredPass):
                 out.append(WaitSends())
             out.append(ins)
             if t is ZeroGrad:
-                order = _all_at_once(recvs, consumer, needs) if limit == len(recvs) else None
-                if order is None:
+                if limit < len(recvs):
                     post_upto(None)
                     continue
-                for j in order:  # (what `post_upto` would post, in its order)
-                    if run and run[0].peer != recvs[j].peer:
-                        flush()
-                    run.append(_post(recvs[j]))
-                    posted[j] = 1
+                # NOTE (no bound): every receive is posted here, so their order across peers
+                # changes nothing (posting never blocks, and matching is per peer): each
+                # peer's are one `batch`, in its order, the peer whose receive is consumed
+                # first first. A post each in consumer order was a quarter of a large
+                # program's instructions, for every later layer to walk.
+                for _, _, peer in sorted(heads):
+                    run.extend(_post(recvs[j]) for j in queues[peer])
+                    flush()
+                posted = bytearray(b"\x01") * len(recvs)
                 ahead, heads = len(recvs), []
         flush()
         # (a tuple here, which `with_programs` keeps: all ranks' lists, then their tuples,
@@ -202,25 +205,3 @@ def _post(r: Comm) -> IRecv:
     if type(r) is IRecv and not r.paired:
         return r
     return IRecv(r.tensor, r.stage, r.mb, r.peer, r.tag, op=r.op, at=r.at)
-
-
-def _all_at_once(recvs: list[Comm], consumer: list[int], needs: list[int]) -> list[int] | None:
-    """The order in which `run_split` posts all receives at once (no bound): the heads of
-    the peers' queues by (consumer, consuming instruction, peer), which is the receives
-    sorted by that key where each peer's receives are in its order (as lowering's are), or
-    None where they are not (the heap then merges them).
-
-    NOTE: a sort of one int per receive, not a heap's pop and push of a tuple per receive:
-    posting every receive at the start was a sixth of the pass."""
-    n = len(recvs)
-    if not n:
-        return []
-    ranks = 1 + max(r.peer for r in recvs)
-    span = 1 + max(max(consumer), max(needs))
-    keys = [(c * span + k) * ranks + r.peer for c, k, r in zip(consumer, needs, recvs)]
-    last: dict[int, int] = {}
-    for key, r in zip(keys, recvs):
-        if last.get(r.peer, -1) > key:
-            return None
-        last[r.peer] = key
-    return sorted(range(n), key=keys.__getitem__)
