@@ -43,6 +43,11 @@ _FORWARDS = frozenset({Forward, ForwardCheckpoint})
 _BACKWARDS = frozenset({Backward, BackwardInput})
 
 
+#: Per side (receives, then sends: indexed by "is a send"), the posts of each transfer not yet
+#: waited for, as (rank, pc, post).
+Outstanding = tuple[dict[Key, list[Site]], dict[Key, list[Site]]]
+
+
 class Local(Programs):
     """Rule 1 over one set of programs."""
 
@@ -97,7 +102,9 @@ class Local(Programs):
         # every rank, and a method call or property per instruction was most of its time.
         # The helpers explain what the inline tests find wrong. A post waiting for its wait
         # is kept as a plain (rank, pc, post) tuple, made a `Site` only where a finding
-        # names it, and a key's entry leaves `outstanding` with its last post.
+        # names it, and a key's entry leaves `outstanding` with its last post. Posts waiting
+        # for their wait are kept per side (`outstanding[send]`, by key): a (send, key) tuple
+        # made and hashed per post and per wait was a fifth of the rule.
         place, last, mbs = self.low.placement, self.last, self.mbs
         key: Key
         for rank, prog in enumerate(self.low.programs):
@@ -105,7 +112,8 @@ class Local(Programs):
             freed: dict[Key, Site] = {}
             handed: set[Key] = set()
             received: set[Key] = set()
-            outstanding: dict[tuple[bool, Key], list[Site]] = {}  # posted, not yet waited
+            outstanding: Outstanding = ({}, {})  # receives, sends: posted, not yet waited
+            recvs_out, sends_out = outstanding
             for pc, ins in enumerate(prog):
                 t = type(ins)
                 if ins.paired and t not in _PAIRABLE:
@@ -136,8 +144,8 @@ class Local(Programs):
                     elif send:
                         if key not in held:
                             yield from self._send_held(Site(rank, pc, c), key, held, freed)
-                    elif (False, key) in outstanding:
-                        first = outstanding[(False, key)][0]
+                    elif key in recvs_out:
+                        first = recvs_out[key][0]
                         yield Finding(f"receives {what(key)} a second time while the "
                                        f"first receive is still outstanding (torch: \"Recv "
                                        f"twice without executing\")", Site(rank, pc, c),
@@ -145,19 +153,21 @@ class Local(Programs):
                     if ct is Recv:  # blocking: posted and waited at once
                         received.add(key)
                     elif ct is not Send:
-                        entry = outstanding.get((send, key))
+                        side = sends_out if send else recvs_out
+                        entry = side.get(key)
                         if entry is None:
-                            outstanding[(send, key)] = [(rank, pc, c)]  # type: ignore[list-item]
+                            side[key] = [(rank, pc, c)]  # type: ignore[list-item]
                         else:
                             entry.append((rank, pc, c))  # type: ignore[arg-type]
                 if t is WaitSend or t is WaitRecv:
                     send = t is WaitSend
                     key = (ins.tensor, ins.stage, ins.mb)  # type: ignore[attr-defined]
-                    posted = outstanding.get((send, key))
+                    side = sends_out if send else recvs_out
+                    posted = side.get(key)
                     if posted and posted[0][2].peer == ins.peer:  # type: ignore[attr-defined]
                         # (`_wait`'s way, inline: every wait passes here)
                         if len(posted) == 1:
-                            del outstanding[(send, key)]
+                            del side[key]
                         else:
                             posted.pop(0)
                         if not send:
@@ -165,8 +175,7 @@ class Local(Programs):
                     else:
                         yield from self._wait(Site(rank, pc, ins), outstanding, received)
                 elif t is WaitSends:  # every send posted so far is waited
-                    for sk in [sk for sk in outstanding if sk[0]]:
-                        del outstanding[sk]
+                    sends_out.clear()
                 elif t is Handoff:
                     key = (ins.tensor, ins.stage, ins.mb)  # type: ignore[attr-defined]
                     if key not in held:
@@ -197,18 +206,19 @@ class Local(Programs):
                             freed[act] = Site(rank, pc, ins)
                         if stage > 0:
                             held.add(("grad", stage, mb))
-            for (send, key), left in sorted(outstanding.items()):
-                for post in left:
-                    yield Finding(f"posts a {'send' if send else 'receive'} of {what(key)} "
-                                   f"that is never waited for before the program ends",
-                                   Site(*post))
+            for send in (False, True):
+                for key in sorted(outstanding[send]):
+                    for post in outstanding[send][key]:
+                        yield Finding(f"posts a {'send' if send else 'receive'} of "
+                                      f"{what(key)} that is never waited for before the "
+                                      f"program ends", Site(*post))
 
-    def _wait(self, site: Site, outstanding: dict[tuple[bool, Key], list[Site]],
-              received: set[Key]) -> Iterator[Finding]:
+    def _wait(self, site: Site, outstanding: Outstanding, received: set[Key]
+              ) -> Iterator[Finding]:
         ins = site.ins
         assert isinstance(ins, (WaitSend, WaitRecv))
         send = isinstance(ins, WaitSend)
-        posted = outstanding.get((send, ins.key))
+        posted = outstanding[send].get(ins.key)
         if posted:
             post = Site(*posted.pop(0))
             if cast(Comm, post.ins).peer != ins.peer:  # (the run waits on the wait's peer)
@@ -261,14 +271,14 @@ class Local(Programs):
             yield Finding(f"{verb} {what(key)}, which no op before it on rank {site.rank} "
                            f"produces", site)
 
-    def _missing(self, site: Site, key: Key, src: int,
-                 outstanding: dict[tuple[bool, Key], list[Site]]) -> Iterator[Finding]:
+    def _missing(self, site: Site, key: Key, src: int, outstanding: Outstanding
+                 ) -> Iterator[Finding]:
         """Why the compute at `site` lacks its input `key`, produced on rank `src`."""
         if src == site.rank:
             yield Finding(f"computes on {what(key)} before it is handed over on this rank",
                           site)
             return
-        posted = outstanding.get((False, key))
+        posted = outstanding[False].get(key)
         if posted:
             yield Finding(f"computes on {what(key)} without waiting for its receive", site,
                           (("the receive it must wait for", Site(*posted[0])),))
