@@ -101,21 +101,24 @@ def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channe
            ) -> Steps:
     """Per instruction of `rank`: the channel side it waits on (-1: none) and the index there
     that must be posted, and the channel sides it posts to (numbered in `channels`)."""
-    # (a few peers per rank) -> its side and the other side: made once per side, shared by
-    # every transfer (a large program has hundreds of thousands)
-    sides: dict[tuple[bool, int], tuple[int, int]] = {}
+    # per side (receiving, sending; indexed by "is a send"), (a few peers per rank) -> its
+    # side and the other side: made once per side, shared by every transfer (a large
+    # program has hundreds of thousands). NOTE: per side, keyed by peer, and a post's index
+    # per side keyed by transfer: a (send, ...) tuple made and hashed per instruction was a
+    # sixth of this walk.
+    sides: tuple[dict[int, tuple[int, int]], dict[int, tuple[int, int]]] = ({}, {})
 
     def side(send: bool, peer: int) -> tuple[int, int]:
-        found = sides.get((send, peer))
+        found = sides[send].get(peer)
         if found is None:
             ch = (rank, peer) if send else (peer, rank)
             mine = channels.setdefault((send, ch), len(channels))
             theirs = channels.setdefault((not send, ch), len(channels))
-            found = sides[send, peer] = (mine, theirs)
+            found = sides[send][peer] = (mine, theirs)
         return found
 
     own: dict[int, int] = {}  # channel side -> posts so far
-    handle: dict[tuple[bool, Key], int] = {}  # a post's index, for its wait
+    handle: tuple[dict[Key, int], dict[Key, int]] = ({}, {})  # a post's index, for its wait
     needs, indices, posts = array("i"), array("i"), array("i")
     batches: list[tuple[int, ...]] = []
     alls: list[tuple[tuple[int, int, int], ...]] = []
@@ -125,7 +128,7 @@ def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channe
         t = type(ins)
         if t is Send or t is Recv:
             send, peer = t is Send, ins.peer  # type: ignore[attr-defined]
-            mine, theirs = sides.get((send, peer)) or side(send, peer)
+            mine, theirs = sides[send].get(peer) or side(send, peer)
             k = own.get(mine, 0)
             own[mine] = k + 1
             need(theirs)
@@ -133,17 +136,17 @@ def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channe
             post(mine)
         elif t is WaitSend or t is WaitRecv:
             send, peer = t is WaitSend, ins.peer  # type: ignore[attr-defined]
-            theirs = (sides.get((send, peer)) or side(send, peer))[1]
+            theirs = (sides[send].get(peer) or side(send, peer))[1]
             # (rule 1 proved every wait follows its post; none would wait forever)
             need(theirs)
-            index(handle.get((send, (ins.tensor, ins.stage, ins.mb)), _NEVER))  # type: ignore[attr-defined]
+            index(handle[send].get((ins.tensor, ins.stage, ins.mb), _NEVER))  # type: ignore[attr-defined]
             post(-1)
         elif t is ISend or t is IRecv:
             send, peer = t is ISend, ins.peer  # type: ignore[attr-defined]
-            mine = (sides.get((send, peer)) or side(send, peer))[0]
+            mine = (sides[send].get(peer) or side(send, peer))[0]
             k = own.get(mine, 0)
             own[mine] = k + 1
-            handle[(send, (ins.tensor, ins.stage, ins.mb))] = k  # type: ignore[attr-defined]
+            handle[send][(ins.tensor, ins.stage, ins.mb)] = k  # type: ignore[attr-defined]
             need(-1)
             index(0)
             post(mine)
@@ -152,8 +155,8 @@ def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channe
             index(0)
             post(-1)
             alls.append(tuple((theirs, own[mine] - 1, peer)
-                              for (send, peer), (mine, theirs) in sides.items()
-                              if send and own.get(mine, 0)))
+                              for peer, (mine, theirs) in sides[True].items()
+                              if own.get(mine, 0)))
         elif t is not Batch:
             need(-1)  # (a compute)
             index(0)
@@ -162,10 +165,10 @@ def _steps(rank: int, prog: tuple[Instr, ...], channels: dict[tuple[bool, Channe
             posted = []
             for c in ins.posts:  # type: ignore[attr-defined]
                 send = is_send(c)
-                mine = (sides.get((send, c.peer)) or side(send, c.peer))[0]
+                mine = (sides[send].get(c.peer) or side(send, c.peer))[0]
                 k = own.get(mine, 0)
                 own[mine] = k + 1
-                handle[(send, c.key)] = k
+                handle[send][(c.tensor, c.stage, c.mb)] = k
                 posted.append(mine)
             need(-1)
             index(0)
