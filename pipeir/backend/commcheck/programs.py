@@ -120,16 +120,18 @@ class Programs:
         sent: dict[Channel, Side] = {}
         recvd: dict[Channel, Side] = {}
         for rank, prog in enumerate(self.low.programs):
-            mine: dict[tuple[bool, int], Side] = {}  # (sending, peer) -> its side
+            # per side (receiving, sending: indexed by "is a send"), peer -> its side (no
+            # (sending, peer) tuple made and hashed per post)
+            mine: tuple[dict[int, Side], dict[int, Side]] = ({}, {})
             for pc, ins in enumerate(prog):
                 t = type(ins)
                 if t not in SINGLE_POSTS and t is not Batch:
                     continue
                 for c in posts(ins):
                     send = type(c) in SENDS
-                    side = mine.get((send, c.peer))
+                    side = mine[send].get(c.peer)
                     if side is None:
-                        side = mine[send, c.peer] = Side(rank)
+                        side = mine[send][c.peer] = Side(rank)
                         if send:
                             sent[rank, c.peer] = side
                         else:
