@@ -37,6 +37,7 @@ from pipeir.backend.instructions import (
     WaitRecv,
     WaitSends,
     ZeroGrad,
+    builder,
 )
 from pipeir.backend.split import Split, split_program
 from pipeir.passes.base import LoweredPass, OptionError
@@ -75,6 +76,7 @@ class Overlap(LoweredPass):
         """`run_rank` of the program `split` was made from: all it reads of a program
         (lowering hands it over without making the program, `pipeir.backend.split`)."""
         rest, recvs, needs = split.rest, split.recvs, split.needs
+        wait_recv, isend = builder(WaitRecv), builder(ISend)
         # A receive is waited right before its consumer, or before the consumer's whole
         # overlapped pair
         consumer = list(needs)
@@ -156,8 +158,8 @@ class Overlap(LoweredPass):
                         else:
                             flush()
                     r = recvs[j]
-                    out.append(WaitRecv(r.tensor, r.stage, r.mb, r.peer, r.tag, op=r.op,
-                                        at=r.at))
+                    out.append(wait_recv(r.tensor, r.stage, r.mb, r.peer, r.tag, r.op,
+                                         r.at, False))
                     ahead -= 1
                     if heads and ahead < limit:
                         post_upto(None)
@@ -165,8 +167,8 @@ class Overlap(LoweredPass):
                 assert isinstance(ins, Comm)
                 if t is Send:
                     sends = True
-                    ins = ISend(ins.tensor, ins.stage, ins.mb, ins.peer, ins.tag, op=ins.op,
-                                at=ins.at)
+                    ins = isend(ins.tensor, ins.stage, ins.mb, ins.peer, ins.tag, ins.op,
+                                ins.at, False)
                 if run and run[0].peer != ins.peer:
                     flush()
                 run.append(ins)

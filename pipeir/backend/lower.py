@@ -60,6 +60,7 @@ from pipeir.backend.instructions import (
     WaitRecv,
     WaitReduce,
     ZeroGrad,
+    builder,
     tag_of,
 )
 from pipeir.backend.split import Split
@@ -330,6 +331,7 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops, split: 
     busy_starts, busy_ends = times.busy_starts, times.busy_ends
     final = rnd == cfg.accumulate - 1  # reductions run once per step, after the last round
     names, ats, placement, stages, tags = ops.names, ops.ats, cfg.placement, cfg.stages, ops.tags
+    send, irecv = builder(Send), builder(IRecv)
 
     # NOTE (one rank at a time): a rank's instructions are its events in sorted order, and
     # sorting every rank's events together, as this once did, orders each rank's alike (the
@@ -413,10 +415,10 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops, split: 
                         continue
                     tag = tags[tag_of(tensor, s, mb, stages)]
                     # (with `split`, the receive rides on its send: `_split_events`)
-                    recv = (tensor, s, mb, rank, tag, ops.consumer(tensor, dst, o.mb)) \
+                    carried = (tensor, s, mb, rank, tag, ops.consumer(tensor, dst, o.mb)) \
                         if split else None
-                    events.append((end, 0, at_place, 1, rank, pos, k, dst, None, recv,
-                                   Send(tensor, s, mb, peer, tag, op=oo[0], at=oo[1])))
+                    events.append((end, 0, at_place, 1, rank, pos, k, dst, None, carried,
+                                   send(tensor, s, mb, peer, tag, oo[0], oo[1], False)))
             if pair:  # nothing may come between a pair's instructions
                 body = body[:1] + [replace(b, paired=True) for b in body[1:]]
             events.append((start, 0, at_place, 0, rank, pos, i, consumes, body))
@@ -450,7 +452,7 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops, split: 
             received[rank] = []
             made = out[rank]
             assert isinstance(made, Split)
-            made.recvs.extend(IRecv(tensor, s, mb, src, tag, op=names[c], at=ats[c])
+            made.recvs.extend(irecv(tensor, s, mb, src, tag, names[c], ats[c], False)
                               for tensor, s, mb, src, tag, c in got)
             made.needs.extend(start_of[c] for *_, c in got)
     return out
