@@ -208,7 +208,7 @@ def _program_text(prog: Sequence[Instr], strs: dict[str, str], lines: bool = Fal
         encode = _ENCODERS.get(type(ins))
         text = encode(ins, index, strs, string, _posts) if encode is not None else None
         rows.append(text if text is not None else json.dumps(_row(ins, index)))
-    origins = json.dumps([list(k) for k in index])
+    origins = json.dumps(list(index))  # (json writes the (op, at) tuples as arrays)
     if not lines:
         return f'{{"origins": {origins}, "table": [{", ".join(rows)}]}}'
     table = ",\n    ".join(rows)
