@@ -25,9 +25,12 @@ from pipeir.backend.instructions import (
     IRecv,
     Load,
     Lowered,
+    ISend,
     OptimizerStep,
     Send,
     WaitRecv,
+    WaitSends,
+    ZeroGrad,
 )
 from pipeir.backend.lower import lower
 from pipeir.backend.program_io import format_lowered, to_json
@@ -361,6 +364,41 @@ def test_overlap_waits_right_before_the_consumer_and_batches_posts() -> None:
                            or x.mnemonic == "load")
                 assert getattr(nxt, "mb", None) == ins.mb
     assert any(isinstance(i, Batch) for i in low.program(0))
+
+
+@pytest.mark.parametrize("name,extra", [("interleaved-1f1b", {"v": 2}), ("zb-v", {}),
+                                        ("dualpipe-v", {})])
+def test_overlap_unbounded_posts_each_peers_receives_as_one_batch_and_waits_sends_once(
+        name: str, extra: dict[str, int]) -> None:
+    """With no bound every receive is posted at the step's start: one batch per peer (a post
+    alone for a peer with one receive), each in the order its sender sends them, and nothing
+    else posts a receive; every send is an `isend`, waited by one `wait-sends` right before
+    the step."""
+    schedule = pipeir.library.get(name, 4, 8, **extra)
+    low = pipeir.compile(schedule, "overlap").lowered
+    sent: dict[tuple[int, int], list[tuple[str, int, int]]] = {}
+    for r, prog in enumerate(low.programs):
+        for ins in prog:
+            assert not isinstance(ins, Send)
+            for c in (ins.posts if isinstance(ins, Batch) else (ins,)):
+                if isinstance(c, ISend):
+                    sent.setdefault((r, c.peer), []).append(c.key)
+    for r, prog in enumerate(low.programs):
+        assert isinstance(prog[0], ZeroGrad)
+        head = list(prog[1:])
+        posts = [ins for ins in head[:next(k for k, i in enumerate(head)
+                                           if not isinstance(i, (Batch, IRecv)))]]
+        peers = [(p.posts if isinstance(p, Batch) else (p,)) for p in posts]
+        assert all(len({c.peer for c in group}) == 1 for group in peers)  # one peer each
+        assert len({group[0].peer for group in peers}) == len(peers)  # one batch per peer
+        for group in peers:
+            assert [c.key for c in group] == sent[(group[0].peer, r)]  # the sender's order
+        later = [c for i in prog[1 + len(posts):]
+                 for c in (i.posts if isinstance(i, Batch) else (i,)) if isinstance(c, IRecv)]
+        assert not later
+        assert [i for i in prog if isinstance(i, WaitSends)] == [prog[-2]]
+        assert isinstance(prog[-1], OptimizerStep)
+        check_comm(low)
 
 
 @pytest.mark.parametrize("pipeline", ["overlap", "overlap{max_posted=1}",
