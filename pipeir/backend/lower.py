@@ -341,10 +341,10 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops, split: 
     #
     # NOTE (locality): a receive is found while lowering its sender but built while emitting
     # its receiver (`_Recv` until then; with `split`, once every rank's are emitted, a rank
-    # at a time), so each rank's instructions are made together and
-    # lie together in memory: the proof and the writer walk a program at a time, and at
-    # p = 64 (1.3 M instructions, past the caches) a receiver's instructions scattered among
-    # every other rank's made the proof about a fifth slower.
+    # at a time), so each rank's instructions are made together and lie together in memory:
+    # the proof and the writer walk a program at a time, and at p = 64 (1.3 M instructions,
+    # past the caches) a receiver's instructions scattered among every other rank's made the
+    # proof about a fifth slower.
     incoming: list[list[tuple[Any, ...]]] = [[] for _ in range(cfg.ranks)]
     waits: dict[int, list[_Recv]] = {}  # by the number of the op they go before
     first = 0  # the number of the rank's first op
