@@ -547,6 +547,8 @@ def _api_mistakes() -> list[tuple[Callable[[], object], type[Exception], str]]:
         (lambda: driver.load_schedules("a.sched"), TypeError,  # type: ignore[arg-type]
          "load_schedules: expected a ScheduleRef, got str: ScheduleRef(files=('a.sched',)) "
          "names a file"),
+        (lambda: CostModel().cost("F"), TypeError,  # type: ignore[arg-type]
+         "CostModel.cost: expected an op (e.g. pipeir.F(0, 0)), got str 'F'"),
         (lambda: ScheduleRef(files="a.sched"), TypeError,  # type: ignore[arg-type]
          "ScheduleRef(files=...): expected a tuple of files, got str: "
          "ScheduleRef(files=('a.sched',))"),

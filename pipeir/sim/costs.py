@@ -233,7 +233,11 @@ class CostModel:
     def cost(self, op: Op) -> float:
         """How long `op` takes (a reduction: `allreduce_time` of its stage; an OFF or
         RELOAD: on the rank's copy channel)."""
-        kind, s, m = op.kind, op.stage, op.mb
+        try:  # (no test on the way: every op of a simulation passes here)
+            kind, s, m = op.kind, op.stage, op.mb
+        except AttributeError:
+            raise TypeError(f"CostModel.cost: expected an op (e.g. pipeir.F(0, 0)), got "
+                            f"{type(op).__name__} {op!r}") from None
         if kind == "R":
             return self.allreduce_time(s)
         v = self._given(kind, s, m)
