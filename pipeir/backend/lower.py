@@ -230,10 +230,9 @@ def _in_progress(starts: Sequence[float], ends: Sequence[float], t: float) -> fl
     return t
 
 
-#: a receive until its receiver's program is emitted: its `irecv`'s fields (tensor, producing
-#: stage, micro-batch, sending rank, tag, and the consuming op's name and `.sched` line),
-#: whether the consumer is the second op of an overlapped pair, and (with `split`) the
-#: receive's number in its receiver's program once it is posted: a list, numbered in place
+#: a receive until its receiver's program is emitted (without `split`): its `irecv`'s fields
+#: (tensor, producing stage, micro-batch, sending rank, tag, and the consuming op's name and
+#: `.sched` line), as a list (an event's payload that is a list of strings first: a receive)
 _Recv = list[Any]
 
 #: the kinds that consume a tensor from another stage, and their slot in `_Ops._consumers`
@@ -363,9 +362,8 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops, split: 
                         continue
                     consumer = ops.consumer(tensor, dst, o.mb)
                     mb = o.mb + offset if offset else o.mb  # (the op's own int where it can)
-                    # (a list: with `split`, its last item becomes the receive's number)
                     recv = [tensor, o.stage, mb, rank, tags[tag_of(tensor, o.stage, mb, stages)],
-                            names[consumer], ats[consumer], closes[consumer], -1]
+                            names[consumer], ats[consumer]]
                     post = _in_progress(busy_starts[peer], busy_ends[peer], end)
                     incoming[peer].append((post, -1, end, rank, pos, k, dst, None, None, recv))
                     waits.setdefault(consumer - closes[consumer], []).append(recv)
@@ -434,11 +432,11 @@ def _lower_round(schedule: Schedule, times: _Times, rnd: int, ops: _Ops, split: 
         for e in events:
             computed, instrs = e[-3], e[-1]
             if computed is not None:  # compute: its waits first (in the order their sends
-                for tensor, s, mb, src, tag, name, at, _, _ in waits.pop(computed, ()):  # happen)
+                for tensor, s, mb, src, tag, name, at in waits.pop(computed, ()):  # happen)
                     mine.append(WaitRecv(tensor, s, mb, src, tag, op=name, at=at))
             if type(instrs) is list:
                 if type(instrs[0]) is str:  # (a receive: `recv`)
-                    tensor, s, mb, src, tag, name, at, _, _ = instrs
+                    tensor, s, mb, src, tag, name, at = instrs
                     mine.append(IRecv(tensor, s, mb, src, tag, op=name, at=at))
                 else:
                     mine.extend(instrs)
