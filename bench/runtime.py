@@ -12,8 +12,10 @@ with v=2 (`ScheduleInterleaved1F1B`) and ZB-V, two stages per rank in a V
 (`ScheduleZBVZeroBubble`); for the bench's MLP (below: wider than the built-in) and the
 built-in transformer (at one sequence length: torch's stages fix their shapes at the
 first step), at each of --ranks. Runs alternate A/B (pipeir as compiled by default, with
-overlapped communication; pipeir --blocking; torch; then again), and each system's median
-over all measured steps (first steps of a run dropped as warm-up) is compared. A step's
+overlapped communication; pipeir --blocking; with --gloo, pipeir with its transfers through
+gloo as torch's are, not through pipes (`pipeir.runtime.pipes`); torch; then again), and each
+system's median over all measured steps (first steps of a run dropped as warm-up) is
+compared. A step's
 wall time runs from the previous step's end to its own end (latest rank), the same for both
 systems; its CPU time is the CPU time of every rank process (all threads) over the same
 interval, summed over the ranks: on a machine that others load, the work done is read from
@@ -236,16 +238,26 @@ def _schedule(kind: str, world: int, m: int) -> pipeir.Schedule:
 
 
 def run_pipeir(kind: str, world: int, m: int, steps: int, overlap: bool,
-               model: str = MODELS["mlp"]) -> tuple[list[float], object, object]:
+               model: str = MODELS["mlp"], pipes: bool = True
+               ) -> tuple[list[float], object, object]:
+    """`pipes` False: transfers through gloo, as torch's (`PIPEIR_P2P_PIPES=off`)."""
     low = pipeir.compile(_schedule(kind, world, m), overlap=overlap).lowered
     job = Job(low, tuple(rank_source(low, r) for r in range(world)), model, steps)
-    res = launch([job], world, timeout_s=120)
+    old = os.environ.pop("PIPEIR_P2P_PIPES", None)
+    if not pipes:
+        os.environ["PIPEIR_P2P_PIPES"] = "off"  # (each rank takes the launcher's)
+    try:
+        res = launch([job], world, timeout_s=120)
+    finally:
+        os.environ.pop("PIPEIR_P2P_PIPES", None)
+        if old is not None:
+            os.environ["PIPEIR_P2P_PIPES"] = old
     return [res.steps[(0, s)].time for s in range(steps)], res, low
 
 
 # ---- modes --------------------------------------------------------------------------------------
 def mode_real(ranks: list[int], models: list[str], kinds: list[str], m: int, steps: int,
-              rounds: int, warm: int) -> None:
+              rounds: int, warm: int, gloo: bool = False) -> None:
     print(f"real compute: bench MLP (width {WIDTH}, {BLOCKS} blocks, batch {BATCH}) and the "
           f"built-in transformer; gloo ranks {ranks}, m={m}, {steps} steps per run ({warm} "
           f"dropped), {rounds} A/B rounds; load average {_load()}")
@@ -255,10 +267,15 @@ def mode_real(ranks: list[int], models: list[str], kinds: list[str], m: int, ste
         for world in ranks:
             for kind in kinds:
                 wall: dict[str, list[float]] = {"pipeir": [], "blocking": [], "torch": []}
+                systems = [("pipeir", True, True), ("blocking", False, True)]
+                if gloo:
+                    wall["gloo"] = []
+                    systems.append(("gloo", True, False))
                 cpu: dict[str, list[float]] = {k: [] for k in wall}
                 for _ in range(rounds):  # alternating: each system sees the same machine
-                    for key, overlap in (("pipeir", True), ("blocking", False)):
-                        _, res, _ = run_pipeir(kind, world, m, steps, overlap, MODELS[model])
+                    for key, overlap, pipes in systems:
+                        _, res, _ = run_pipeir(kind, world, m, steps, overlap, MODELS[model],
+                                               pipes)
                         reps = [res.steps[(0, s)] for s in range(warm, steps)]  # type: ignore[attr-defined]
                         wall[key] += [r.time for r in reps]
                         cpu[key] += [r.cpu for r in reps]
@@ -277,7 +294,9 @@ def mode_real(ranks: list[int], models: list[str], kinds: list[str], m: int, ste
                       f"(cpu {mc['torch']:7.2f})  pipeir {mw['pipeir']:7.2f} "
                       f"({mw['pipeir'] / mw['torch']:.2f}x; cpu {mc['pipeir'] / mc['torch']:.2f}x)"
                       f"  --blocking {mw['blocking']:7.2f} ({mw['blocking'] / mw['torch']:.2f}x; "
-                      f"cpu {mc['blocking'] / mc['torch']:.2f}x)", flush=True)
+                      f"cpu {mc['blocking'] / mc['torch']:.2f}x)"
+                      + (f"  gloo p2p {mw['gloo']:7.2f} ({mw['gloo'] / mw['torch']:.2f}x; "
+                         f"cpu {mc['gloo'] / mc['torch']:.2f}x)" if gloo else ""), flush=True)
 
 
 def _load() -> str:
@@ -448,13 +467,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--microbatches", type=int, default=8)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--gloo", action="store_true",
+                   help="real mode: also pipeir with its transfers through gloo, as torch's "
+                        "(PIPEIR_P2P_PIPES=off), not pipes")
     args = p.parse_args(argv)
     models, kinds = args.models.split(","), args.kinds.split(",")
     bad = [x for x in models if x not in MODELS] + [x for x in kinds if x not in KINDS]
     if bad:
         p.error(f"unknown model or schedule: {', '.join(bad)}")
     if args.mode in ("real", "both"):
-        mode_real(args.ranks, models, kinds, args.microbatches, args.steps, args.rounds, warm=2)
+        mode_real(args.ranks, models, kinds, args.microbatches, args.steps, args.rounds, warm=2,
+                  gloo=args.gloo)
     if args.mode in ("sleep", "both"):
         mode_sleep(args.ranks[0], args.microbatches, 9)
     if args.mode == "ops":

@@ -872,7 +872,8 @@ def _run_emulated(groups: str, *args: str) -> subprocess.CompletedProcess[str]:
     import os
     import sys
 
-    env = {**os.environ, "PIPEIR_P2P_GROUPS": groups, "EMULATED_NCCL_TIMEOUT": "10"}
+    env = {**os.environ, "PIPEIR_P2P_GROUPS": groups, "PIPEIR_P2P_PIPES": "off",
+           "EMULATED_NCCL_TIMEOUT": "10"}
     return subprocess.run(
         [sys.executable, "-m", "pipeir", "run", *args, "--microbatches", "4", "--steps", "2",
          "--model", str(NCCL_EMULATION), "--check"],

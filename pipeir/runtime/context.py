@@ -89,6 +89,8 @@ class Context:
                             if self.cuda else None)
         #: a group per directed channel (NCCL: `pipeir.runtime.dist`'s NOTE)
         self.per_channel = pdist.per_channel(device)
+        #: CPU ranks on one host: transfers through pipes (`pipeir.runtime.pipes`)
+        self.pipes = pdist.pipes()
         #: saved activations per (stage, micro-batch), their bytes, offloads and recomputes
         #: (`record_every_step` False: only steps with new micro-batch layouts are recorded,
         #: see `SavedActivations.begin_step`; a program with memory ops or split backwards
@@ -382,7 +384,7 @@ class Context:
         send and a receive to one peer are on two channels that cannot hold each other."""
         t0 = self._enter()
         handles = [self._handle(*p) for p in posts]
-        if self.per_channel:
+        if self.per_channel or self.pipes is not None:
             for h, (_, _, _, _, peer, tag) in zip(handles, posts):
                 self._issue(h, peer, tag)
         else:
@@ -448,7 +450,14 @@ class Context:
         return h
 
     def _issue(self, h: Handle, peer: int, tag: int) -> None:
-        """Post `h`'s transfer on its own, through its channel's group."""
+        """Post `h`'s transfer on its own, through its channel's pipe or group."""
+        pipes = self.pipes
+        if pipes is not None:
+            to = self._peer(peer)
+            if pipes.carries(h.kind, to, h.buf.numel() * h.buf.element_size()):
+                post = pipes.isend if h.kind == "send" else pipes.irecv
+                h.work = self._run_comm(lambda: post(h.buf, to, tag), stream=False)
+                return
         op = dist.isend if h.kind == "send" else dist.irecv
         group = self._group(h.kind, peer)
         h.work = self._run_comm(lambda: op(h.buf, self._peer(peer), group=group, tag=tag))

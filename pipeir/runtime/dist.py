@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
-from collections.abc import Iterable
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Callable, Iterable
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from pipeir.runtime import devices
+from pipeir.runtime.pipes import Pipes
 
 # NOTE (point-to-point on NCCL): NCCL runs the operations of one communicator on one stream,
 # in the order they were posted, and a receive holds that stream until its data arrives. The
@@ -28,6 +35,13 @@ from pipeir.runtime import devices
 P2P_GROUPS = "PIPEIR_P2P_GROUPS"
 #: (global sender, global receiver) -> the group of that channel
 _channels: dict[tuple[int, int], Any] = {}
+#: CPU ranks on one host send pipeline transfers through pipes (`pipeir.runtime.pipes`);
+#: `PIPEIR_P2P_PIPES=off` sends them through gloo
+P2P_PIPES = "PIPEIR_P2P_PIPES"
+_pipes: Pipes | None = None
+_piped: set[tuple[int, int]] = set()  # the channels set up for pipes, on every rank alike
+_one_host: bool | None = None  # (asked once per process group)
+_timeout_s = 1800.0
 
 
 def device_kind(local_world: int | None, fallback: bool = True) -> tuple[str, str | None]:
@@ -65,6 +79,8 @@ def backend_for(device: torch.device) -> str:
 def init(rank: int, world: int, init_method: str, timeout_s: float,
          device: torch.device) -> None:
     """Join the process group; `timeout_s` bounds every collective and point-to-point op."""
+    global _timeout_s
+    _timeout_s = timeout_s
     dist.init_process_group(backend_for(device), init_method=init_method, rank=rank,
                             world_size=world, timeout=timedelta(seconds=timeout_s),
                             device_id=device if device.type == "cuda" else None)
@@ -79,12 +95,21 @@ def per_channel(device: torch.device) -> bool:
     return mode == "channel" or (mode == "auto" and device.type == "cuda")
 
 
+def use_pipes(device: torch.device) -> bool:
+    """Whether CPU ranks on one host may send through pipes (`pipeir.runtime.pipes`)."""
+    on = devices.env_choice(P2P_PIPES, ("auto", "off")) == "auto"
+    return on and device.type == "cpu" and sys.platform.startswith("linux")
+
+
 def open_channels(pairs: Iterable[tuple[int, int]], device: torch.device) -> None:
-    """Make the group of every directed channel in `pairs` (global ranks) that does not exist
-    yet. Every rank calls this with the same pairs (group creation is collective), and each
-    group's first operation (its communicator's set-up) runs here, in one order on every
-    rank, rather than at a first transfer whose peer may be busy elsewhere."""
+    """Make what every directed channel in `pairs` (global ranks) needs and does not have
+    yet: a group of its own (NCCL, see the NOTE) or a pipe (CPU ranks on one host). Every
+    rank calls this with the same pairs (both are collective), and each group's first
+    operation (its communicator's set-up) runs here, in one order on every rank, rather
+    than at a first transfer whose peer may be busy elsewhere."""
     if not per_channel(device):
+        if use_pipes(device):
+            _open_pipes(sorted(set(pairs) - _piped))
         return
     fresh = sorted(set(pairs) - set(_channels))
     for src, dst in fresh:
@@ -95,13 +120,77 @@ def open_channels(pairs: Iterable[tuple[int, int]], device: torch.device) -> Non
             dist.barrier(group=_channels[src, dst])
 
 
+def _open_pipes(fresh: list[tuple[int, int]]) -> None:
+    """Pipes for the channels `fresh`, where all ranks share this host; a rank that cannot
+    make or open one leaves those channels to gloo on every rank."""
+    global _pipes, _one_host
+    if not fresh:
+        return
+    me, world = dist.get_rank(), dist.get_world_size()
+    if _one_host is None:
+        hosts: list[Any] = [None] * world
+        dist.all_gather_object(hosts, _host())
+        _one_host = len(set(hosts)) == 1
+    if not _one_host:
+        return
+    pipes = _pipes = _pipes or Pipes(me, _timeout_s)
+    where: list[Any] = [tempfile.mkdtemp(prefix="pipeir-p2p-") if me == 0 else None]
+    dist.broadcast_object_list(where, src=0)
+    path = Path(where[0])
+
+    def everywhere(step: Callable[[int, int], None], mine: Callable[[int, int], bool]) -> bool:
+        ok = True
+        for s, d in fresh:
+            if ok and mine(s, d):
+                try:
+                    step(s, d)
+                except OSError:
+                    ok = False
+        flag = torch.tensor([0 if ok else 1])
+        dist.all_reduce(flag)
+        return int(flag.item()) == 0
+
+    try:
+        opened = (everywhere(lambda s, d: pipes.make_in(s, str(path / f"{s}-{d}")),
+                             lambda s, d: d == me)
+                  and everywhere(lambda s, d: pipes.open_out(d, str(path / f"{s}-{d}")),
+                                 lambda s, d: s == me))
+    finally:  # every end that will ever open is open: the names can go
+        if me == 0:
+            shutil.rmtree(path, ignore_errors=True)
+    if opened:
+        _piped.update(fresh)
+        return
+    for s, d in fresh:
+        if me in (s, d):
+            pipes.drop(s, d)
+
+
+def _host() -> str:
+    """This host, as ranks that can share a pipe by name tell it."""
+    boot = ""
+    with contextlib.suppress(OSError):
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return f"{socket.gethostname()} {boot}"
+
+
+def pipes() -> Pipes | None:
+    """This rank's pipes (None: none were opened)."""
+    return _pipes
+
+
 def channel(src: int, dst: int) -> Any:
     """The group of the channel from global rank `src` to `dst` (None: the default group)."""
     return _channels.get((src, dst))
 
 
 def shutdown() -> None:
+    global _pipes, _one_host
     _channels.clear()
+    if _pipes is not None:
+        _pipes.close()
+    _pipes, _one_host = None, None
+    _piped.clear()
     if dist.is_initialized():
         dist.destroy_process_group()
 
