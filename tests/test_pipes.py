@@ -165,3 +165,42 @@ def test_training_through_pipes_or_gloo_equals_one_process(
     monkeypatch.setenv("PIPEIR_P2P_PIPES", pipes)  # (each rank takes the launcher's)
     result = launch(jobs, 2, timeout_s=TIMEOUT * 2)
     assert_matches_reference(jobs, result)
+
+
+def test_a_channel_that_cannot_open_is_left_to_gloo_and_nothing_stays_on_disk(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """`dist.open_channels` on rank 0 of two whose peer never makes its FIFO (a stand-in
+    process group: the collectives see rank 0's answers only): rank 0's own FIFO opens, the
+    send end to rank 1 cannot, so the channels of that call close again and go to gloo, and
+    the temporary directory is gone either way."""
+    import tempfile
+    from types import SimpleNamespace
+
+    from pipeir.runtime import dist as pdist
+
+    made: list[str] = []
+    real = tempfile.mkdtemp
+
+    def mkdtemp(prefix: str) -> str:
+        made.append(real(prefix=prefix, dir=tmp_path))
+        return made[-1]
+
+    fake = SimpleNamespace(
+        get_rank=lambda: 0, get_world_size=lambda: 2,
+        all_gather_object=lambda out, obj: out.__setitem__(slice(None), [obj] * len(out)),
+        broadcast_object_list=lambda objs, src: None, all_reduce=lambda t: None,
+        is_initialized=lambda: False)
+    monkeypatch.setattr(pdist, "dist", fake)
+    monkeypatch.setattr(pdist.tempfile, "mkdtemp", mkdtemp)
+    monkeypatch.delenv("PIPEIR_P2P_PIPES", raising=False)
+    monkeypatch.delenv("PIPEIR_P2P_GROUPS", raising=False)
+    try:
+        pdist.open_channels([(0, 1), (1, 0)], torch.device("cpu"))
+        pipes = pdist.pipes()
+        assert pipes is not None and len(made) == 1
+        for kind, peer in (("send", 1), ("recv", 1)):
+            assert not pipes.carries(kind, peer, 8)
+        assert not Path(made[0]).exists()
+    finally:
+        pdist.shutdown()
+    assert pdist.pipes() is None

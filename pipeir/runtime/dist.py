@@ -133,9 +133,14 @@ def _open_pipes(fresh: list[tuple[int, int]]) -> None:
         _one_host = len(set(hosts)) == 1
     if not _one_host:
         return
-    pipes = _pipes = _pipes or Pipes(me, _timeout_s)
-    where: list[Any] = [tempfile.mkdtemp(prefix="pipeir-p2p-") if me == 0 else None]
+    where: list[Any] = [None]
+    if me == 0:
+        with contextlib.suppress(OSError):  # (no temporary directory: gloo carries all)
+            where[0] = tempfile.mkdtemp(prefix="pipeir-p2p-")
     dist.broadcast_object_list(where, src=0)
+    if where[0] is None:
+        return
+    pipes = _pipes = _pipes or Pipes(me, _timeout_s)
     path = Path(where[0])
 
     def everywhere(step: Callable[[int, int], None], mine: Callable[[int, int], bool]) -> bool:
