@@ -204,3 +204,17 @@ def test_a_channel_that_cannot_open_is_left_to_gloo_and_nothing_stays_on_disk(
     finally:
         pdist.shutdown()
     assert pdist.pipes() is None
+
+
+def test_pipes_are_for_cpu_ranks_unless_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`PIPEIR_P2P_PIPES`: auto (the default) on CPU, never on CUDA, off, or a clear error."""
+    from pipeir.runtime import dist as pdist
+
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    monkeypatch.delenv("PIPEIR_P2P_PIPES", raising=False)
+    assert (pdist.use_pipes(cpu), pdist.use_pipes(cuda)) == (True, False)
+    monkeypatch.setenv("PIPEIR_P2P_PIPES", "off")
+    assert not pdist.use_pipes(cpu)
+    monkeypatch.setenv("PIPEIR_P2P_PIPES", "of")
+    with pytest.raises(ValueError, match="PIPEIR_P2P_PIPES='of': expected auto or off"):
+        pdist.use_pipes(cpu)

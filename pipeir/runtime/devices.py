@@ -18,7 +18,7 @@ MODES: Final = ("auto", "cpu", "cuda")
 def env_choice(name: str, choices: tuple[str, ...]) -> str:
     """The environment variable `name`, one of `choices` (the first where it is unset or
     empty); another value is a ValueError naming them: the runtime's switches
-    (`PIPEIR_DEVICE`, `PIPEIR_P2P_GROUPS`) read alike."""
+    (`PIPEIR_DEVICE`, `PIPEIR_P2P_GROUPS`, `PIPEIR_P2P_PIPES`) read alike."""
     value = os.environ.get(name) or choices[0]
     if value not in choices:
         raise ValueError(f"{name}={value!r}: expected {', '.join(choices[:-1])} or "
