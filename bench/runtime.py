@@ -15,11 +15,10 @@ first step), at each of --ranks. Runs alternate A/B (pipeir as compiled by defau
 overlapped communication; pipeir --blocking; with --gloo, pipeir with its transfers through
 gloo as torch's are, not through pipes (`pipeir.runtime.pipes`); torch; then again), and each
 system's median over all measured steps (first steps of a run dropped as warm-up) is
-compared. A step's
-wall time runs from the previous step's end to its own end (latest rank), the same for both
-systems; its CPU time is the CPU time of every rank process (all threads) over the same
-interval, summed over the ranks: on a machine that others load, the work done is read from
-CPU time, the waiting from wall time.
+compared. A step's wall time runs from the previous step's end to its own end (latest rank),
+the same for both systems; its CPU time is the CPU time of every rank process (all threads)
+over the same interval, summed over the ranks: on a machine that others load, the work done
+is read from CPU time, the waiting from wall time.
 
 ops: per built-in model and stage (4 stages), median times of F, B, I and W as the runtime
 runs them (I and W split as in `pipeir.runtime.splitgrad`), and of the previous W that took
