@@ -20,8 +20,10 @@ waits on a peer that waits on it to drain a pipe. A transfer too large for its p
 through gloo instead (`carries`): the pipe would hold it only as fast as the sender waits.
 
 What the proof assumes of sends holds: an isend never blocks, and a blocking send completes
-no later than gloo's would (gloo's waits for the receive to be posted; this one for the
-bytes to be in the pipe). A peer that exits closes its ends: a receive from it fails at
+no later than gloo's would. gloo's waits for the receive to be posted, which the receiver
+does in blocking programs at its `recv`; this one waits at most for the receiver's next wait
+on a transfer (that `recv` at the latest), which drains the pipe, and a transfer through a
+pipe fits in an empty one. A peer that exits closes its ends: a receive from it fails at
 once ("... closed its pipe"), a send to it fails with "Broken pipe"; a wait longer than the
 process group's timeout fails too.
 """
