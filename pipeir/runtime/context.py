@@ -16,8 +16,9 @@ Entries are popped as soon as the backward that needs them has run, which frees 
 
 NOTE (CUDA): compute runs on the current stream and point-to-point ops on a separate comm
 stream. Before a send the comm stream waits for the compute stream (the tensor is ready);
-after a receive completes the compute stream waits for the comm stream. On CPU (gloo) the
-asynchronous work objects are the overlap and no streams are used.
+after a receive completes the compute stream waits for the comm stream. On CPU the
+asynchronous work objects (gloo's, or the pipes' of `pipeir.runtime.pipes` between ranks on
+one host) are the overlap and no streams are used.
 """
 
 from __future__ import annotations
@@ -377,11 +378,12 @@ class Context:
     def batch(self, *posts: tuple[str, str, int, int, int, int]) -> list[Handle]:
         """Post several (kind, tensor, stage, mb, peer, tag) at once (batch_isend_irecv).
 
-        NOTE: with a group per channel (NCCL: `pipeir.runtime.dist`'s NOTE) each post goes
-        on its own. NCCL runs a batch as one grouped kernel with one work for all of it, so
-        waiting for a batch's first receive would wait for its last, whose sender may need
-        this rank to go on first; on a channel, posts in order already run in order, and a
-        send and a receive to one peer are on two channels that cannot hold each other."""
+        NOTE: with a group per channel (NCCL: `pipeir.runtime.dist`'s NOTE) or pipes each
+        post goes on its own (a pipe's posts are bookkeeping: nothing to batch). NCCL runs a
+        batch as one grouped kernel with one work for all of it, so waiting for a batch's
+        first receive would wait for its last, whose sender may need this rank to go on
+        first; on a channel, posts in order already run in order, and a send and a receive
+        to one peer are on two channels that cannot hold each other."""
         t0 = self._enter()
         handles = [self._handle(*p) for p in posts]
         if self.per_channel or self.pipes is not None:
@@ -454,7 +456,7 @@ class Context:
         pipes = self.pipes
         if pipes is not None:
             to = self._peer(peer)
-            if pipes.carries(h.kind, to, h.buf.numel() * h.buf.element_size()):
+            if pipes.carries(h.kind, to, h.buf.nbytes):
                 post = pipes.isend if h.kind == "send" else pipes.irecv
                 h.work = self._run_comm(lambda: post(h.buf, to, tag), stream=False)
                 return

@@ -52,7 +52,7 @@ def _bytes(t: torch.Tensor) -> memoryview:
     the tensor alive: its transfer's `PipeWork` does."""
     if t.device.type != "cpu" or not t.is_contiguous():
         raise ValueError("a pipe carries contiguous CPU tensors")
-    n = t.numel() * t.element_size()
+    n = t.nbytes
     if n == 0:
         return memoryview(bytearray())
     return memoryview((ctypes.c_char * n).from_address(t.data_ptr())).cast("B")
@@ -164,8 +164,7 @@ class Pipes:
         data = _bytes(buf)
         work = PipeWork(self, buf, f"a send to rank {dst} (tag {tag})")
         if out.closed:
-            raise RuntimeError(f"Broken pipe: rank {dst} closed its pipe from rank "
-                               f"{self.rank}")
+            raise RuntimeError(self._broken(out))
         out.queue.append(([memoryview(_HEADER.pack(tag, data.nbytes)), data], work))
         if len(out.queue) == 1:
             self._write(out)
@@ -217,8 +216,7 @@ class Pipes:
                 break
             except BrokenPipeError:
                 out.closed = True
-                msg = (f"Broken pipe: rank {out.dst} closed its pipe from rank {self.rank} "
-                       "(did it fail?)")
+                msg = self._broken(out)
                 for _, w in q:
                     w.error = msg
                 q.clear()
@@ -261,8 +259,7 @@ class Pipes:
                 if posted is None:
                     c.dest, c.work = memoryview(bytearray(nbytes)), None
                 elif posted[0].nbytes != nbytes:
-                    posted[1].error = (f"rank {c.src} sent {nbytes} bytes with tag {c.tag}, "
-                                       f"rank {self.rank} expected {posted[0].nbytes}")
+                    posted[1].error = self._mismatch(c, c.tag, nbytes, posted[0].nbytes)
                     c.dest, c.work = memoryview(bytearray(nbytes)), None
                 else:
                     c.dest, c.work = posted
@@ -284,8 +281,7 @@ class Pipes:
 
     def _fill(self, c: _In, tag: int, dest: memoryview, data: memoryview) -> None:
         if dest.nbytes != data.nbytes:
-            raise RuntimeError(f"rank {c.src} sent {data.nbytes} bytes with tag {tag}, "
-                               f"rank {self.rank} expected {dest.nbytes}")
+            raise RuntimeError(self._mismatch(c, tag, data.nbytes, dest.nbytes))
         dest[:] = data
 
     def _close_in(self, c: _In) -> None:
@@ -297,6 +293,14 @@ class Pipes:
             c.work.error = msg
         for _, w in c.posted.values():
             w.error = msg
+
+    def _mismatch(self, c: _In, tag: int, sent: int, expected: int) -> str:
+        return (f"rank {c.src} sent {sent} bytes with tag {tag}, rank {self.rank} expected "
+                f"{expected}")
+
+    def _broken(self, out: _Out) -> str:
+        return (f"Broken pipe: rank {out.dst} closed its pipe from rank {self.rank} "
+                "(did it fail?)")
 
     def _closed(self, c: _In) -> str:
         return (f"Connection closed by peer: rank {c.src} closed its pipe to rank "
