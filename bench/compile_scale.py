@@ -6,8 +6,10 @@ budget, and generated code per rank that does not grow with m).
     python bench/compile_scale.py [--sizes 8,16,32,64] [--repeats 3] [--skip-torch]
 
 Interleaved 1F1B, v=4, m=8p. Each measurement runs in a fresh subprocess, so its peak RSS is
-its own; figures are medians over --repeats subprocesses. Times are in-process, after the
-imports and a small warm-up compile (the grammar and library caches), of:
+its own; figures are medians over --repeats rounds, a round being one compile, one check and
+one torch run back to back; compile/torch is the median of the rounds' ratios. Times are
+in-process, after the imports and a small warm-up compile (the grammar and library caches),
+of:
 - compile: `pipeirc compile --schedule interleaved-1f1b ... -o DIR` (load, passes, verify,
   lowering, the communication proof, code generation, writing the files);
 - check --lowered: `pipeirc check --lowered DIR/lowered.json` on what compile wrote;
@@ -113,7 +115,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="8,16,32,64", help="pipeline sizes p (m = 8p)")
     ap.add_argument("--repeats", type=int, default=3,
-                    help="fresh subprocesses per figure; the median is shown")
+                    help="rounds (a fresh subprocess each for compile, check and torch); "
+                         "medians are shown")
     ap.add_argument("--skip-torch", action="store_true", help="time pipeir only")
     ap.add_argument("--one", nargs=4, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -121,8 +124,9 @@ def main() -> None:
         what, p, m, out = args.one
         print(json.dumps(one(what, int(p), int(m), Path(out))))
         return
-    print(f"interleaved 1F1B, v={V}, m=8p; medians of {args.repeats} fresh processes each; "
-          "memory = peak RSS less RSS before the work\n")
+    print(f"interleaved 1F1B, v={V}, m=8p; medians of {args.repeats} rounds (compile, check, "
+          "torch back to back, a fresh process each; compile/torch: the median of the rounds' "
+          "ratios); memory = peak RSS less RSS before the work\n")
     print(f"{'p':>3} {'m':>4} {'ops':>7} | {'compile s':>9} {'us/op':>6} {'B/op':>6} | "
           f"{'check s':>7} {'us/op':>6} {'B/op':>6} | {'torch s':>7} {'B/op':>6} | "
           f"{'compile/torch':>13}")
@@ -131,15 +135,19 @@ def main() -> None:
         for p in (int(x) for x in args.sizes.split(",")):
             m, ops = 8 * p, 8 * p * p * V * 2  # F and B per stage and micro-batch
             out = Path(tmp) / f"p{p}"
-            comp = _median([_fresh("compile", p, m, out) for _ in range(args.repeats)])
-            check = _median([_fresh("check", p, m, out) for _ in range(args.repeats)])
-            torch = None if args.skip_torch else \
-                _median([_fresh("torch", p, m, out) for _ in range(args.repeats)])
+            # (a round is one of each, back to back: the machine's speed drifts between
+            # rounds, and a ratio of two figures measured minutes apart carries the drift)
+            rounds = [(_fresh("compile", p, m, out), _fresh("check", p, m, out),
+                       None if args.skip_torch else _fresh("torch", p, m, out))
+                      for _ in range(args.repeats)]
+            comp, check = _median([r[0] for r in rounds]), _median([r[1] for r in rounds])
+            torch = None if args.skip_torch else _median([r[2] for r in rounds if r[2]])
 
             def per_op(r: dict[str, float], ops: int = ops) -> float:
                 return (r["peak_mib"] - r["base_mib"]) * 2**20 / ops
 
-            ratio = comp["s"] / torch["s"] if torch else float("nan")
+            ratio = statistics.median(c["s"] / t["s"] for c, _, t in rounds if t) if torch \
+                else float("nan")
             rows.append({"p": p, "ops": ops, "compile": comp, "ratio": ratio,
                          "compile_b_op": per_op(comp)})
             t_cols = (f"{torch['s']:>7.2f} {per_op(torch):>6.0f}" if torch

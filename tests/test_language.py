@@ -313,6 +313,21 @@ def test_runaway_function_recursion_points_at_the_call() -> None:
     assert e.value.diagnostics[0].span is not None
 
 
+def test_kept_function_values_are_the_ones_a_call_would_compute() -> None:
+    # a function defined in a loop is made anew each time round: it sees this k, not the
+    # first k's value kept
+    s = pipeir.parse(HEAD + "schedule s {\n rank r { for k in 0 .. 3 {\n def g(x) = x + k\n"
+                     " F(r, g(0)) } for k in 0 .. 3 { B(r, k) } } }")
+    assert [op.mb for op in s.programs[0][:3]] == [0, 1, 2]
+    # a value kept for 1 is not the answer for true (equal keys in a dict)
+    with pytest.raises(pipeir.UsageError, match=r"the micro-batch must be an integer, got "
+                       r"a boolean \(true\)") as e:
+        pipeir.parse(HEAD + "schedule s {\n def f(x) = x\n rank r { F(r, f(1))\n"
+                     " F(r, f(true)) } }")
+    span = e.value.diagnostics[0].span
+    assert span is not None and (span.line, span.col) == (5, 7)
+
+
 def test_printer_names_are_identifiers() -> None:
     s = pipeir.library.get("gpipe", 2, 2)
     odd = pipeir.Schedule.from_programs(s.config, s.programs, name="1-my sched")

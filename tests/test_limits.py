@@ -119,11 +119,23 @@ def test_pass_outputs_are_checked_before_they_are_built() -> None:
 
 
 def test_recursion_that_fans_out_is_stopped() -> None:
-    deep = "def f30(x) = x\n" + "".join(f"def f{i}(x) = f{i + 1}(f{i + 1}(x))\n"
+    # (distinct arguments at every level: a call with arguments seen before is not run again)
+    deep = "def f30(x) = x\n" + "".join(f"def f{i}(x) = f{i + 1}(2 * x) + f{i + 1}(2 * x + 1)\n"
                                         for i in reversed(range(30)))
     # the count in the message is the behaviour: 2**30 calls were not made
     with pytest.raises(pipeir.UsageError, match="calls functions more than 100,008 times"):
         pipeir.parse(HEAD + deep + BODY % "let k = f0(0)")
+
+
+def test_a_function_called_again_with_its_arguments_is_not_run_again() -> None:
+    # 2**30 calls by the tree, 31 distinct ones: each level's second call is answered
+    deep = "def f30(x) = x\n" + "".join(f"def f{i}(x) = f{i + 1}(f{i + 1}(x))\n"
+                                        for i in reversed(range(30)))
+    s = pipeir.parse(HEAD + deep + BODY % "let k = f0(5)  require k == 5")
+    assert list(s.programs[0]) == [F(0, 0), B(0, 0)]
+    # the calls a loop makes with one argument do not count against the budget again
+    many = "def g(x) = x * 0\n" + BODY % "for i in 0 .. 200000 { let z = g(3) }"
+    assert len(pipeir.parse(HEAD + many)) == 2
 
 
 def test_integers_are_64_bit() -> None:
