@@ -216,7 +216,9 @@ def resource_cases() -> list[Case]:
     """Inputs that used to exhaust memory or time (issue 11's resource part): each must be
     refused before the work, naming the limit (pipeir/limits.py), under 2 GiB of address
     space and well within its time bound."""
-    deep = "def f40(x) = x\n" + "".join(f"def f{i}(x) = f{i + 1}(f{i + 1}(x))\n"
+    # (distinct arguments at every level: a function called again with its arguments is
+    # answered from its first call, so f(f(x)) no longer fans out)
+    deep = "def f40(x) = x\n" + "".join(f"def f{i}(x) = f{i + 1}(2 * x) + f{i + 1}(2 * x + 1)\n"
                                         for i in reversed(range(40)))
     bound = {"timeout": 15.0, "memory": 2 * GiB}
     return [
