@@ -328,6 +328,46 @@ def test_kept_function_values_are_the_ones_a_call_would_compute() -> None:
     assert span is not None and (span.line, span.col) == (5, 7)
 
 
+_FUNCTIONS = HEAD + """schedule s {
+    def sq(x) = x * x
+    def lt(a, b) = min(1, max(0, b - a))
+    def pick(a, b) = lt(a, b) * a + (1 - lt(a, b)) * b
+    def perm(k, r) = (2 * k + r + sq(k) - k * k) % microbatches
+    rank r {
+        def at(k) = pick(perm(k, r), perm(k, r))
+        def emit(k) { let m = at(k)  def same(x) = 2 * x + m - m  F(r, same(m) // 2) }
+        for k in 0 .. microbatches { emit(k) }
+        for k in 0 .. microbatches { B(r, at(microbatches - 1 - k)) }
+    }
+}
+"""
+
+
+def test_kept_function_values_give_the_schedule_running_every_call_gives(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # the oracle: the same elaboration with every closure's kept values dropped before each
+    # call (each call runs, as before values were kept)
+    from pipeir.frontend import expressions, scope, statements
+
+    kept = pipeir.parse(_FUNCTIONS)
+    # (worked by hand: rank r's k-th forward is micro-batch (2k + r) % 3, its backwards the
+    # same in reverse)
+    assert [list(p) for p in kept.programs] == [
+        [F(0, 0), F(0, 2), F(0, 1), B(0, 1), B(0, 2), B(0, 0)],
+        [F(1, 1), F(1, 0), F(1, 2), B(1, 2), B(1, 0), B(1, 1)]]
+    sizes = [(p, m, v) for p in (1, 2, 3, 4) for v in (1, 2, 3) for m in (p, 2 * p, 3 * p + 1)
+             if m % max(1, m // p) == 0]
+    kept_lib = [pipeir.library.get("interleaved-1f1b", p, m, v=v) for p, m, v in sizes]
+
+    def forgetful(fn: scope.Closure, *args: object) -> object:
+        fn.memo.clear()
+        return scope.invoke(fn, *args)  # type: ignore[arg-type]
+    monkeypatch.setattr(expressions, "invoke", forgetful)
+    monkeypatch.setattr(statements, "invoke", forgetful)
+    assert pipeir.parse(_FUNCTIONS) == kept
+    assert [pipeir.library.get("interleaved-1f1b", p, m, v=v) for p, m, v in sizes] == kept_lib
+
+
 def test_printer_names_are_identifiers() -> None:
     s = pipeir.library.get("gpipe", 2, 2)
     odd = pipeir.Schedule.from_programs(s.config, s.programs, name="1-my sched")
