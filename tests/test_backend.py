@@ -427,7 +427,25 @@ def test_a_rank_local_pass_run_as_lowering_makes_each_program_gives_what_it_give
     else:
         schedule = pipeir.library.get(name, *((4, 8) if name == "dualpipe-v" else (3, 6)),
                                       **extra)
-    costs = CostModel(F=1.0, B=2.0, W=1.0, latency=0.3)
+    _assert_fused_as_after(schedule, pipeline, CostModel(F=1.0, B=2.0, W=1.0, latency=0.3))
+
+
+@pytest.mark.parametrize("pipeline", ["overlap", "split-backward,overlap{max_posted=2}",
+                                      "dp-reduce,overlap", "recompute{all=true},overlap"])
+@pytest.mark.parametrize("costs", [CostModel(F=1.0, B=0.0, W=0.0, latency=0.0),
+                                   CostModel(F=0.0, B=0.0, W=0.0, latency=0.0),
+                                   CostModel(F=0.0, B=3.0, W=1.0, latency=5.0)])
+def test_a_split_lowering_orders_ops_as_timing_would_under_any_costs(
+        pipeline: str, costs: CostModel) -> None:
+    # without an offload, lowering for `overlap` orders each rank's ops without timing them
+    # (`lower._in_order`): ops that take no time (ties broken by the topological place) and
+    # transfers slower than compute are where the timed lowering puts them
+    for schedule in (pipeir.library.get("zb-v", 3, 6), pipeir.library.get("dualpipe-v", 4, 8),
+                     pipeir.library.get("interleaved-1f1b", 2, 4, v=2, accumulate=2)):
+        _assert_fused_as_after(schedule, pipeline, costs)
+
+
+def _assert_fused_as_after(schedule: pipeir.Schedule, pipeline: str, costs: CostModel) -> None:
     ctx = pipeir.passes.PassContext(costs)
     fused = pipeir.passes.PassManager(pipeir.passes.parse_pipeline(pipeline), context=ctx) \
         .compile(schedule).lowered

@@ -64,7 +64,7 @@ from pipeir.backend.instructions import (
     tag_of,
 )
 from pipeir.backend.split import Split
-from pipeir.ops import Op
+from pipeir.ops import CHANNEL, Op
 from pipeir.schedule import Schedule
 from pipeir.sim.costs import CostModel
 from pipeir.sim.engine import Timing
@@ -98,7 +98,8 @@ def lower_verified(schedule: Schedule, costs: CostModel | None = None,
     limits.check_lowering(f"lowering '{schedule.name}'" + (
         f" ({cfg.accumulate} rounds: accumulate)" if cfg.accumulate > 1 else ""),
         len(schedule), cfg.accumulate)
-    times = _times(schedule, costs if costs is not None else CostModel())
+    times = _times(schedule, costs if costs is not None else CostModel()) \
+        if split is None or any(op.kind in _COPY for op in schedule) else _in_order(schedule)
     # NOTE (memory): what lowering still needs of the schedule's numbered index (the
     # topological places, the pairs by number) is in `times`; the rest (edges, order, the
     # op -> number dict) would be a third of a large lowering's peak. Dropped here (its next
@@ -219,6 +220,34 @@ def _times(schedule: Schedule, costs: CostModel) -> _Times:
         starts.append(array("d", [start[i] for i in mine]))
         ends.append(array("d", [end[i] for i in mine]))
     return _Times(pairs, start, end, deps.place(), starts, ends)
+
+
+#: Kinds that run on a rank's copy channel, beside its compute (`sim.engine`).
+_COPY: Final = frozenset(k for k, channel in CHANNEL.items() if channel == "copy")
+
+
+def _in_order(schedule: Schedule) -> _Times:
+    """`_times` for a split lowering (`lower_verified`'s `split`) of a schedule with no op on a
+    copy channel: each op's number in `Schedule.deps` stands for its start, end and place.
+
+    NOTE (why no timing is needed): a rank's computes run one after another in program order
+    (the simulator starts each once the one before it has ended, `start >= end`, ties broken
+    by the topological place, which follows program order), a send or hand-off leaves at its
+    producer's end, before the next compute's start, and a reduction is issued at its rank's
+    last compute's end (`_times`). So `_lower_round`'s sort puts each rank's events in program
+    order, each op's compute, then its hand-offs, then its sends, whatever the costs: op
+    numbers (program order, rank by rank) sort the same way. What the costs decide is where
+    a blocking program posts and waits its receives, which a split lowering leaves to its
+    pass. An offload or reload runs on the copy channel, beside the computes after it: its
+    instructions go where its time falls, so a schedule with one is timed (0.6 s of compiling
+    p = 64 saved, and the sort of each rank's events runs over sorted keys)."""
+    deps = schedule.deps
+    n = len(deps.ops)
+    number = array("d", range(n))
+    pairs = [(deps.index[first], deps.index[second]) for first, second in schedule.pairs]
+    for i, j in pairs:  # (a pair's ops run as one unit: `_times`)
+        number[j] = number[i]
+    return _Times(pairs, number, number, range(n), [], [])
 
 
 def _in_progress(starts: Sequence[float], ends: Sequence[float], t: float) -> float:
