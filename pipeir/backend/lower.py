@@ -25,6 +25,10 @@ their all-reduces in the same order and they cannot deadlock each other.
 The two ops of an overlapped pair are lowered back to back as one unit: the receives of both
 are waited before the first, the sends of both follow the second, and the instructions after
 the pair's first carry `paired` so that later passes put nothing in between.
+
+Lowered for `overlap` (`lower_verified`'s `split`), which places every receive itself, a
+schedule with no offload or reload is not timed: program order gives the same events
+(`_in_order`).
 """
 
 from __future__ import annotations
